@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""One entry point for the project's two jobs, on a machine with only Python.
+
+    python3 dev.py suite [--full] [NOTEBOOK ...]   run the notebook suite headless
+    python3 dev.py test [PYTEST ARGS ...]          run the tests
+
+Each creates (or reuses) the virtual environment ``.venv`` in this checkout
+and installs the pinned dependencies into it when pyproject.toml or
+constraints.txt changed since the last install, then runs the job with the
+environment's Python.  Only the standard library is used here.
+"""
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+PY = VENV / "bin" / "python"
+STAMP = VENV / ".mwhelpers-installed"
+INSTALL_LOG = VENV / "install.log"
+
+
+def say(msg):
+    print(f"[dev] {msg}", flush=True)
+
+
+def wanted_stamp():
+    h = hashlib.sha256()
+    for name in ("pyproject.toml", "constraints.txt"):
+        h.update((ROOT / name).read_bytes())
+    h.update(sys.version.encode())
+    return h.hexdigest()
+
+
+def ensure_env():
+    if sys.version_info[:2] < (3, 10):
+        sys.exit(f"dev.py needs Python 3.10 or newer (3.11 recommended); this is {sys.version.split()[0]}")
+    if not PY.exists():
+        say(f"creating the virtual environment {VENV}")
+        venv.EnvBuilder(with_pip=True, clear=VENV.exists()).create(VENV)
+    stamp = wanted_stamp()
+    if STAMP.exists() and STAMP.read_text() == stamp:
+        return
+    say(f"installing the pinned dependencies into .venv (a few minutes the first time; log: {INSTALL_LOG})")
+    cmd = [str(PY), "-m", "pip", "install", "--disable-pip-version-check",
+           "-c", str(ROOT / "constraints.txt"), "-e", f"{ROOT}[test]"]
+    with open(INSTALL_LOG, "w") as log:
+        code = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    if code != 0:
+        tail = INSTALL_LOG.read_text(errors="replace").splitlines()[-30:]
+        print("\n".join(tail), file=sys.stderr)
+        sys.exit(f"[dev] pip install failed (exit {code}); full log: {INSTALL_LOG}")
+    STAMP.write_text(stamp)
+    say("dependencies installed")
+
+
+def main(argv):
+    if not argv or argv[0] not in ("suite", "test"):
+        print(__doc__.strip())
+        return 2
+    job, rest = argv[0], argv[1:]
+    ensure_env()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if job == "test":
+        cmd = [str(PY), "-m", "pytest", *rest]
+    else:
+        cmd = [str(PY), "-m", "mwhelpers.suite", *rest]
+    return subprocess.call(cmd, cwd=ROOT, env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,73 @@
+"""Entry point of every worker process: ``python -u _bootstrap.py SCRIPT [ARGS...]``.
+
+It runs in the worker's own interpreter before the user's program, costs no
+extra process, and imports nothing heavy.  It:
+
+* arms the parent-death guard: the launching kernel holds the write end of a
+  pipe whose read end is ``MWHELPERS_GUARD_FD`` here.  When the kernel dies
+  for any reason (exit, restart, SIGKILL) the pipe reaches end-of-file and a
+  daemon thread kills this worker's whole process group with SIGKILL;
+* registers ``faulthandler`` on SIGUSR1 so the launcher can have the Python
+  stacks of every thread written to the log before it ends a stuck task;
+* runs SCRIPT as ``__main__`` with ``sys.argv`` and ``sys.path[0]`` set the way
+  ``python SCRIPT ARGS`` would set them.
+
+This file is run by path, never imported as part of the package, so the
+worker needs no installed mwhelpers.
+"""
+
+import builtins
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import types
+
+
+def _arm_guard():
+    fd_text = os.environ.pop("MWHELPERS_GUARD_FD", "")
+    if not fd_text:
+        return
+    fd = int(fd_text)
+    os.set_inheritable(fd, False)  # children of the worker need not hold it
+
+    def watch():
+        try:
+            while os.read(fd, 1):
+                pass
+        except OSError:
+            pass
+        # The kernel that launched us is gone: end our whole process group.
+        try:
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        finally:
+            os._exit(137)
+
+    threading.Thread(target=watch, name="mwhelpers-parent-guard", daemon=True).start()
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.stderr.write("usage: _bootstrap.py SCRIPT [ARGS...]\n")
+        return 2
+    _arm_guard()
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    script = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    with open(script, "rb") as f:
+        source = f.read()
+    code = compile(source, script, "exec")
+    # A fresh __main__ module, as ``python SCRIPT`` would give: the user's
+    # program does not see this file's names.
+    module = types.ModuleType("__main__")
+    module.__file__ = script
+    module.__builtins__ = builtins
+    sys.modules["__main__"] = module
+    exec(code, module.__dict__)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

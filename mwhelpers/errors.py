@@ -1,0 +1,46 @@
+"""Exceptions raised by mwhelpers.
+
+Every error says what was wrong and what to do about it.  The worker errors
+render as a short report in IPython (``_render_traceback_``) instead of a
+traceback through mwhelpers' own frames: the interesting part is the worker's
+log, not our call stack.
+"""
+
+
+class MWHelpersError(Exception):
+    """Base class of every error mwhelpers raises."""
+
+    def _render_traceback_(self):
+        # IPython shows this instead of a traceback through mwhelpers' frames.
+        return [f"{type(self).__name__}: {self}"]
+
+
+class UsageError(MWHelpersError, ValueError):
+    """Bad input (a task name, an option, a signal...). Nothing was changed."""
+
+
+class WorkerError(MWHelpersError, RuntimeError):
+    """A worker task failed or had to be ended."""
+
+
+class WorkerFailed(WorkerError):
+    """One or more tasks exited with a non-zero code or were killed by a signal.
+
+    ``failures`` lists ``(task, description, log_tail)`` in the order the
+    tasks ended; the first one is the root cause.
+    """
+
+    def __init__(self, message, failures=()):
+        super().__init__(message)
+        self.failures = list(failures)
+
+
+class WorkerTimeout(WorkerError):
+    """A task did not become ready, or did not finish, within its timeout.
+
+    ``not_ready`` names the tasks that never became ready.
+    """
+
+    def __init__(self, message, not_ready=()):
+        super().__init__(message)
+        self.not_ready = list(not_ready)

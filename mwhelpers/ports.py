@@ -1,0 +1,150 @@
+"""Free localhost ports, reserved across processes.
+
+A port is free when nothing listens on it (TensorFlow's gRPC server binds
+every interface, so we test the wildcard address).  Choosing a free port is
+not enough when two notebooks define clusters at the same time: both could
+pick the same one before either worker binds it.  So each chosen port is also
+*reserved* with an exclusive ``flock`` on a small file in a per-user folder.
+Other mwhelpers processes skip locked ports; the lock is held for as long as
+the cluster exists and is dropped by the kernel when the process ends, even
+by SIGKILL, so a crashed kernel never leaves ports reserved.
+
+Ports are drawn below the kernel's ephemeral range, so outgoing connections
+of other programs do not take them between our check and the worker's bind.
+``MWHELPERS_PORT_RANGE=LOW-HIGH`` picks another range (a firewall's, say).
+"""
+
+import errno
+import fcntl
+import os
+import random
+import socket
+import tempfile
+from pathlib import Path
+
+from .errors import UsageError
+
+DEFAULT_RANGE = (20000, 32767)
+
+
+def lock_dir():
+    path = Path(tempfile.gettempdir()) / f"mwhelpers-ports-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def port_range():
+    """The (low, high) range ports are drawn from, both ends included."""
+    text = os.environ.get("MWHELPERS_PORT_RANGE", "").strip()
+    if text:
+        try:
+            low, high = (int(p) for p in text.split("-"))
+        except ValueError:
+            raise UsageError(
+                f"MWHELPERS_PORT_RANGE={text!r} is not LOW-HIGH (for example 20000-30000)"
+            ) from None
+        if not 1024 <= low <= high <= 65535:
+            raise UsageError(
+                f"MWHELPERS_PORT_RANGE={text!r} must satisfy 1024 <= LOW <= HIGH <= 65535"
+            )
+        return low, high
+    low, high = DEFAULT_RANGE
+    try:
+        eph_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        high = min(high, eph_low - 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return low, high
+
+
+def port_in_use(port):
+    """True when something already listens on ``port`` (any interface)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # SO_REUSEADDR: a port whose last connection is in TIME_WAIT is free
+        # for a new server too (gRPC sets the same option).
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            if e.errno in (errno.EADDRINUSE, errno.EACCES):
+                return True
+            raise
+    return False
+
+
+class PortReservation:
+    """An exclusive claim on one port among mwhelpers processes."""
+
+    def __init__(self, port, fd):
+        self.port = port
+        self._fd = fd
+
+    @classmethod
+    def try_take(cls, port):
+        path = lock_dir() / f"{port}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return cls(port, fd)
+
+    def release(self):
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+    @property
+    def held(self):
+        return self._fd is not None
+
+    def __del__(self):
+        self.release()
+
+
+def reserve_ports(count, attempts=2000):
+    """Reserve ``count`` distinct free ports; returns PortReservation objects."""
+    low, high = port_range()
+    candidates = list(range(low, high + 1))
+    random.SystemRandom().shuffle(candidates)
+    taken = []
+    for port in candidates[:attempts]:
+        if len(taken) == count:
+            break
+        res = PortReservation.try_take(port)
+        if res is None:
+            continue
+        if port_in_use(port):
+            res.release()
+            continue
+        taken.append(res)
+    if len(taken) < count:
+        for res in taken:
+            res.release()
+        raise UsageError(
+            f"could not find {count} free ports in {low}-{high}; "
+            "free some or set MWHELPERS_PORT_RANGE=LOW-HIGH to another range"
+        )
+    return taken
+
+
+def holder_of(port):
+    """Describe the process listening on ``port``, if psutil can see it."""
+    try:
+        import psutil
+
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
+                if conn.pid:
+                    try:
+                        p = psutil.Process(conn.pid)
+                        return f"pid {conn.pid} ({' '.join(p.cmdline())[:80]})"
+                    except psutil.Error:
+                        return f"pid {conn.pid}"
+                return "another process"
+    except Exception:
+        pass
+    return "another process"

@@ -1,0 +1,134 @@
+"""Process trees: find every descendant, signal them, escalate until they are gone."""
+
+import os
+import signal
+import time
+
+import psutil
+
+from .errors import UsageError
+
+_COMMON = "INT, TERM, KILL, HUP, QUIT, USR1, USR2, STOP, CONT (or their numbers)"
+
+
+def parse_signal(value):
+    """``'KILL'``, ``'sigkill'``, ``'9'``, ``9`` or a ``signal.Signals`` -> Signals."""
+    if isinstance(value, signal.Signals):
+        return value
+    text = str(value).strip()
+    if text.lstrip("-").isdigit():
+        try:
+            return signal.Signals(int(text))
+        except ValueError:
+            raise UsageError(f"{text} is not a signal number on this system; use {_COMMON}") from None
+    name = text.upper()
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    try:
+        return signal.Signals[name]
+    except KeyError:
+        raise UsageError(f"unknown signal {text!r}; use one of {_COMMON}") from None
+
+
+def signal_name(returncode):
+    """Describe a Popen return code: 'exit code 3' or 'killed by SIGKILL'."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def alive(proc):
+    """A psutil.Process that exists and is not a zombie."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def tree(pid, include_root=True):
+    """The process ``pid`` and all its descendants, as psutil.Process objects."""
+    try:
+        root = psutil.Process(pid)
+    except psutil.Error:
+        return []
+    procs = [root] if include_root else []
+    try:
+        procs += root.children(recursive=True)
+    except psutil.Error:
+        pass
+    return procs
+
+
+def group_members(pgid):
+    """Live processes in process group ``pgid`` (catches re-parented orphans)."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid:
+                found.append(p)
+        except (OSError, psutil.Error):
+            pass
+    return found
+
+
+def send(procs, sig):
+    """Send ``sig`` to each process that is still alive; ignore the vanished."""
+    for p in procs:
+        try:
+            if alive(p):
+                p.send_signal(sig)
+        except psutil.Error:
+            pass
+
+
+def wait_gone(procs, timeout, reap=None):
+    """Wait up to ``timeout`` s for ``procs`` to end; return the survivors.
+
+    ``reap(pid)`` is called for each poll so the caller can reap its own
+    children (keeping their real exit status) instead of psutil doing it.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if reap:
+            reap()
+        survivors = [p for p in procs if alive(p)]
+        if not survivors or time.monotonic() >= deadline:
+            return survivors
+        time.sleep(0.02)
+
+
+DEFAULT_ESCALATION = ((signal.SIGINT, 1.0), (signal.SIGTERM, 1.0), (signal.SIGKILL, 3.0))
+
+
+def end_processes(procs, escalation=DEFAULT_ESCALATION, reap=None):
+    """Signal ``procs`` with each step of ``escalation`` until none is left.
+
+    Returns ``{pid: signal name that ended it}`` ('already gone' for the
+    ones that ended before we asked) and the list of survivors (empty unless
+    even SIGKILL failed, e.g. for a process in uninterruptible sleep).
+    """
+    procs = [p for p in procs if alive(p)]
+    ended = {}
+    for sig, grace in escalation:
+        if not procs:
+            break
+        send(procs, sig)
+        survivors = wait_gone(procs, grace, reap)
+        for p in procs:
+            if p not in survivors:
+                ended[p.pid] = sig.name
+        procs = survivors
+    return ended, procs
+
+
+def describe(proc):
+    try:
+        cmd = " ".join(proc.cmdline()) or proc.name()
+    except psutil.Error:
+        cmd = "?"
+    return f"pid {proc.pid} ({cmd[:100]})"
