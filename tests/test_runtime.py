@@ -1,0 +1,400 @@
+"""The worker runtime with real processes (no TensorFlow: fast)."""
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from conftest import LISTENER, STUBBORN, pid_alive
+from mwhelpers.errors import UsageError, WorkerFailed, WorkerTimeout
+from mwhelpers.runtime import port_accepts
+
+
+def test_foreground_streams_prefixed_output_with_tf_config_and_the_kernel_env(rt, monkeypatch):
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    code = (
+        "import json, os, sys\n"
+        "print('task', json.dumps(json.loads(os.environ['TF_CONFIG'])['task']))\n"
+        "print('legacy', os.environ['TF_USE_LEGACY_KERAS'], 'extra', os.environ['EXTRA'])\n"
+        "print('to stderr', file=sys.stderr)\n"
+    )
+    run = rt.launch("worker:1", code=code, env=["EXTRA=yes"])
+    assert run.returncode == 0 and run.state == "done"
+    assert rt.echo_lines == [
+        '[worker:1] task {"type": "worker", "index": 1}',
+        "[worker:1] legacy 1 extra yes",
+        "[worker:1] to stderr",
+    ]
+    assert rt.cluster is not None and rt.cluster.jobs == {"worker": 2}  # made on demand
+    assert "to stderr" in run.log_path.read_text()
+
+
+def test_a_failing_worker_raises_with_task_exit_code_and_log_tail(rt):
+    with pytest.raises(WorkerFailed) as err:
+        rt.launch("worker:0", code="print('about to fail')\nraise SystemExit(3)")
+    msg = str(err.value)
+    assert msg.startswith("worker:0 failed: exit code 3")
+    assert "about to fail" in msg
+    assert str(err.value.failures[0][0]) == "worker:0"
+    assert rt.runs[("worker", 0)].state == "failed"
+
+
+def test_an_uncaught_exception_shows_the_worker_traceback(rt):
+    with pytest.raises(WorkerFailed, match=r"exit code 1") as err:
+        rt.launch("worker:0", code="def f():\n    raise ValueError('bad shapes')\nf()\n")
+    assert "ValueError: bad shapes" in str(err.value)
+    assert "worker-0_cell.py" in str(err.value)  # the cell's code has a real file name
+
+
+def test_script_runs_as_main_with_its_args_and_own_folder_on_sys_path(rt, write):
+    write("helper_mod.py", "VALUE = 42\n")
+    script = write("main.py", """
+        import sys, helper_mod
+        if __name__ == "__main__":
+            print("argv", sys.argv[1:], helper_mod.VALUE, __file__.endswith("main.py"))
+    """)
+    rt.launch("worker:0", script=str(script), args=["--epochs", "3"])
+    assert rt.echo_lines == ["[worker:0] argv ['--epochs', '3'] 42 True"]
+
+
+def test_background_returns_when_the_port_accepts_connections(rt):
+    t0 = time.monotonic()
+    run = rt.launch("worker:0", code=LISTENER, env={"DELAY": "0.6"}, background=True)
+    waited = time.monotonic() - t0
+    assert port_accepts(run.port), "launch returned before the task's port was open"
+    assert 0.6 <= waited < 10 and run.ready_after >= 0.6
+    assert run.state == "ready"
+    assert any("ready after" in ln for ln in rt.echo_lines)
+    rt.kill("worker:0")
+
+
+def test_background_task_that_fails_before_ready_raises_at_once(rt):
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailed, match=r"worker:0 failed: exit code 2[\s\S]*broken config"):
+        rt.launch("worker:0", code="print('broken config')\nraise SystemExit(2)", background=True,
+                  timeout=60)
+    assert time.monotonic() - t0 < 10
+
+
+def test_background_task_that_never_becomes_ready_times_out_with_its_stacks(rt):
+    with pytest.raises(WorkerTimeout) as err:
+        rt.launch("worker:0", code=STUBBORN, background=True, timeout=1.5)
+    run = rt.runs[("worker", 0)]
+    assert not pid_alive(run.pid)
+    assert err.value.not_ready == [("worker", 0)]
+    assert f"port {run.port} never accepted connections" in str(err.value)
+    log = run.log_path.read_text()
+    assert "most recent call first" in log and "worker-0_cell.py" in log  # the Python stacks
+    assert run.state == "killed" and "did not become ready" in run.note
+
+
+def test_waiting_for_a_peer_that_never_starts_times_out_naming_it(rt):
+    rt.launch("worker:0", code=LISTENER, background=True)
+    with pytest.raises(WorkerTimeout) as err:
+        rt.wait(timeout=1.0)
+    assert err.value.not_ready == [("worker", 1)]
+    assert "worker:1 (never launched)" in str(err.value)
+    assert not rt.runs[("worker", 0)].running
+    assert "most recent call first" in rt.runs[("worker", 0)].log_path.read_text()
+
+
+def test_foreground_timeout_names_the_peers_that_never_became_ready(rt):
+    with pytest.raises(WorkerTimeout, match=r"worker:1 did not finish within 1 s") as err:
+        rt.launch("worker:1", code=LISTENER, timeout=1)
+    assert "worker:0 (never launched)" in str(err.value)
+
+
+def test_wait_reports_the_first_failure_as_root_cause(rt):
+    rt.launch("worker:0", code=LISTENER, env={"LIFETIME": "1.5", "EXIT": "1"}, background=True)
+    rt.launch("worker:1", code=LISTENER, env={"LIFETIME": "0.2", "EXIT": "3"}, background=True)
+    with pytest.raises(WorkerFailed) as err:
+        rt.wait(timeout=30)
+    msg = str(err.value)
+    assert msg.startswith("worker:1 failed: exit code 3; then worker:0 (exit code 1)")
+    assert [str(t) for t, _, _ in err.value.failures] == ["worker:1", "worker:0"]
+
+
+def test_wait_ends_survivors_some_time_after_a_peer_failed(rt):
+    rt.launch("worker:0", code=STUBBORN, background=True, ready="start")
+    rt.launch("worker:1", code="raise SystemExit(5)", background=True, ready="start")
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailed, match=r"^worker:1 failed: exit code 5"):
+        rt.wait(timeout=30, grace_after_failure=1.0)
+    assert time.monotonic() - t0 < 10
+    w0 = rt.runs[("worker", 0)]
+    assert not w0.running and "after a peer failed" in w0.note
+
+
+def test_wait_succeeds_and_ignores_parameter_servers(rt):
+    rt.define_cluster(workers=1, ps=1)
+    rt.launch("ps:0", code=LISTENER, background=True)
+    rt.launch("worker:0", code=LISTENER, env={"LIFETIME": "0.3"}, background=True)
+    runs = rt.wait(timeout=30)
+    assert [str(r.task) for r in runs] == ["worker:0"] and runs[0].returncode == 0
+    assert rt.runs[("ps", 0)].running
+    rt.kill("ps:0")
+
+
+SPAWNER = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", '''
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+print("grandchild", g.pid, flush=True)
+time.sleep(120)
+'''])
+print("child", child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _pids_from_log(run, *names):
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        found = {}
+        for ln in run.tail(0):
+            parts = ln.split()
+            if len(parts) == 2 and parts[0] in names:
+                found[parts[0]] = int(parts[1])
+        if len(found) == len(names):
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"{names} never appeared in {run.log_path}")
+
+
+def test_killworker_ends_the_whole_process_tree(rt):
+    run = rt.launch("worker:0", code=SPAWNER, background=True, ready="start")
+    pids = _pids_from_log(run, "child", "grandchild")
+    rt.kill("worker:0", "KILL")
+    for pid in [run.pid, *pids.values()]:
+        assert not pid_alive(pid), f"pid {pid} survived %killworker"
+    assert run.state == "killed" and run.outcome() == "killed by SIGKILL (SIGKILL sent by %killworker)"
+
+
+def test_kill_with_another_signal_reaches_the_task(rt):
+    run = rt.launch("worker:0", code=LISTENER, background=True)
+    rt.kill("worker:0", "term")
+    run.popen.wait(timeout=10)
+    assert run.outcome().startswith("killed by SIGTERM")
+
+
+def test_kill_when_waits_for_the_log_line(rt):
+    code = "import time\nfor i in range(100):\n    print('step', i, flush=True)\n    time.sleep(0.05)\n"
+    rt.launch("worker:0", code=code, background=True, ready="start")
+    line = rt.kill_when("worker:0", r"step 5\b", timeout=30)
+    assert line == "step 5"
+    run = rt.runs[("worker", 0)]
+    steps = [ln for ln in run.tail(0) if ln.startswith("step")]
+    assert "step 5" in steps and len(steps) < 20  # killed soon after, not at the end
+
+
+def test_end_all_escalates_to_sigkill_for_processes_that_ignore_sigterm(rt):
+    run = rt.launch("worker:0", code=STUBBORN, background=True, ready="start")
+    while "waiting for peers" not in run.log_path.read_text():
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    report = rt.end_all()
+    assert time.monotonic() - t0 < 6
+    assert report == [f"ended worker:0: pid {run.pid} ({report[0].split('(', 1)[1].split(')')[0]}) with SIGKILL"]
+    assert not pid_alive(run.pid)
+
+
+def test_end_all_finds_orphans_that_escaped_the_tree(rt):
+    # A task that starts a daemon in its own session (double fork) and exits:
+    # the daemon is neither in the tree nor in the task's process group.
+    code = (
+        "import os, subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+        " start_new_session=True)\n"
+        "print('daemon', p.pid, flush=True)\n"
+    )
+    run = rt.launch("worker:0", code=code)
+    daemon = int(run.tail(1)[0].split()[1])
+    assert pid_alive(daemon)
+    assert daemon in [p.pid for p in rt.escaped_orphans()]
+    report = rt.end_all()
+    assert not pid_alive(daemon)
+    assert any(str(daemon) in ln for ln in report)
+
+
+def test_interrupting_a_foreground_worker_ends_it(rt):
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        rt.launch("worker:0", code=STUBBORN)
+    run = rt.runs[("worker", 0)]
+    assert not pid_alive(run.pid) and run.note == "ended by mwhelpers on interrupt"
+
+
+# -- bad input: a clear error, nothing changed ---------------------------------------------
+
+def _snapshot(rt):
+    return (dict(rt.cluster.ports) if rt.cluster else None, list(rt.history))
+
+
+def test_bad_task_type_changes_nothing(rt):
+    with pytest.raises(UsageError, match="unknown task type 'wroker'"):
+        rt.launch("wroker:0", code="print(1)")
+    assert rt.cluster is None and rt.history == []
+
+
+def test_task_outside_the_cluster_changes_nothing(rt):
+    rt.define_cluster(2)
+    before = _snapshot(rt)
+    with pytest.raises(UsageError, match="worker:5 is outside the cluster"):
+        rt.launch("worker:5", code="print(1)")
+    assert _snapshot(rt) == before
+
+
+def test_malformed_env_changes_nothing(rt):
+    for bad, message in [(["NOEQUALS"], "--env expects KEY=VALUE, got 'NOEQUALS'"),
+                         (["1BAD=x"], "'1BAD' is not a valid environment variable name"),
+                         (["TF_CONFIG={}"], "TF_CONFIG is set by mwhelpers")]:
+        with pytest.raises(UsageError, match=message):
+            rt.launch("worker:0", code="print(1)", env=bad)
+    assert rt.cluster is None and rt.history == []
+
+
+def test_missing_script_changes_nothing(rt):
+    with pytest.raises(UsageError, match=r"script 'nope.py' does not exist .* %%writefile"):
+        rt.launch("worker:0", script="nope.py")
+    assert rt.history == []
+
+
+def test_port_already_taken_is_explained(rt):
+    rt.define_cluster(2)
+    port = rt.cluster.port("worker:1")
+    squatter = socket.socket()
+    squatter.bind(("", port))
+    squatter.listen()
+    try:
+        with pytest.raises(UsageError, match=rf"port {port} of worker:1 is already taken by pid {os.getpid()}"):
+            rt.launch("worker:1", code="print(1)")
+    finally:
+        squatter.close()
+    assert rt.history == []
+
+
+def test_second_launch_of_a_running_task_is_refused(rt):
+    run = rt.launch("worker:0", code=LISTENER, background=True)
+    with pytest.raises(UsageError, match=rf"worker:0 is already running \(pid {run.pid}"):
+        rt.launch("worker:0", code=LISTENER, background=True)
+    assert len(rt.history) == 1
+    rt.kill("worker:0")
+
+
+def test_bad_signal_names_are_refused(rt):
+    run = rt.launch("worker:0", code=LISTENER, background=True)
+    for bad in ("SIGFOO", "kil", "999"):
+        with pytest.raises(UsageError, match="signal"):
+            rt.kill("worker:0", bad)
+    assert run.running and run.note == ""
+    rt.kill("worker:0")
+
+
+def test_bad_timeout_and_ready_values_are_refused(rt):
+    with pytest.raises(UsageError, match="timeout must be a number"):
+        rt.launch("worker:0", code="print(1)", timeout="soon")
+    with pytest.raises(UsageError, match="more than 0"):
+        rt.launch("worker:0", code="print(1)", timeout=0)
+    with pytest.raises(UsageError, match="ready must be"):
+        rt.launch("worker:0", code="print(1)", ready="whenever")
+    assert rt.history == []
+
+
+def test_redefining_the_cluster_while_tasks_run_is_refused(rt):
+    rt.launch("worker:0", code=LISTENER, background=True)
+    ports_before = dict(rt.cluster.ports)
+    with pytest.raises(UsageError, match=r"still running \(worker:0\)"):
+        rt.define_cluster(3)
+    assert rt.cluster.ports == ports_before
+    rt.kill("worker:0")
+
+
+# -- status and logs --------------------------------------------------------------------
+
+def test_status_table_and_logs(rt):
+    rt.define_cluster(3)
+    rt.launch("worker:1", code="print('alpha')\nprint('omega')")
+    rt.launch("worker:0", code=LISTENER, background=True)
+    table = rt.status()
+    text = repr(table)
+    header, *rows = text.splitlines()
+    assert header.split() == ["task", "pid", "state", "exit", "uptime", "port", "log", "last",
+                              "log", "line"]
+    assert rows[0].split()[:4] == ["worker:1", str(rt.runs[("worker", 1)].pid), "done", "0"]
+    assert rows[0].endswith("omega")
+    assert rows[1].split()[2] == "ready" and "listening on" in rows[1]
+    assert "<table>" in table._repr_html_() and "omega" in table._repr_html_()
+    assert rt.log("worker:1", 1) == ["[worker:1] omega"]
+    assert rt.log(None, 5)[:2] == ["[worker:1] alpha", "[worker:1] omega"]
+    with pytest.raises(UsageError, match="has not been launched"):
+        rt.log("worker:2")
+    rt.kill("worker:0")
+
+
+def test_relaunching_a_task_keeps_the_previous_log(rt):
+    first = rt.launch("worker:0", code="print('first run')")
+    second = rt.launch("worker:0", code="print('second run')")
+    assert first.log_path != second.log_path
+    assert "first run" in first.log_path.read_text() and "second run" in second.log_path.read_text()
+    assert second.log_path.name == "worker-0.run2.log"
+
+
+# -- supervised restart -------------------------------------------------------------------
+
+FLAKY = """
+import json, os, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+marker = os.path.join(os.environ["MARKER_DIR"], "attempts-%s" % task["index"])
+n = (int(open(marker).read()) if os.path.exists(marker) else 0) + 1
+open(marker, "w").write(str(n))
+print("attempt", n, flush=True)
+if task["index"] == 1 and n == 1:
+    sys.exit(7)            # worker 1 crashes on its first attempt
+if n == 1:
+    time.sleep(60)         # its peer would wait for it forever
+print("trained", flush=True)
+"""
+
+
+def test_supervise_restarts_every_task_when_one_fails(rt, tmp_path):
+    attempts = rt.supervise(code=FLAKY, env={"MARKER_DIR": str(tmp_path)}, max_restarts=2,
+                            timeout=60)
+    assert len(attempts) == 2
+    assert attempts[0]["failed"][0] == ("worker:1", "exit code 7")
+    assert attempts[1]["failed"] == []
+    assert all(r.returncode == 0 for r in attempts[1]["runs"])
+    assert (tmp_path / "attempts-0").read_text() == "2"  # worker 0 was restarted too
+    assert any("restarting all 2 tasks (restart 1 of 2)" in ln for ln in rt.echo_lines)
+    assert "[worker:0] trained" in rt.echo_lines
+
+
+def test_supervise_injects_faults_and_gives_up_after_max_restarts(rt, tmp_path):
+    code = "import time\nfor i in range(200):\n    print('step', i, flush=True)\n    time.sleep(0.05)\n" \
+           "raise SystemExit(9)\n"
+    with pytest.raises(WorkerFailed, match="exit code 9"):
+        rt.supervise(code=code, max_restarts=1, inject=[("worker:1", r"step 3\b")], timeout=60,
+                     stream=False)
+    assert any("fault injected: killed worker:1 after it logged 'step 3'" in ln
+               for ln in rt.echo_lines)
+    assert sum("restarting all 2 tasks" in ln for ln in rt.echo_lines) == 1
+
+
+def test_supervise_rejects_bad_arguments(rt):
+    with pytest.raises(UsageError, match="max_restarts"):
+        rt.supervise(code="print(1)", max_restarts=-1)
+    with pytest.raises(UsageError, match="outside the cluster"):
+        rt.supervise(code="print(1)", tasks=["worker:4"])
+    assert rt.history == []
+
+
+def test_tf_config_reaches_each_task(rt):
+    rt.define_cluster(1, chief=True)
+    run = rt.launch("chief:0", code="import os; print(os.environ['TF_CONFIG'])")
+    assert json.loads(run.tail(1)[0]) == json.loads(rt.cluster.tf_config("chief:0"))
