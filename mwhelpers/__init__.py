@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Cluster": "cluster", "Task": "cluster", "parse_task": "cluster",
-    "Runtime": "runtime", "runtime": "runtime", "TaskRun": "runtime",
+    "Runtime": "workers", "runtime": "workers", "TaskRun": "workers",
     "load_mnist": "data",
     "MWHelpersError": "errors", "UsageError": "errors", "WorkerError": "errors",
     "WorkerFailed": "errors", "WorkerTimeout": "errors",

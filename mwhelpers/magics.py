@@ -19,7 +19,7 @@ from IPython.display import display
 from . import proctree
 from .cluster import _TASK_RE
 from .errors import UsageError
-from .runtime import default_log_dir, runtime
+from .workers import default_log_dir, runtime
 
 
 class _Parser(argparse.ArgumentParser):

@@ -9,8 +9,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import mwhelpers.runtime as rt_mod  # noqa: E402
-from mwhelpers.runtime import Runtime  # noqa: E402
+import mwhelpers.workers as rt_mod  # noqa: E402
+from mwhelpers.workers import Runtime  # noqa: E402
 
 # Small worker programs (no TensorFlow): they read their port from TF_CONFIG
 # the way a TF server would, so readiness and cluster logic are exercised
@@ -99,9 +99,10 @@ def rt(tmp_path, monkeypatch):
 @pytest.fixture
 def ip(rt):
     """An IPython shell with the extension loaded, driving the ``rt`` runtime."""
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.testing import globalipapp
 
-    shell = start_ipython()
+    globalipapp.start_ipython()  # once per test session; later calls return None
+    shell = globalipapp.get_ipython()
     shell.run_line_magic("load_ext", "mwhelpers")
     rt_mod._RUNTIME = rt
     yield shell

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import LISTENER, STUBBORN, pid_alive
 from mwhelpers.errors import UsageError, WorkerFailed, WorkerTimeout
-from mwhelpers.runtime import port_accepts
+from mwhelpers.workers import port_accepts
 
 
 def test_foreground_streams_prefixed_output_with_tf_config_and_the_kernel_env(rt, monkeypatch):

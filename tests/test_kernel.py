@@ -1,0 +1,177 @@
+"""mwhelpers inside a real Jupyter kernel: orphans, and failures under nbclient/papermill."""
+
+import os
+import signal
+import sys
+import textwrap
+import time
+
+import nbformat
+import pytest
+from jupyter_client import KernelManager
+
+from conftest import ROOT, pid_alive
+
+# A worker that starts a child and a grandchild, all ignoring SIGTERM, and
+# prints their pids: the tree a TF worker with a helper process would make.
+TREE = textwrap.dedent('''
+    import signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen([sys.executable, "-c", """
+    import signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])
+    print('grandchild', g.pid, flush=True)
+    time.sleep(300)
+    """])
+    print('child', child.pid, flush=True)
+    time.sleep(300)
+''')
+
+
+def kernel_env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+class Kernel:
+    def __init__(self, cwd):
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel(cwd=str(cwd), env=kernel_env())
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    @property
+    def pid(self):
+        return self.km.provisioner.pid
+
+    def run(self, code, timeout=60):
+        out = []
+
+        def hook(msg):
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                out.append("\n".join(msg["content"]["traceback"]))
+
+        reply = self.kc.execute_interactive(code, output_hook=hook, timeout=timeout)
+        return reply["content"]["status"], "".join(out)
+
+    def close(self):
+        self.kc.stop_channels()
+        if self.km.is_alive():
+            self.km.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def kernel(tmp_path):
+    k = Kernel(tmp_path)
+    yield k
+    k.close()
+
+
+def start_tree(kernel):
+    status, out = kernel.run("%load_ext mwhelpers\n")
+    assert status == "ok", out
+    status, out = kernel.run("%%worker 0 --bg --ready start\n" + TREE)
+    assert status == "ok", out
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status, out = kernel.run(
+            "import mwhelpers\nr = mwhelpers.runtime().runs[('worker', 0)]\n"
+            "print('worker', r.pid)\nprint('\\n'.join(r.tail(0)))\n")
+        pids = {w.split()[0]: int(w.split()[1]) for w in out.splitlines()
+                if len(w.split()) == 2 and w.split()[0] in ("worker", "child", "grandchild")}
+        if len(pids) == 3:
+            return list(pids.values())
+        time.sleep(0.1)
+    raise AssertionError(f"the worker tree never started: {out}")
+
+
+def wait_all_gone(pids, within):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not any(pid_alive(p) for p in pids):
+            return time.monotonic() - (deadline - within)
+        time.sleep(0.02)
+    alive = [p for p in pids if pid_alive(p)]
+    for p in alive:  # do not leak them into the next tests
+        os.kill(p, signal.SIGKILL)
+    raise AssertionError(f"still alive {within} s after the kernel went away: {alive}")
+
+
+def test_sigkill_of_the_kernel_ends_every_worker_within_2_s(kernel):
+    pids = start_tree(kernel)
+    os.kill(kernel.pid, signal.SIGKILL)
+    wait_all_gone(pids, within=2.0)
+
+
+def test_kernel_restart_ends_every_worker_within_2_s(kernel):
+    pids = start_tree(kernel)
+    kernel.km.restart_kernel(now=True)
+    wait_all_gone(pids, within=2.0)
+
+
+def test_kernel_shutdown_ends_every_worker(kernel):
+    pids = start_tree(kernel)
+    kernel.km.shutdown_kernel(now=False)
+    wait_all_gone(pids, within=2.0)
+
+
+def test_killbgscripts_in_a_kernel_leaves_no_descendant(kernel):
+    pids = start_tree(kernel)
+    status, out = kernel.run("%killbgscripts")
+    assert status == "ok" and "Ended 3 process(es)" in out, out
+    wait_all_gone(pids, within=0.5)
+
+
+def failing_notebook(path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("%load_ext mwhelpers", metadata={"tags": []}),
+        nbformat.v4.new_code_cell("%%worker 1\nprint('training...')\nraise SystemExit(3)"),
+        nbformat.v4.new_code_cell("print('never reached')"),
+    ]
+    nbformat.write(nb, path)
+    return path
+
+
+def test_a_failed_worker_fails_the_notebook_under_nbclient(tmp_path, monkeypatch):
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    monkeypatch.setenv("PYTHONPATH", kernel_env()["PYTHONPATH"])
+    nb = nbformat.read(failing_notebook(tmp_path / "fail.ipynb"), as_version=4)
+    client = NotebookClient(nb, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}})
+    with pytest.raises(CellExecutionError) as err:
+        client.execute()
+    assert "WorkerFailed" in str(err.value) and "worker:1 failed: exit code 3" in str(err.value)
+    outputs = nb.cells[1].outputs
+    assert any(o.get("text", "").startswith("[worker:1] training...") for o in outputs)
+    assert nb.cells[2].get("outputs", []) == []
+
+
+def test_a_failed_worker_fails_the_notebook_under_papermill(tmp_path, monkeypatch):
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    monkeypatch.setenv("PYTHONPATH", kernel_env()["PYTHONPATH"])
+    src = failing_notebook(tmp_path / "fail.ipynb")
+    with pytest.raises(PapermillExecutionError) as err:
+        papermill.execute_notebook(str(src), str(tmp_path / "out.ipynb"), kernel_name="python3",
+                                   cwd=str(tmp_path), progress_bar=False)
+    assert err.value.ename == "WorkerFailed"
+    assert "worker:1 failed: exit code 3" in err.value.evalue
+
+
+def test_python_version_of_kernel_matches():
+    # The kernel the tests start must be this environment's Python, or the
+    # tests above would exercise another installation of mwhelpers.
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    assert spec.argv[0] in (sys.executable, "python", "python3") or \
+        os.path.realpath(spec.argv[0]) == os.path.realpath(sys.executable)

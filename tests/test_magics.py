@@ -1,0 +1,175 @@
+"""The magics, driven through a real IPython shell."""
+
+import sys
+import time
+
+import pytest
+
+from conftest import LISTENER, pid_alive
+from mwhelpers.errors import UsageError, WorkerFailed
+from mwhelpers.magics import parse_worker_line
+
+
+def cell(ip, source):
+    result = ip.run_cell(source)
+    return result
+
+
+def test_load_ext_does_not_import_tensorflow():
+    import subprocess
+    import sys
+
+    code = ("from IPython.testing.globalipapp import start_ipython\n"
+            "ip = start_ipython(); ip.run_line_magic('load_ext', 'mwhelpers')\n"
+            "import sys; print(sorted(m for m in ('tensorflow', 'keras', 'tf_keras') if m in sys.modules))\n"
+            "print(sorted(ip.magics_manager.magics['line']))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=60).stdout.splitlines()
+    assert out[0] == "[]"
+    for name in ("cluster", "worker", "workers", "workerlog", "waitworkers", "killworker",
+                 "killbgscripts"):
+        assert f"'{name}'" in out[1]
+
+
+def test_cluster_magic_defines_and_shows(ip, rt, capsys):
+    ip.run_line_magic("cluster", "3 --chief --ps 1 --evaluator")
+    shown = capsys.readouterr().out
+    assert rt.cluster.jobs == {"chief": 1, "worker": 3, "ps": 1, "evaluator": 1}
+    for task in rt.cluster.tasks:
+        assert rt.cluster.tf_config(task) in shown
+    ip.run_line_magic("cluster", "")
+    assert rt.cluster.tf_config("evaluator:0") in capsys.readouterr().out
+
+
+def test_cluster_magic_bad_arguments(ip, rt):
+    with pytest.raises(UsageError, match="invalid int value"):
+        ip.run_line_magic("cluster", "two")
+    with pytest.raises(UsageError, match="unrecognized arguments: --chef"):
+        ip.run_line_magic("cluster", "2 --chef")
+    assert rt.cluster is None
+
+
+def test_worker_cell_runs_in_the_foreground_with_prefixed_output(ip, rt):
+    result = cell(ip, "%%worker 1 --env GREETING=hi\nimport os\nprint(os.environ['GREETING'], "
+                      "os.environ['MWHELPERS_TASK'])\n")
+    assert result.success
+    assert rt.echo_lines == ["[worker:1] hi worker:1"]
+
+
+def test_worker_cell_failure_fails_the_cell(ip, rt):
+    result = cell(ip, "%%worker\nimport sys\nprint('oops')\nsys.exit(4)\n")
+    assert not result.success
+    assert isinstance(result.error_in_exec, WorkerFailed)
+    assert "worker:0 failed: exit code 4" in str(result.error_in_exec)
+
+
+def test_worker_line_magic_runs_a_script_with_args(ip, rt, write):
+    write("main.py", "import sys\nprint('args', sys.argv[1:])\n")
+    ip.run_line_magic("worker", "worker:1 main.py --epochs 2 --bg")
+    assert rt.echo_lines == ["[worker:1] args ['--epochs', '2', '--bg']"]
+
+
+def test_background_worker_waitworkers_workers_and_workerlog(ip, rt, capsys):
+    assert cell(ip, "%%worker 0 --bg --env LIFETIME=0.5\n" + LISTENER).success
+    run = rt.runs[("worker", 0)]
+    assert run.ready_after is not None and run.running
+    ip.run_line_magic("workers", "")
+    table = capsys.readouterr().out
+    assert "worker:0" in table and "ready" in table
+    assert cell(ip, "%%worker 1 --bg --env LIFETIME=0.5\n" + LISTENER).success
+    ip.run_line_magic("waitworkers", "--timeout 30")
+    out = capsys.readouterr().out
+    assert "2 task(s) finished" in out
+    ip.run_line_magic("workerlog", "worker:1 -n 1")
+    assert capsys.readouterr().out.strip() == "[worker:1] finished"
+    ip.run_line_magic("workerlog", "--follow worker:0")
+    assert "[worker:0] finished" in rt.echo_lines
+
+
+def test_killworker_magic_and_bad_signal(ip, rt, capsys):
+    assert cell(ip, "%%worker 0 --bg\n" + LISTENER).success
+    run = rt.runs[("worker", 0)]
+    with pytest.raises(UsageError, match="unknown signal 'SIGBOGUS'"):
+        ip.run_line_magic("killworker", "worker:0 --signal SIGBOGUS")
+    assert run.running
+    ip.run_line_magic("killworker", "worker:0")
+    assert "sent SIGKILL to worker:0" in capsys.readouterr().out
+    assert not pid_alive(run.pid)
+
+
+def test_killbgscripts_ends_what_ipython_leaves_behind(ip, rt, capsys):
+    """IPython's own %killbgscripts signals bash and leaves `python` running."""
+    script_magics = ip.magics_manager.registry["ScriptMagics"]
+    assert cell(ip, f"%%bash --bg\n{sys.executable} -c 'import time; time.sleep(120)'\n").success
+    bash = script_magics.bg_processes[-1]
+    deadline = time.monotonic() + 10
+    import psutil
+
+    while time.monotonic() < deadline and not psutil.Process(bash.pid).children():
+        time.sleep(0.05)
+    python_pid = psutil.Process(bash.pid).children()[0].pid
+    script_magics.kill_bg_processes()  # IPython's own implementation
+    time.sleep(0.3)
+    assert pid_alive(python_pid), "IPython's %killbgscripts now ends the child itself"
+    # Ours finds the orphan through the session mark in its environment.
+    assert cell(ip, "%%worker 0 --bg\n" + LISTENER).success
+    worker_pid = rt.runs[("worker", 0)].pid
+    ip.run_line_magic("killbgscripts", "")
+    out = capsys.readouterr().out
+    assert not pid_alive(python_pid) and not pid_alive(worker_pid)
+    assert f"pid {python_pid}" in out and f"worker:0: pid {worker_pid}" in out
+    ip.run_line_magic("killbgscripts", "")
+    assert "No background processes were running." in capsys.readouterr().out
+
+
+def test_killbgscripts_ends_bash_bg_trees(ip, rt, capsys):
+    assert cell(ip, f"%%bash --bg\n{sys.executable} -c 'import time; time.sleep(120)' &\nsleep 120\n").success
+    import psutil
+
+    bash = ip.magics_manager.registry["ScriptMagics"].bg_processes[-1]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(psutil.Process(bash.pid).children()) < 2:
+        time.sleep(0.05)
+    tree = [bash.pid] + [c.pid for c in psutil.Process(bash.pid).children(recursive=True)]
+    assert len(tree) == 3
+    ip.run_line_magic("killbgscripts", "")
+    assert not any(pid_alive(p) for p in tree)
+    assert "Ended 3 process(es)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("", {"task": None, "bg": False, "script": None}),
+    ("1 --bg", {"task": "1", "bg": True}),
+    ("chief:0 --timeout 30 --log w.log", {"task": "chief:0", "timeout": "30", "log": "w.log"}),
+    ("--env A=1 B=2 --bg", {"env": ["A=1", "B=2"], "bg": True}),
+    ("--env=A=1", {"env": ["A=1"]}),
+    ("worker:1 main.py --bg x", {"task": "worker:1", "script": "main.py", "args": ["--bg", "x"],
+                                 "bg": False}),
+    ("main.py", {"task": None, "script": "main.py"}),
+    ("--ready start ps:0", {"task": "ps:0", "ready": "start"}),
+])
+def test_worker_line_parsing(line, expected):
+    parsed = parse_worker_line(line)
+    for key, value in expected.items():
+        assert parsed[key] == value, (key, parsed)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("--timeout", "--timeout needs a value"),
+    ("--env", "--env needs KEY=VALUE"),
+    ("--frobnicate", "unknown option '--frobnicate'"),
+    ("'unclosed", "cannot parse"),
+])
+def test_worker_line_errors(line, message):
+    with pytest.raises(UsageError, match=message):
+        parse_worker_line(line)
+
+
+def test_worker_magic_argument_errors(ip, rt):
+    with pytest.raises(UsageError, match="needs a SCRIPT"):
+        ip.run_line_magic("worker", "worker:1")
+    result = cell(ip, "%%worker 1 main.py\nprint(1)\n")
+    assert "looks like a script" in str(result.error_in_exec)
+    result = cell(ip, "%%worker 1 --env BROKEN\nprint(1)\n")
+    assert "--env expects KEY=VALUE, got 'BROKEN'" in str(result.error_in_exec)
+    assert rt.history == []
