@@ -1,0 +1,81 @@
+"""Two real MultiWorkerMirroredStrategy workers training with tf_keras."""
+
+import json
+import shutil
+import time
+
+import pytest
+
+from conftest import ROOT
+
+TRAIN = ROOT / "tests" / "programs" / "mwms_train.py"
+pytestmark = pytest.mark.tf
+
+
+def results(rt):
+    out = {}
+    for run in rt.runs.values():
+        lines = [ln for ln in run.tail(0) if ln.startswith("RESULT ")]
+        assert lines, f"{run.task} printed no RESULT; log tail:\n" + "\n".join(run.tail(30))
+        out[str(run.task)] = json.loads(lines[-1][len("RESULT "):])
+    return out
+
+
+def check_trained_together(res, epochs):
+    assert set(res) == {"worker:0", "worker:1"}
+    for r in res.values():
+        assert r["replicas"] == 2
+        assert len(r["loss"]) == epochs and r["loss"][-1] < r["loss"][0] * 0.5
+    # Synchronous training: both workers hold the same weights at the end.
+    assert res["worker:0"]["weights_sum"] == pytest.approx(res["worker:1"]["weights_sum"])
+    assert res["worker:0"]["loss"] == pytest.approx(res["worker:1"]["loss"])
+
+
+@pytest.fixture
+def legacy_keras(monkeypatch):
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+
+
+def test_two_workers_train_through_the_magics(ip, rt, legacy_keras, capsys):
+    shutil.copy(TRAIN, "main.py")
+    ip.run_line_magic("cluster", "2")
+    ip.run_line_magic("worker", "0 --bg main.py --epochs 3")
+    w0 = rt.runs[("worker", 0)]
+    assert w0.ready_after is not None and w0.running
+    # Worker 0's server is up and it waits for worker 1; its log says so
+    # (TF writes the line just after the port opens).
+    deadline = time.monotonic() + 10
+    while not any("Started server with target" in ln for ln in w0.tail(0)):
+        assert time.monotonic() < deadline, "\n".join(w0.tail(0))
+        time.sleep(0.05)
+    ip.run_line_magic("worker", "1 main.py --epochs 3")  # foreground: streams into the cell
+    assert any(ln.startswith("[worker:1] Epoch 3/3") for ln in rt.echo_lines)
+    ip.run_line_magic("waitworkers", "--timeout 120")
+    check_trained_together(results(rt), epochs=3)
+
+
+def test_two_workers_train_through_the_api(rt, legacy_keras):
+    rt.define_cluster(workers=2)
+    for task in ("worker:0", "worker:1"):
+        rt.launch(task, script=str(TRAIN), args=["--epochs", "2"], background=True, timeout=120)
+    rt.wait(timeout=120)
+    check_trained_together(results(rt), epochs=2)
+
+
+def test_supervised_restart_resumes_from_backup_after_a_killed_worker(rt, legacy_keras, tmp_path):
+    """Kill worker 1 mid-training; the supervisor restarts both and
+    BackupAndRestore resumes at the saved epoch instead of from scratch."""
+    rt.define_cluster(workers=2)
+    attempts = rt.supervise(
+        script=str(TRAIN), args=["--epochs", "4", "--steps", "10", "--backup", str(tmp_path / "bk")],
+        max_restarts=2, timeout=240, inject=[("worker:1", r"^Epoch 3/4")], stream=False,
+    )
+    assert len(attempts) == 2
+    assert attempts[0]["failed"][0] == ("worker:1", "killed by SIGKILL (SIGKILL sent by %killworker)")
+    res = results(rt)
+    for r in res.values():
+        # The second attempt ran only the epochs after the backup (epochs 2 and 3
+        # of 0..3), and the optimizer kept counting from the restored step.
+        assert r["epochs_run"][0] == 2 and r["epochs_run"][-1] == 3
+        assert r["iterations"] == 40
