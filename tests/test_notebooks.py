@@ -1,0 +1,121 @@
+"""Every notebook runs headless (nbclient, papermill via the suite) and tells the truth."""
+
+import json
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from conftest import ROOT, session_processes  # noqa: F401
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "notebooks/ has no notebook"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_notebook_is_clean_valid_and_parameterised(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, f"{path.name} has outputs"
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and tagged[0].cell_type == "code"
+    assert "workdir" in tagged[0].source and "full_size" in tagged[0].source
+
+
+def outputs_text(nb):
+    texts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            texts.append(out.get("text") or out.get("data", {}).get("text/plain", ""))
+    return "".join(texts)
+
+
+@pytest.fixture
+def pythonpath(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+
+
+def test_tour_runs_under_nbclient(tmp_path, pythonpath):
+    from nbclient import NotebookClient
+
+    path = ROOT / "notebooks" / "00_mwhelpers_tour.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    # What papermill does with the parameters cell, by hand: run in tmp_path.
+    nb.cells.insert(2, nbformat.v4.new_code_cell(f"workdir = {str(tmp_path)!r}"))
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    text = outputs_text(nb)
+    assert "[worker:1] TF_USE_LEGACY_KERAS = 1" in text  # environment inheritance shown
+    assert "[worker:0] ready after" in text  # --bg waited for the port
+    assert "[worker:1] Epoch 2/2" in text  # worker 1 streamed into its cell
+    assert "2 task(s) finished" in text
+    assert "Ended" in text or "No background processes" in text
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in text.splitlines()
+               if "RESULT " in line]
+    assert results and results[0]["replicas"] == 2
+    assert (tmp_path / "main.py").exists()
+
+
+def run_suite(*args):
+    return subprocess.run([sys.executable, "-m", "mwhelpers.suite", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_suite_runs_a_notebook_with_papermill_and_writes_outputs(tmp_path):
+    out = tmp_path / "out"
+    proc = run_suite(str(ROOT / "notebooks" / "00_mwhelpers_tour.ipynb"), "--output", str(out),
+                     "-p", "full_size", "False")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "00_mwhelpers_tour.ipynb  ok" in proc.stdout
+    assert "1 passed, 0 failed" in proc.stdout
+    executed = nbformat.read(out / "00_mwhelpers_tour.ipynb", as_version=4)
+    assert "[worker:1] Epoch 2/2" in outputs_text(executed)
+    assert (out / "00_mwhelpers_tour.html").stat().st_size > 10_000
+    assert (out / "work" / "00_mwhelpers_tour" / "main.py").exists()  # its own working dir
+
+
+def make_nb(path, cells, params=True):
+    nb = nbformat.v4.new_notebook()
+    if params:
+        nb.cells.append(nbformat.v4.new_code_cell("workdir = None\nfull_size = False",
+                                                  metadata={"tags": ["parameters"]}))
+    nb.cells += [nbformat.v4.new_code_cell(c) for c in cells]
+    nbformat.write(nb, path)
+    return path
+
+
+def test_suite_refuses_missing_parameters_cell_and_unknown_parameters(tmp_path):
+    bare = make_nb(tmp_path / "bare.ipynb", ["print(1)"], params=False)
+    good = make_nb(tmp_path / "good.ipynb", ["print(1)"])
+    proc = run_suite(str(bare), str(good), "--output", str(tmp_path / "out"), "-p", "epochs", "3")
+    assert proc.returncode == 1
+    assert "bare.ipynb has no cell tagged 'parameters'" in proc.stdout
+    assert "good.ipynb does not declare the parameter(s) epochs" in proc.stdout
+    assert "0 passed, 2 failed" in proc.stdout
+
+
+def test_suite_reports_the_failing_cell_and_leaves_no_worker(tmp_path):
+    nb = make_nb(tmp_path / "fails.ipynb", [
+        "%load_ext mwhelpers",
+        "%%worker 0 --bg --ready start\nimport time\ntime.sleep(300)",
+        "%%worker 1\nraise SystemExit(6)",
+    ])
+    proc = run_suite(str(nb), "--output", str(tmp_path / "out"))
+    assert proc.returncode == 1
+    assert "WorkerFailed: worker:1 failed: exit code 6" in proc.stdout
+    assert "fails.ipynb: FAILED" in proc.stdout
+    import psutil
+
+    for p in psutil.process_iter(["pid"]):
+        try:
+            assert p.environ().get("MWHELPERS_TASK") is None or \
+                p.environ().get("MWHELPERS_SUITE_RUN") is None, f"leaked worker {p.pid}"
+        except psutil.Error:
+            pass
