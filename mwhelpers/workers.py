@@ -232,6 +232,21 @@ def default_log_dir(session_name=None):
     return root / f"{stem}-{os.getpid()}"
 
 
+def claim_session():
+    """This process's session mark, set in its environment.
+
+    Every process started from here from now on (also through %%bash --bg
+    and !cmd) inherits it, so escaped orphans can be found.  A mark
+    inherited from a parent process (a kernel started by another process
+    that uses mwhelpers) is replaced: orphans of ours are only ours.
+    """
+    mark = os.environ.get(SESSION_ENV, "")
+    if not mark.startswith(f"{os.getpid()}-"):
+        mark = f"{os.getpid()}-{secrets.token_hex(4)}"
+        os.environ[SESSION_ENV] = mark
+    return mark
+
+
 class Runtime:
     """Launches and tracks the task processes of one kernel (or script)."""
 
@@ -246,9 +261,7 @@ class Runtime:
         # The parent-death guard: workers get the read end; we keep the write
         # end open (never writing) until this process ends.
         self._guard_r, self._guard_w = os.pipe()
-        # Marks every process started from this process from now on, also
-        # through %%bash --bg and !cmd, so escaped orphans can be found.
-        self.session = os.environ.setdefault(SESSION_ENV, f"{os.getpid()}-{secrets.token_hex(4)}")
+        self.session = claim_session()
         atexit.register(self.shutdown)
 
     # -- cluster -------------------------------------------------------------
@@ -538,15 +551,32 @@ class Runtime:
         for run in self.runs.values():
             run.returncode  # noqa: B018  (poll() reaps our own children, keeping their status)
 
-    def _end_runs(self, runs, escalation=proctree.DEFAULT_ESCALATION):
-        procs = [p for r in runs for p in self._procs_of(r)]
+    def _end_runs(self, runs, escalation=proctree.DEFAULT_ESCALATION, extra=()):
+        """End the process trees of ``runs`` plus the ``extra`` processes.
+
+        Returns ``(lines, survivors)``: what ended with which signal, labelled
+        with the owning task, and what even SIGKILL did not end.
+        """
+        owner, procs = {}, []
+        for r in runs:
+            for p in self._procs_of(r):
+                if p.pid not in owner:
+                    owner[p.pid] = f"{r.task}: "
+                    procs.append(p)
+        for p in extra:
+            if p.pid not in owner and p.pid != os.getpid():
+                owner[p.pid] = ""
+                procs.append(p)
+        labels = {p.pid: proctree.describe(p) for p in procs}
         ended, survivors = proctree.end_processes(procs, escalation, reap=self._reap)
         for r in runs:
             try:
                 r.popen.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 pass
-        return procs, ended, survivors
+        lines = [f"ended {owner[pid]}{labels[pid]} with {how}" for pid, how in ended.items()]
+        lines += [f"could NOT end {labels[p.pid]} (still alive after SIGKILL)" for p in survivors]
+        return lines, survivors
 
     def _end_stuck(self, runs, why):
         """Dump the Python stacks of ``runs`` into their logs, then end them."""
@@ -665,27 +695,8 @@ class Runtime:
             runs = self.running_runs()
             for r in runs:
                 r.note = "ended by %killbgscripts"
-            procs = [p for r in runs for p in self._procs_of(r)]
-            seen = {p.pid for p in procs}
-            for p in list(extra) + self.escaped_orphans():
-                if p.pid not in seen and p.pid != os.getpid():
-                    procs.append(p)
-                    seen.add(p.pid)
-            labels = {p.pid: proctree.describe(p) for p in procs}
-            owner = {p.pid: str(r.task) for r in runs for p in self._procs_of(r)}
-            ended, survivors = proctree.end_processes(procs, escalation, reap=self._reap)
-            for r in runs:
-                try:
-                    r.popen.wait(timeout=2)
-                except subprocess.TimeoutExpired:
-                    pass
-        report = []
-        for pid, how in ended.items():
-            who = f"{owner[pid]}: " if pid in owner else ""
-            report.append(f"ended {who}{labels[pid]} with {how}")
-        for p in survivors:
-            report.append(f"could NOT end {labels.get(p.pid, p.pid)} (still alive after SIGKILL)")
-        return report
+            lines, _ = self._end_runs(runs, escalation, extra=list(extra) + self.escaped_orphans())
+        return lines
 
     def escaped_orphans(self):
         """Processes started from this session that lost their parent.
@@ -697,6 +708,10 @@ class Runtime:
         """
         me = os.getpid()
         mine = {p.pid for p in proctree.tree(me)}
+        try:
+            mine |= {p.pid for p in psutil.Process(me).parents()}
+        except psutil.Error:
+            pass
         found = []
         for p in psutil.process_iter(["pid", "ppid"]):
             if p.pid in mine:

@@ -398,3 +398,14 @@ def test_tf_config_reaches_each_task(rt):
     rt.define_cluster(1, chief=True)
     run = rt.launch("chief:0", code="import os; print(os.environ['TF_CONFIG'])")
     assert json.loads(run.tail(1)[0]) == json.loads(rt.cluster.tf_config("chief:0"))
+
+
+def test_a_child_process_takes_its_own_session_mark(rt):
+    """A kernel started by a process that uses mwhelpers must not share its mark,
+    or its %killbgscripts would end the parent's other processes."""
+    code = ("import os\nprint('inherited', os.environ['MWHELPERS_SESSION'])\n"
+            "from mwhelpers.workers import claim_session\nprint('own', claim_session())\n")
+    run = rt.launch("worker:0", code=code)
+    inherited, own = (ln.split()[1] for ln in run.tail(2))
+    assert inherited == rt.session
+    assert own != rt.session and own.startswith(f"{run.pid}-")
