@@ -41,15 +41,20 @@ def pythonpath(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
 
 
-def test_tour_runs_under_nbclient(tmp_path, pythonpath):
+def execute(name, tmp_path):
+    """Run notebooks/NAME in a fresh kernel with workdir=tmp_path, as papermill would."""
     from nbclient import NotebookClient
 
-    path = ROOT / "notebooks" / "00_mwhelpers_tour.ipynb"
-    nb = nbformat.read(path, as_version=4)
-    # What papermill does with the parameters cell, by hand: run in tmp_path.
-    nb.cells.insert(2, nbformat.v4.new_code_cell(f"workdir = {str(tmp_path)!r}"))
+    nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    index = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    nb.cells.insert(index + 1, nbformat.v4.new_code_cell(f"workdir = {str(tmp_path)!r}"))
     NotebookClient(nb, timeout=300, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
+    return nb
+
+
+def test_tour_runs_under_nbclient(tmp_path, pythonpath):
+    nb = execute("00_mwhelpers_tour.ipynb", tmp_path)
     text = outputs_text(nb)
     assert "[worker:1] TF_USE_LEGACY_KERAS = 1" in text  # environment inheritance shown
     assert "[worker:0] ready after" in text  # --bg waited for the port
@@ -60,6 +65,15 @@ def test_tour_runs_under_nbclient(tmp_path, pythonpath):
                if "RESULT " in line]
     assert results and results[0]["replicas"] == 2
     assert (tmp_path / "main.py").exists()
+
+
+def test_strategies_guide_runs_under_nbclient(tmp_path, pythonpath):
+    text = outputs_text(execute("01_strategies_guide.ipynb", tmp_path))
+    assert "logical CPUs: ['/device:CPU:0', '/device:CPU:1']" in text
+    assert "replicas in sync: 2" in text and "global batch: 128" in text
+    assert "examples per replica in the last step: [64, 64]" in text
+    assert "tf.distribute.CentralStorageStrategy                     absent" in text
+    assert '"type": "worker",' in text and '"index": 1' in text  # TF_CONFIG shown
 
 
 def run_suite(*args):
