@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Cluster": "cluster", "Task": "cluster", "parse_task": "cluster",
     "Runtime": "workers", "runtime": "workers", "TaskRun": "workers",
-    "load_mnist": "data",
+    "load_mnist": "data", "avoid_teardown_stall": "tfdata",
     "MWHelpersError": "errors", "UsageError": "errors", "WorkerError": "errors",
     "WorkerFailed": "errors", "WorkerTimeout": "errors",
 }

@@ -1,0 +1,58 @@
+"""avoid_teardown_stall really reaches the strategy's per-device iterators (real TF)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.tf
+
+PROBE = textwrap.dedent("""
+    import json, os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from mwhelpers.tfdata import avoid_teardown_stall
+    from tensorflow.python.data.ops import multi_device_iterator_ops as mdi
+    ds = tf.data.Dataset.range(16).batch(4)
+    out = {}
+    if sys.argv[1] == "fix":
+        ds = avoid_teardown_stall(ds)
+        first = mdi._create_device_dataset
+        avoid_teardown_stall()
+        out["idempotent"] = mdi._create_device_dataset is first and first.__wrapped__.__name__ == "_create_device_dataset"
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    it = iter(strategy.experimental_distribute_dataset(ds))
+    values = [sorted(int(v) for t in strategy.experimental_local_results(b) for v in t.numpy()) for b in it]
+    device_its = it._iterators[0]._iterator._device_iterators
+    out["per_device_autotune"] = [d._dataset.options().autotune.enabled for d in device_its]
+    out["dataset_autotune"] = ds.options().autotune.enabled
+    out["values"] = values
+    print(json.dumps(out))
+""")
+
+
+def probe(mode):
+    proc = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_without_the_fix_the_strategy_iterators_autotune():
+    out = probe("plain")
+    assert out["per_device_autotune"] == [None, None]  # None: TF's default, autotuning on
+    assert out["dataset_autotune"] is None
+
+
+def test_the_fix_turns_autotune_off_for_both_iterators_and_keeps_the_data():
+    out = probe("fix")
+    assert out["per_device_autotune"] == [False, False]
+    assert out["dataset_autotune"] is False
+    assert out["idempotent"] is True
+    assert out["values"] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
