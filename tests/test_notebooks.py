@@ -76,6 +76,30 @@ def test_strategies_guide_runs_under_nbclient(tmp_path, pythonpath):
     assert '"type": "worker",' in text and '"index": 1' in text  # TF_CONFIG shown
 
 
+def test_mirrored_strategy_notebook_runs_under_nbclient(tmp_path, pythonpath):
+    text = outputs_text(execute("02_mirrored_strategy_keras.ipynb", tmp_path))
+    assert "number of devices: 2" in text
+    assert "MirroredStrategy: 2 replica(s), global batch 128" in text
+    assert "one device: 1 replica(s), global batch 128" in text
+    assert "restoring ckpt-02.keras" in text and "Epoch 3/4" in text  # the second run resumed
+    assert "cache() in memory" in text and "with prefetch" in text
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "ckpt-01.keras", "ckpt-02.keras", "ckpt-03.keras", "ckpt-04.keras"]
+
+
+def test_multi_worker_notebook_runs_under_nbclient(tmp_path, pythonpath):
+    nb = execute("03_multi_worker_keras.ipynb", tmp_path)
+    text = outputs_text(nb)
+    assert "[worker:1] hello from the kernel | TF_USE_LEGACY_KERAS = 1" in text
+    assert "Started server with target" in text and "Waiting for 1/2 tasks to connect" in text
+    assert "[worker:1] Epoch 2/2" in text and "val_accuracy" in text
+    assert "worker:0: chief=True, replicas=2" in text and "worker:1: chief=False, replicas=2" in text
+    assert "unsupported type (<class 'tensorflow.python.distribute.values.PerReplica'>)" in text \
+        or "looks fixed" in text
+    assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    assert (tmp_path / "main.py").exists() and (tmp_path / "mnist_setup.py").exists()
+
+
 def run_suite(*args):
     return subprocess.run([sys.executable, "-m", "mwhelpers.suite", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
