@@ -1,0 +1,190 @@
+#!/usr/bin/env python
+"""Benchmarks of the notebook suite (a script that prints figures, not a test).
+
+    .venv/bin/python benchmarks/bench_suite.py [--rounds N] [--stall-runs N] [--skip-suite]
+
+1. The multi-worker part of notebooks/03 (worker 0 in the background, worker 1 in
+   the foreground, wait for both), done the mwhelpers way and the upstream
+   tutorial's way (``%%bash --bg`` + ``time.sleep(10)`` + a foreground
+   ``%%bash`` worker), each in a fresh Jupyter kernel, with the same programs
+   (taken from the notebook's %%writefile cells) and sizes. Goal: ratio <= 0.75.
+2. The end-of-run stall, before and after ``avoid_teardown_stall``: the seconds
+   from the end of training (``on_train_end``) to the return of ``fit`` on each
+   worker, at the upstream sizes (batch 64 per worker, 3 epochs x 70 steps).
+3. The whole suite at smoke sizes (``python -m mwhelpers.suite``). Goal: <= 180 s.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+from jupyter_client import KernelManager
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+NB03 = ROOT / "notebooks" / "03_multi_worker_keras.ipynb"
+
+
+def write_programs(workdir, keep_autotune=False):
+    """Write mnist_setup.py and main.py exactly as notebook 03 does."""
+    nb = nbformat.read(NB03, as_version=4)
+    for cell in nb.cells:
+        m = re.match(r"%%writefile (\S+)\n", cell.source)
+        if m:
+            body = cell.source[m.end():]
+            if keep_autotune and m.group(1) == "mnist_setup.py":  # the "before" program
+                body = body.replace("return avoid_teardown_stall(train), avoid_teardown_stall(val)",
+                                    "return train, val")
+                assert "avoid_teardown_stall(train)" not in body
+            (workdir / m.group(1)).write_text(body + "\n")
+
+
+class Kernel:
+    def __init__(self, cwd):
+        env = dict(os.environ, PYTHONPATH=str(ROOT), TF_USE_LEGACY_KERAS="1",
+                   CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="0")
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel(cwd=str(cwd), env=env)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    def run(self, code):
+        reply = self.kc.execute_interactive(code, timeout=900, output_hook=lambda msg: None)
+        if reply["content"]["status"] != "ok":
+            raise RuntimeError(f"cell failed: {code[:80]!r}: {reply['content'].get('evalue')}")
+
+    def close(self):
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+def mwhelpers_way(workdir, args):
+    k = Kernel(workdir)
+    try:
+        k.run("%load_ext mwhelpers\n%cluster 2")
+        t0 = time.monotonic()
+        k.run(f"%worker 0 --bg main.py {args}")
+        k.run(f"%worker 1 main.py {args}")
+        k.run("%waitworkers --timeout 600")
+        return time.monotonic() - t0
+    finally:
+        k.close()
+
+
+def upstream_way(workdir, args):
+    from mwhelpers import Cluster
+
+    cluster = Cluster(workers=2)
+    spec = json.dumps(cluster.cluster_spec())
+    k = Kernel(workdir)
+    try:
+        k.run("import json, os, time, psutil")
+        t0 = time.monotonic()
+        k.run(f"os.environ['TF_CONFIG'] = json.dumps({{'cluster': {spec}, "
+              "'task': {'type': 'worker', 'index': 0}})")
+        k.run(f"%%bash --bg\n{sys.executable} main.py {args} &> job_0.log\n")
+        k.run("time.sleep(10)")
+        k.run(f"os.environ['TF_CONFIG'] = json.dumps({{'cluster': {spec}, "
+              "'task': {'type': 'worker', 'index': 1}})")
+        k.run(f"%%bash\n{sys.executable} main.py {args}\n")
+        # Same work as %waitworkers: until worker 0 has exited too.
+        k.run("def worker_alive():\n"
+              "    for p in psutil.Process().children(recursive=True):\n"
+              "        try:\n"
+              "            if p.status() != psutil.STATUS_ZOMBIE and 'main.py' in ' '.join(p.cmdline()):\n"
+              "                return True\n"
+              "        except psutil.Error:\n"
+              "            pass\n"
+              "    return False\n"
+              "while worker_alive():\n"
+              "    time.sleep(0.05)")
+        return time.monotonic() - t0
+    finally:
+        k.close()
+        cluster.close()
+
+
+def bench_ratio(rounds):
+    args = "32 2 10 2"  # notebook 03's smoke sizes: batch per worker, epochs, steps, validation steps
+    ours, theirs = [], []
+    for i in range(rounds):
+        for name, fn, out in (("mwhelpers", mwhelpers_way, ours), ("upstream", upstream_way, theirs)):
+            workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+            write_programs(workdir)
+            out.append(fn(workdir, args))
+    m_ours, m_theirs = statistics.median(ours), statistics.median(theirs)
+    ratio = m_ours / m_theirs
+    print(f"notebook 03 multi-worker part, smoke sizes ({rounds} rounds): mwhelpers median {m_ours:.1f} s, "
+          f"upstream %%bash --bg + sleep(10) median {m_theirs:.1f} s")
+    print(f"  ratio mwhelpers / upstream = {ratio:.2f}; goal <= 0.75: {'met' if ratio <= 0.75 else 'NOT met'}")
+    print(f"  mwhelpers rounds: {', '.join(f'{t:.1f}' for t in ours)}; "
+          f"upstream rounds: {', '.join(f'{t:.1f}' for t in theirs)}")
+
+
+def bench_stall(runs):
+    from mwhelpers.workers import Runtime
+
+    env = {"TF_USE_LEGACY_KERAS": "1", "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    rows = {}
+    for label, keep in (("before (autotune on)", True), ("after (avoid_teardown_stall)", False)):
+        teardowns, totals = [], []
+        for _ in range(runs):
+            workdir = Path(tempfile.mkdtemp(prefix="bench-stall-"))
+            write_programs(workdir, keep_autotune=keep)
+            rt = Runtime(log_dir=workdir / "logs", echo=lambda line: None)
+            rt.define_cluster(workers=2)
+            t0 = time.monotonic()
+            for task in ("worker:0", "worker:1"):
+                rt.launch(task, script=str(workdir / "main.py"), args=["64", "3", "70", "10"],
+                          background=True, ready="start", env=env)
+            rt.wait(timeout=600)
+            totals.append(time.monotonic() - t0)
+            for run in rt.runs.values():
+                line = [ln for ln in run.tail(0) if ln.startswith("RESULT ")][-1]
+                teardowns.append(json.loads(line[len("RESULT "):])["teardown_seconds"])
+            rt.cluster.close()
+        rows[label] = (teardowns, totals)
+        print(f"end of fit, upstream sizes, {label}: fit returned after training ended in "
+              f"{', '.join(f'{t:.2f}' for t in teardowns)} s (max {max(teardowns):.2f}); "
+              f"job {statistics.median(totals):.1f} s median")
+    return rows
+
+
+def bench_suite():
+    t0 = time.monotonic()
+    out = Path(tempfile.mkdtemp(prefix="bench-suite-"))
+    proc = subprocess.run([sys.executable, "-m", "mwhelpers.suite", "--output", str(out)],
+                          cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    seconds = time.monotonic() - t0
+    table = [ln for ln in proc.stdout.splitlines() if ".ipynb " in ln and ("ok" in ln or "FAILED" in ln)]
+    print(f"whole suite at smoke sizes: {seconds:.1f} s (exit {proc.returncode}); goal <= 180 s: "
+          f"{'met' if seconds <= 180 and proc.returncode == 0 else 'NOT met'}")
+    for ln in table:
+        print("  " + ln)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--stall-runs", type=int, default=3)
+    p.add_argument("--skip-suite", action="store_true")
+    a = p.parse_args()
+    bench_ratio(a.rounds)
+    if a.stall_runs:
+        bench_stall(a.stall_runs)
+    if not a.skip_suite:
+        bench_suite()
+
+
+if __name__ == "__main__":
+    main()
