@@ -100,6 +100,18 @@ def test_multi_worker_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert (tmp_path / "main.py").exists() and (tmp_path / "mnist_setup.py").exists()
 
 
+def test_sharding_notebook_runs_under_nbclient(tmp_path, pythonpath):
+    nb = execute("04_dataset_sharding.ipynb", tmp_path)
+    text = outputs_text(nb)
+    assert "worker 1: [[4, 5], [6, 7], 'placeholder', 'placeholder']" in text
+    assert "which is not enough for the required 2 shards" in text
+    assert "seeded:   seen twice [] | never seen []" in text
+    assert "worker 0: [[0, 2], [4, 6], [8, 10], [12, 14]]" in text
+    assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    assert sorted(p.name for p in tmp_path.glob("part-*.tfrecord")) == [
+        f"part-{i}.tfrecord" for i in range(4)]
+
+
 def run_suite(*args):
     return subprocess.run([sys.executable, "-m", "mwhelpers.suite", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
