@@ -112,6 +112,17 @@ def test_sharding_notebook_runs_under_nbclient(tmp_path, pythonpath):
         f"part-{i}.tfrecord" for i in range(4)]
 
 
+def test_saving_notebook_runs_under_nbclient(tmp_path, pythonpath):
+    text = outputs_text(execute("05_saving_multi_worker.ipynb", tmp_path))
+    assert "[worker:0] task_type: None | task_id: None" in text
+    assert "left on disk: ['ckpt/checkpoint', 'ckpt/ckpt-1.data-00000-of-00001', " \
+           "'ckpt/ckpt-1.index', 'model/model.keras']" in text
+    assert "optimizer steps: 30 = 20 restored + 10 here" in text or "restored + 10 here" in text
+    assert "out_chief/model/workertemp_0/model.keras" in text
+    assert "worker 1's all-reduce of 1.0 + 1.0 returned" in text
+    assert not list(tmp_path.glob("out_*/*/workertemp_*"))  # temporary copies removed
+
+
 def run_suite(*args):
     return subprocess.run([sys.executable, "-m", "mwhelpers.suite", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
