@@ -212,7 +212,7 @@ class WorkerMagics(Magics):
             matched = self.rt.kill_when(a.task, a.when, sig, timeout=a.timeout)
             print(f"{a.task} logged {matched!r}; sent {sig.name} to its process tree")
         else:
-            run = self.rt.kill(a.task, sig)
+            run = self.rt.kill(a.task, sig, why=f"{sig.name} sent by %killworker")
             print(f"sent {sig.name} to {run.task} (pid {run.pid}) and its descendants; "
                   f"it is now {run.state}")
 

@@ -596,11 +596,12 @@ class Runtime:
                 r.note = f"ended by mwhelpers: {why}"
         self._end_runs(runs, escalation=((signal.SIGKILL, 3.0),))
 
-    def kill(self, task, sig=signal.SIGKILL, wait=True):
+    def kill(self, task, sig=signal.SIGKILL, wait=True, why=None):
         """Send ``sig`` to a task's whole process tree (fault injection).
 
         Returns the TaskRun.  With SIGKILL and ``wait``, returns once every
-        process of the tree is gone.
+        process of the tree is gone.  ``why`` is recorded in the task's
+        outcome (default: "<SIG> sent on request").
         """
         sig = proctree.parse_signal(sig)
         with self._lock:
@@ -613,7 +614,7 @@ class Runtime:
             if not run.running:
                 raise UsageError(f"{task} is not running: it ended with {run.outcome()}")
             procs = self._procs_of(run)
-            run.note = f"{sig.name} sent by %killworker"
+            run.note = why or f"{sig.name} sent on request"
             proctree.send(procs, sig)
             if wait and sig == signal.SIGKILL:
                 proctree.wait_gone(procs, 5.0, reap=self._reap)
@@ -642,7 +643,7 @@ class Runtime:
                      stop_when=lambda: bool(found), deadline_msg=f"never logged {pattern!r}")
         if not found:
             raise UsageError(f"{task} ended ({run.outcome()}) before logging {pattern!r}")
-        self.kill(task, sig)
+        self.kill(task, sig, why=f"{sig.name} sent when its log matched {pattern!r}")
         return found[0]
 
     def wait(self, timeout=None, grace_after_failure=30.0):
@@ -804,7 +805,7 @@ class Runtime:
                 for fault in list(pending):
                     if fault[0] == run.task and fault[1].search(line) and run.running:
                         pending.remove(fault)
-                        self.kill(run.task, signal.SIGKILL)
+                        self.kill(run.task, signal.SIGKILL, why="fault injected by the supervisor")
                         events.append(f"fault injected: killed {run.task} after it logged {line!r}")
                         self.echo(f"[mwhelpers] {events[-1]}")
 

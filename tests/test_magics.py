@@ -95,6 +95,7 @@ def test_killworker_magic_and_bad_signal(ip, rt, capsys):
     ip.run_line_magic("killworker", "worker:0")
     assert "sent SIGKILL to worker:0" in capsys.readouterr().out
     assert not pid_alive(run.pid)
+    assert run.outcome() == "killed by SIGKILL (SIGKILL sent by %killworker)"
 
 
 def test_killbgscripts_ends_what_ipython_leaves_behind(ip, rt, capsys):

@@ -173,7 +173,7 @@ def test_killworker_ends_the_whole_process_tree(rt):
     rt.kill("worker:0", "KILL")
     for pid in [run.pid, *pids.values()]:
         assert not pid_alive(pid), f"pid {pid} survived %killworker"
-    assert run.state == "killed" and run.outcome() == "killed by SIGKILL (SIGKILL sent by %killworker)"
+    assert run.state == "killed" and run.outcome() == "killed by SIGKILL (SIGKILL sent on request)"
 
 
 def test_kill_with_another_signal_reaches_the_task(rt):
@@ -189,6 +189,7 @@ def test_kill_when_waits_for_the_log_line(rt):
     line = rt.kill_when("worker:0", r"step 5\b", timeout=30)
     assert line == "step 5"
     run = rt.runs[("worker", 0)]
+    assert run.outcome() == r"killed by SIGKILL (SIGKILL sent when its log matched 'step 5\\b')"
     steps = [ln for ln in run.tail(0) if ln.startswith("step")]
     assert "step 5" in steps and len(steps) < 20  # killed soon after, not at the end
 

@@ -72,7 +72,7 @@ def test_supervised_restart_resumes_from_backup_after_a_killed_worker(rt, legacy
         max_restarts=2, timeout=240, inject=[("worker:1", r"^Epoch 3/4")], stream=False,
     )
     assert len(attempts) == 2
-    assert attempts[0]["failed"][0] == ("worker:1", "killed by SIGKILL (SIGKILL sent by %killworker)")
+    assert attempts[0]["failed"][0] == ("worker:1", "killed by SIGKILL (fault injected by the supervisor)")
     res = results(rt)
     for r in res.values():
         # The second attempt ran only the epochs after the backup (epochs 2 and 3
