@@ -123,6 +123,18 @@ def test_saving_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert not list(tmp_path.glob("out_*/*/workertemp_*"))  # temporary copies removed
 
 
+def test_backup_and_restore_notebook_runs_under_nbclient(tmp_path, pythonpath):
+    nb = execute("06_backup_and_restore.ipynb", tmp_path)
+    text = outputs_text(nb)
+    assert "backup on disk: ['chief/checkpoint', 'chief/ckpt-1.data-00000-of-00001', " \
+           "'chief/ckpt-1.index']" in text
+    assert "restarted at step 20 = epoch 1, batch 0; finished at step 80" in text
+    assert "backup folder after a successful fit: []" in text
+    assert "restarting all 2 tasks (restart 1 of 2)" in text and "attempt 2: every task finished" in text
+    assert "OneDeviceStrategy: " in text and "is not supported yet" in text
+    assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+
+
 def run_suite(*args):
     return subprocess.run([sys.executable, "-m", "mwhelpers.suite", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
