@@ -135,6 +135,14 @@ def test_backup_and_restore_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
 
 
+def test_custom_loop_keras3_notebook_runs_under_nbclient(tmp_path, pythonpath):
+    text = outputs_text(execute("07_custom_loop_keras3.ipynb", tmp_path))
+    assert "| Keras 3." in text
+    assert "[worker:1] epoch 3: loss" in text
+    lines = [ln for ln in text.splitlines() if "final weights sum" in ln]
+    assert len(lines) == 2 and lines[0].split()[-1] == lines[1].split()[-1]
+
+
 def run_suite(*args):
     return subprocess.run([sys.executable, "-m", "mwhelpers.suite", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
