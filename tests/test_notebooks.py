@@ -143,6 +143,15 @@ def test_custom_loop_keras3_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert len(lines) == 2 and lines[0].split()[-1] == lines[1].split()[-1]
 
 
+def test_evaluator_notebook_runs_under_nbclient(tmp_path, pythonpath):
+    text = outputs_text(execute("08_evaluator_tensorboard.ipynb", tmp_path))
+    assert "Cluster(2 worker, 1 evaluator)" in text
+    assert "3 task(s) finished" in text and "checkpoints written: 5 | evaluated: [" in text
+    assert "epoch_accuracy" in text and "eval_accuracy" in text
+    assert len(list((tmp_path / "tb" / "train").glob("events.out.tfevents.*"))) == 1
+    assert len(list((tmp_path / "ckpt").glob("ckpt-*.index"))) == 5
+
+
 def run_suite(*args):
     return subprocess.run([sys.executable, "-m", "mwhelpers.suite", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
