@@ -152,6 +152,14 @@ def test_evaluator_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert len(list((tmp_path / "ckpt").glob("ckpt-*.index"))) == 5
 
 
+def test_parameter_server_notebook_runs_under_nbclient(tmp_path, pythonpath):
+    text = outputs_text(execute("09_parameter_server.ipynb", tmp_path))
+    assert "Cluster(1 chief, 2 worker, 1 ps)" in text
+    assert "variables of the fit model live on: ['/job:ps/replica:0/task:0/device:CPU:0']" in text
+    assert "optimizer steps: fit 60 | custom loop 60 | scheduled 60" in text
+    assert "[chief:0] custom loop epoch 3" in text and "ended ps:0" in text
+
+
 def run_suite(*args):
     return subprocess.run([sys.executable, "-m", "mwhelpers.suite", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
