@@ -5,13 +5,15 @@ working directory (``output/work/<name>/``, passed as the ``workdir``
 parameter when the notebook declares it), with its small default
 parameters unless ``--full`` (``full_size=True``) or ``-p NAME VALUE`` say
 otherwise.  Executed notebooks and an HTML rendering of each go to
-``output/``.  A summary table follows; the exit status is non-zero when any
+``output/``, with each kernel's stderr (TensorFlow's C++ log lines) in
+``output/<name>.stderr.log``.  A summary table follows; the exit status is non-zero when any
 notebook failed.  Every process a notebook's kernel started is ended when
 the notebook is done, even when it failed half-way.
 """
 
 import argparse
 import ast
+import contextlib
 import os
 import secrets
 import shutil
@@ -71,6 +73,25 @@ def end_leftovers(run_id):
     return len(ended)
 
 
+@contextlib.contextmanager
+def stderr_to(path):
+    """Point file descriptor 2 at ``path`` while papermill runs.
+
+    The kernel (and TensorFlow's C++ logging in it) inherits this process's
+    stderr; without this, every kernel's log lines would flood the console.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "wb") as log:
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def run_notebook(path, out_dir, params, run_id):
     import papermill
     from papermill.exceptions import PapermillExecutionError
@@ -87,15 +108,18 @@ def run_notebook(path, out_dir, params, run_id):
     if "workdir" in declared:
         params["workdir"] = str(workdir)
     out_nb = out_dir / path.name
+    kernel_log = out_dir / f"{path.stem}.stderr.log"
     error = None
     try:
-        papermill.execute_notebook(
-            str(path), str(out_nb), parameters=params, cwd=str(workdir), kernel_name="python3",
-            language="python", progress_bar=False, log_output=False,
-            request_save_on_cell_execute=True,
-        )
+        with stderr_to(kernel_log):
+            papermill.execute_notebook(
+                str(path), str(out_nb), parameters=params, cwd=str(workdir),
+                kernel_name="python3", language="python", progress_bar=False, log_output=False,
+                request_save_on_cell_execute=True,
+            )
     except PapermillExecutionError as e:
-        error = f"cell {e.exec_count}: {e.ename}: {e.evalue.splitlines()[0] if e.evalue else ''}"
+        error = (f"cell {e.exec_count}: {e.ename}: {e.evalue.splitlines()[0] if e.evalue else ''}"
+                 f" (kernel stderr: {kernel_log})")
     finally:
         leaked = end_leftovers(run_id)
     if leaked and not error:

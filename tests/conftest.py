@@ -44,6 +44,24 @@ STUBBORN = textwrap.dedent("""
 """)
 
 
+# A worker that starts a child and a grandchild, all but the grandchild ignoring SIGTERM,
+# and prints their pids ("child N", "grandchild N"): the tree a TF worker with a helper
+# process makes.
+TREE = textwrap.dedent('''
+    import signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen([sys.executable, "-c", """
+    import signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])
+    print('grandchild', g.pid, flush=True)
+    time.sleep(300)
+    """])
+    print('child', child.pid, flush=True)
+    time.sleep(300)
+''')
+
+
 class Echo(list):
     def __call__(self, line):
         self.append(line)

@@ -3,31 +3,13 @@
 import os
 import signal
 import sys
-import textwrap
 import time
 
 import nbformat
 import pytest
 from jupyter_client import KernelManager
 
-from conftest import ROOT, pid_alive
-
-# A worker that starts a child and a grandchild, all ignoring SIGTERM, and
-# prints their pids: the tree a TF worker with a helper process would make.
-TREE = textwrap.dedent('''
-    import signal, subprocess, sys, time
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    child = subprocess.Popen([sys.executable, "-c", """
-    import signal, subprocess, sys, time
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])
-    print('grandchild', g.pid, flush=True)
-    time.sleep(300)
-    """])
-    print('child', child.pid, flush=True)
-    time.sleep(300)
-''')
-
+from conftest import ROOT, TREE, pid_alive
 
 def kernel_env():
     env = dict(os.environ)

@@ -199,6 +199,14 @@ def test_suite_refuses_missing_parameters_cell_and_unknown_parameters(tmp_path):
     assert "0 passed, 2 failed" in proc.stdout
 
 
+def test_suite_keeps_kernel_stderr_out_of_the_console(tmp_path):
+    nb = make_nb(tmp_path / "noisy.ipynb", ["import os\nos.write(2, b'KERNEL-FD2-MARKER\\n')"])
+    proc = run_suite(str(nb), "--output", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "KERNEL-FD2-MARKER" not in proc.stderr + proc.stdout
+    assert "KERNEL-FD2-MARKER" in (tmp_path / "out" / "noisy.stderr.log").read_text()
+
+
 def test_suite_reports_the_failing_cell_and_leaves_no_worker(tmp_path):
     nb = make_nb(tmp_path / "fails.ipynb", [
         "%load_ext mwhelpers",

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import LISTENER, STUBBORN, pid_alive
+from conftest import LISTENER, STUBBORN, TREE, pid_alive
 from mwhelpers.errors import UsageError, WorkerFailed, WorkerTimeout
 from mwhelpers.workers import port_accepts
 
@@ -139,20 +139,6 @@ def test_wait_succeeds_and_ignores_parameter_servers(rt):
     rt.kill("ps:0")
 
 
-SPAWNER = """
-import subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", '''
-import signal, subprocess, sys, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-print("grandchild", g.pid, flush=True)
-time.sleep(120)
-'''])
-print("child", child.pid, flush=True)
-time.sleep(120)
-"""
-
-
 def _pids_from_log(run, *names):
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -168,7 +154,7 @@ def _pids_from_log(run, *names):
 
 
 def test_killworker_ends_the_whole_process_tree(rt):
-    run = rt.launch("worker:0", code=SPAWNER, background=True, ready="start")
+    run = rt.launch("worker:0", code=TREE, background=True, ready="start")
     pids = _pids_from_log(run, "child", "grandchild")
     rt.kill("worker:0", "KILL")
     for pid in [run.pid, *pids.values()]:
