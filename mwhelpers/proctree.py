@@ -76,6 +76,24 @@ def group_members(pgid):
     return found
 
 
+def carrying(key, value, exclude=()):
+    """Live processes whose environment has ``key=value``, minus the pids in ``exclude``.
+
+    A mark set in a process's environment is inherited by everything it
+    starts, so this finds descendants even after they were re-parented.
+    """
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        if p.pid in exclude:
+            continue
+        try:
+            if p.environ().get(key) == value and alive(p):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
 def send(procs, sig):
     """Send ``sig`` to each process that is still alive; ignore the vanished."""
     for p in procs:

@@ -57,19 +57,9 @@ def parse_value(text):
 
 def end_leftovers(run_id):
     """End processes that carry this suite run's mark (a notebook's leaked workers)."""
-    import psutil
+    from .proctree import carrying, end_processes
 
-    from .proctree import end_processes
-
-    me = os.getpid()
-    procs = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.pid != me and p.environ().get(SUITE_ENV) == run_id:
-                procs.append(p)
-        except psutil.Error:
-            pass
-    ended, _ = end_processes(procs)
+    ended, _ = end_processes(carrying(SUITE_ENV, run_id, exclude={os.getpid()}))
     return len(ended)
 
 

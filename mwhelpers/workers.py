@@ -127,16 +127,14 @@ class LogFollower:
 class TaskRun:
     """One launch of one task: its process, log and outcome."""
 
-    def __init__(self, task, popen, log_path, port, background, ready_mode, script):
+    def __init__(self, task, popen, log_path, port, ready_mode, script):
         self.task = task
         self.popen = popen
         self.pid = popen.pid
         self.log_path = Path(log_path)
         self.port = port
-        self.background = background
         self.ready_mode = ready_mode
         self.script = script
-        self.started_at = time.time()
         self.started = time.monotonic()
         self.ready_after = None  # seconds from start until ready
         self.ended = None
@@ -276,6 +274,10 @@ class Runtime:
     def log_dir(self, value):
         self._log_dir = Path(value)
 
+    def _resolve(self, spec):
+        """A task name checked against the cluster when there is one."""
+        return self.cluster.check_task(spec) if self.cluster else parse_task(spec)
+
     def running_runs(self):
         return [r for r in self.runs.values() if r.running]
 
@@ -358,7 +360,7 @@ class Runtime:
                 raise
             if ready == "auto":
                 ready = "port" if task.type in SERVER_JOBS else "start"
-            run = self._spawn(task, code, script, args, env, log, background, ready)
+            run = self._spawn(task, code, script, args, env, log, ready)
         if background:
             self._await_ready(run, timeout)
         else:
@@ -403,7 +405,7 @@ class Runtime:
         env.update(extra or {})
         return env
 
-    def _spawn(self, task, code, script, args, env, log, background, ready):
+    def _spawn(self, task, code, script, args, env, log, ready):
         log_path = self._log_path(task, log)
         if code is not None:
             script = self.log_dir / f"{task.slug}_cell.py"
@@ -417,7 +419,7 @@ class Runtime:
                 stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                 env=child_env, start_new_session=True, pass_fds=(self._guard_r,),
             )
-        run = TaskRun(task, popen, log_path, self.cluster.ports[task], background, ready, script)
+        run = TaskRun(task, popen, log_path, self.cluster.ports[task], ready, script)
         self.runs[task] = run
         self.history.append(run)
         return run
@@ -628,7 +630,7 @@ class Runtime:
         say, ``Epoch 2/``.  Returns the matching line.
         """
         sig = proctree.parse_signal(sig)
-        task = self.cluster.check_task(task) if self.cluster else parse_task(task)
+        task = self._resolve(task)
         run = self.runs.get(task)
         if run is None or not run.running:
             raise UsageError(f"{task} is not running; launch it with --bg first")
@@ -678,8 +680,13 @@ class Runtime:
         self._raise_failures(runs)
         return runs
 
+    @staticmethod
+    def _failures_in_order(runs):
+        """The failed runs, the first to end (the root cause) first."""
+        return sorted((r for r in runs if r.failed), key=lambda r: r.ended or 0)
+
     def _raise_failures(self, runs):
-        failed = sorted((r for r in runs if r.failed), key=lambda r: r.ended or 0)
+        failed = self._failures_in_order(runs)
         if not failed:
             return
         first = failed[0]
@@ -713,16 +720,7 @@ class Runtime:
             mine |= {p.pid for p in psutil.Process(me).parents()}
         except psutil.Error:
             pass
-        found = []
-        for p in psutil.process_iter(["pid", "ppid"]):
-            if p.pid in mine:
-                continue
-            try:
-                if p.environ().get(SESSION_ENV) == self.session and proctree.alive(p):
-                    found.append(p)
-            except psutil.Error:
-                pass
-        return found
+        return proctree.carrying(SESSION_ENV, self.session, exclude=mine)
 
     def shutdown(self):
         """End everything at once (atexit); the guard pipe covers harder deaths."""
@@ -756,7 +754,7 @@ class Runtime:
             if not runs:
                 raise UsageError("no task has been launched yet, so there is no log")
         else:
-            t = self.cluster.check_task(task) if self.cluster else parse_task(task)
+            t = self._resolve(task)
             if t not in self.runs:
                 raise UsageError(f"{t} has not been launched, so it has no log")
             runs = [self.runs[t]]
@@ -764,7 +762,7 @@ class Runtime:
 
     def follow(self, task, timeout=None):
         """Stream one task's log into the caller until it ends."""
-        t = self.cluster.check_task(task) if self.cluster else parse_task(task)
+        t = self._resolve(task)
         run = self.runs.get(t)
         if run is None:
             raise UsageError(f"{t} has not been launched, so it has no log")
@@ -813,7 +811,7 @@ class Runtime:
             self._follow(runs, timeout, stream=stream, on_line=on_line,
                          stop_when=lambda: any(r.failed for r in runs)
                          or all(not r.running for r in workers))
-            failed = sorted((r for r in runs if r.failed), key=lambda r: r.ended or 0)
+            failed = self._failures_in_order(runs)
             leftovers = [r for r in runs if r.running]
             for r in leftovers:
                 r.note = "ended by the supervisor"

@@ -1,4 +1,3 @@
-import os
 import sys
 import textwrap
 from pathlib import Path
@@ -77,21 +76,6 @@ def pid_alive(pid):
         return p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def session_processes():
-    """Processes other than this one that carry this test session's mark."""
-    session = os.environ.get(rt_mod.SESSION_ENV)
-    found = []
-    for p in psutil.process_iter(["pid"]):
-        if p.pid == os.getpid():
-            continue
-        try:
-            if p.environ().get(rt_mod.SESSION_ENV) == session and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except psutil.Error:
-            pass
-    return found
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import sys
 import nbformat
 import pytest
 
-from conftest import ROOT, session_processes  # noqa: F401
+from conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
