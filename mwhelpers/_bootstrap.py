@@ -1,4 +1,4 @@
-"""Entry point of every worker process: ``python -u _bootstrap.py SCRIPT [ARGS...]``.
+"""Entry point of every worker process: ``python -u _bootstrap.py [--cell] SCRIPT [ARGS...]``.
 
 It runs in the worker's own interpreter before the user's program, costs no
 extra process, and imports nothing heavy.  It:
@@ -9,8 +9,14 @@ extra process, and imports nothing heavy.  It:
   daemon thread kills this worker's whole process group with SIGKILL;
 * registers ``faulthandler`` on SIGUSR1 so the launcher can have the Python
   stacks of every thread written to the log before it ends a stuck task;
+* unless ``MWHELPERS_STALL_FIX=0``, arranges for MultiWorkerMirroredStrategy's
+  input pipelines to run without tf.data autotuning, so that ``fit`` ends when
+  training ends (``tfdata.py`` beside this file; nothing is imported until
+  the program imports TensorFlow itself);
 * runs SCRIPT as ``__main__`` with ``sys.argv`` and ``sys.path[0]`` set the way
-  ``python SCRIPT ARGS`` would set them.
+  ``python SCRIPT ARGS`` would set them.  With ``--cell``, SCRIPT holds the
+  code of a ``%%worker`` cell and ``sys.path[0]`` is the working directory,
+  as for ``python -c CODE``: modules written beside the notebook import.
 
 This file is run by path, never imported as part of the package, so the
 worker needs no installed mwhelpers.
@@ -18,6 +24,7 @@ worker needs no installed mwhelpers.
 
 import builtins
 import faulthandler
+import importlib.util
 import os
 import signal
 import sys
@@ -47,15 +54,30 @@ def _arm_guard():
     threading.Thread(target=watch, name="mwhelpers-parent-guard", daemon=True).start()
 
 
+def _arm_stall_fix():
+    if os.environ.get("MWHELPERS_STALL_FIX", "1").strip().lower() in ("0", "false", "no", "off"):
+        return
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tfdata.py")
+    spec = importlib.util.spec_from_file_location("_mwhelpers_tfdata", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.install_import_hook()
+
+
 def main():
+    cell = len(sys.argv) > 1 and sys.argv[1] == "--cell"
+    if cell:
+        del sys.argv[1]
     if len(sys.argv) < 2:
-        sys.stderr.write("usage: _bootstrap.py SCRIPT [ARGS...]\n")
+        sys.stderr.write("usage: _bootstrap.py [--cell] SCRIPT [ARGS...]\n")
         return 2
     _arm_guard()
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    _arm_stall_fix()
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    # python SCRIPT puts the script's folder first on sys.path; python -c puts ''.
+    sys.path[0] = "" if cell else os.path.dirname(os.path.abspath(script))
     with open(script, "rb") as f:
         source = f.read()
     code = compile(source, script, "exec")

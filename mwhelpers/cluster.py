@@ -32,6 +32,11 @@ class Task(tuple):
         return f"{self[0]}-{self[1]}"
 
 
+def looks_like_task(word):
+    """True when ``word`` has the form of a task name (``worker:1``, ``chief``, ``1``)."""
+    return bool(_TASK_RE.match(word)) and not word.endswith(".py")
+
+
 def parse_task(spec, default="worker:0"):
     """Parse ``worker:1``, ``chief``, ``1`` (= ``worker:1``) or a Task.
 

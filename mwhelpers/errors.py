@@ -26,13 +26,18 @@ class WorkerError(MWHelpersError, RuntimeError):
 class WorkerFailed(WorkerError):
     """One or more tasks exited with a non-zero code or were killed by a signal.
 
-    ``failures`` lists ``(task, description, log_tail)`` in the order the
-    tasks ended; the first one is the root cause.
+    ``failures`` lists :class:`mwhelpers.failures.Failure` records (task,
+    pid, exit, time, log path, log tail, kind) in the order the tasks died;
+    the first one, ``root_cause``, is the root cause.
     """
 
     def __init__(self, message, failures=()):
         super().__init__(message)
         self.failures = list(failures)
+
+    @property
+    def root_cause(self):
+        return self.failures[0] if self.failures else None
 
 
 class WorkerTimeout(WorkerError):

@@ -1,7 +1,8 @@
-"""The IPython magics: a thin layer over :class:`mwhelpers.runtime.Runtime`.
+"""The IPython magics: a thin layer over the public API of :class:`mwhelpers.workers.Runtime`.
 
     %cluster [N] [--chief] [--ps K] [--evaluator]
     %%worker [TASK] [--bg] [--timeout S] [--log PATH] [--ready port|start] [--env K=V ...]
+             [--no-stall-fix]
     %worker  [TASK] [options] SCRIPT [ARGS...]
     %workers
     %workerlog [TASK] [-n N] [--follow]
@@ -10,32 +11,29 @@
     %killbgscripts
 """
 
-import argparse
 import shlex
 
+from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from . import proctree
-from .cluster import _TASK_RE
+from .cluster import looks_like_task
 from .errors import UsageError
-from .workers import default_log_dir, runtime
+from .proctree import parse_signal
+from .workers import runtime
+
+_WORKER_OPTIONS = ("--bg, --timeout S, --log PATH, --ready port|start, --env K=V, "
+                   "--no-stall-fix")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises our UsageError instead of exiting the kernel."""
-
-    def error(self, message):
-        raise UsageError(f"{self.prog}: {message}\nusage: {self.format_usage().strip()}")
-
-    def exit(self, status=0, message=None):
-        if message:
-            raise UsageError(message)
-        raise UsageError(self.format_help())
-
-
-def _parser(prog, **kw):
-    return _Parser(prog=prog, add_help=False, **kw)
+def _parse(magic, line):
+    """``parse_argstring`` with our UsageError (what was wrong, and the usage)."""
+    try:
+        return parse_argstring(magic, line)
+    except IPythonUsageError as e:
+        usage = magic.parser.format_usage().strip()
+        raise UsageError(f"{magic.parser.prog}: {e}\n{usage}") from None
 
 
 def parse_worker_line(line):
@@ -44,13 +42,15 @@ def parse_worker_line(line):
     Options are read until the first word that is neither an option nor a
     task name; that word is SCRIPT and everything after it belongs to the
     script, options included (as with ``python [opts] script [args]``).
+    argparse cannot say this (a task name and a script are both bare words),
+    so this small parser does.
     """
     try:
         words = shlex.split(line)
     except ValueError as e:
         raise UsageError(f"cannot parse {line!r}: {e}") from None
     opts = {"task": None, "bg": False, "timeout": None, "log": None, "env": [],
-            "ready": "auto", "script": None, "args": []}
+            "ready": "auto", "script": None, "args": [], "stall_fix": None}
     i = 0
     while i < len(words):
         w = words[i]
@@ -62,6 +62,8 @@ def parse_worker_line(line):
 
         if w == "--bg":
             opts["bg"] = True
+        elif w == "--no-stall-fix":
+            opts["stall_fix"] = False
         elif w in ("--timeout", "--log", "--ready"):
             opts[w[2:]] = value(w)
             i += 1
@@ -79,12 +81,8 @@ def parse_worker_line(line):
         elif w.startswith("--env="):
             opts["env"].append(w[len("--env="):])
         elif w.startswith("-"):
-            raise UsageError(
-                f"unknown option {w!r} for %%worker; options: --bg, --timeout S, --log PATH, "
-                "--ready port|start, --env K=V"
-            )
-        elif opts["task"] is None and opts["script"] is None and _TASK_RE.match(w) \
-                and not w.endswith(".py"):
+            raise UsageError(f"unknown option {w!r} for %%worker; options: {_WORKER_OPTIONS}")
+        elif opts["task"] is None and opts["script"] is None and looks_like_task(w):
             opts["task"] = w
         else:
             opts["script"] = w
@@ -101,10 +99,13 @@ class WorkerMagics(Magics):
         return runtime()
 
     @line_magic
+    @magic_arguments()
+    @argument("workers", nargs="?", type=int, default=None, help="number of workers (default 2)")
+    @argument("--chief", action="store_true", help="add a chief task")
+    @argument("--ps", type=int, default=0, metavar="K", help="add K parameter servers")
+    @argument("--evaluator", action="store_true", help="add an evaluator task")
     def cluster(self, line):
         """Define the local cluster, or show the current one.
-
-        %cluster [N] [--chief] [--ps K] [--evaluator]
 
         N workers (default 2), optionally a chief job, K parameter servers
         and an evaluator, on free localhost ports reserved for this kernel.
@@ -118,19 +119,16 @@ class WorkerMagics(Magics):
             else:
                 display(self.rt.cluster)
             return
-        p = _parser("%cluster")
-        p.add_argument("workers", nargs="?", type=int, default=2)
-        p.add_argument("--chief", action="store_true")
-        p.add_argument("--ps", type=int, default=0)
-        p.add_argument("--evaluator", action="store_true")
-        a = p.parse_args(shlex.split(line))
-        display(self.rt.define_cluster(a.workers, chief=a.chief, ps=a.ps, evaluator=a.evaluator))
+        a = _parse(self.cluster, line)
+        workers = 2 if a.workers is None else a.workers
+        display(self.rt.define_cluster(workers, chief=a.chief, ps=a.ps, evaluator=a.evaluator))
 
     @line_cell_magic
     def worker(self, line, cell=None):
         """Run a worker task's Python program in its own process.
 
         %%worker [TASK] [--bg] [--timeout S] [--log PATH] [--ready port|start] [--env K=V ...]
+                 [--no-stall-fix]
         %worker  [TASK] [options] SCRIPT [ARGS...]
 
         TASK is worker:1, chief:0, ps:0, evaluator:0, or 1 for worker:1
@@ -138,7 +136,10 @@ class WorkerMagics(Magics):
         kernel's environment otherwise.  In the foreground its output streams
         into the cell, prefixed with the task, and a failure raises.  With
         --bg it returns once the task's port accepts connections (or it has
-        ended) and its output goes to its log (%workerlog).
+        ended) and its output goes to its log (%workerlog).  A cell's program
+        imports modules from the working directory, as ``python -c`` would.
+        --no-stall-fix keeps tf.data autotuning in a MultiWorkerMirroredStrategy
+        worker (by default it is switched off so that fit ends when training ends).
         """
         o = parse_worker_line(line)
         if cell is None and o["script"] is None:
@@ -150,6 +151,7 @@ class WorkerMagics(Magics):
         self.rt.launch(
             o["task"], code=cell, script=o["script"], args=o["args"], background=o["bg"],
             timeout=o["timeout"], log=o["log"], env=o["env"], ready=o["ready"],
+            stall_fix=o["stall_fix"],
         )
 
     @line_magic
@@ -158,17 +160,17 @@ class WorkerMagics(Magics):
         display(self.rt.status())
 
     @line_magic
+    @magic_arguments()
+    @argument("task", nargs="?", help="worker:1, chief:0, ... (default: every task)")
+    @argument("-n", type=int, default=20, help="how many lines (0: the whole log)")
+    @argument("--follow", action="store_true", help="stream the log until the task ends")
     def workerlog(self, line):
-        """%workerlog [TASK] [-n N] [--follow]: the last N (20) log lines of one task or all.
+        """The last N (20) log lines of one task, or of every task.
 
         --follow streams the task's log into the cell until it ends (or the
         cell is interrupted, which leaves the task running).
         """
-        p = _parser("%workerlog")
-        p.add_argument("task", nargs="?")
-        p.add_argument("-n", type=int, default=20)
-        p.add_argument("--follow", action="store_true")
-        a = p.parse_args(shlex.split(line))
+        a = _parse(self.workerlog, line)
         if a.n < 0:
             raise UsageError("-n must be 0 or more")
         if a.follow:
@@ -180,34 +182,34 @@ class WorkerMagics(Magics):
             print(ln)
 
     @line_magic
+    @magic_arguments()
+    @argument("--timeout", type=float, default=None, metavar="S", help="give up after S seconds")
     def waitworkers(self, line):
-        """%waitworkers [--timeout S]: wait for every background task to end.
+        """Wait for every background task to end.
 
-        Raises with the first failure's cause (task, exit code or signal, last
-        log lines) when any failed, and after S seconds names what was stuck.
+        Raises with the root cause (the first task to die: exit code or
+        signal, last log lines) when any failed, and after S seconds names
+        what was stuck.
         """
-        p = _parser("%waitworkers")
-        p.add_argument("--timeout", type=float, default=None)
-        a = p.parse_args(shlex.split(line))
+        a = _parse(self.waitworkers, line)
         runs = self.rt.wait(timeout=a.timeout)
         done = [r for r in runs if r.returncode == 0]
         print(f"{len(done)} task(s) finished: " + ", ".join(
             f"{r.task} in {r.uptime:.1f} s" for r in done) if done else "no task was running")
 
     @line_magic
+    @magic_arguments()
+    @argument("task", help="worker:1, chief:0, ...")
+    @argument("--signal", default="KILL", help="signal to send (default KILL, a crash)")
+    @argument("--when", default=None, metavar="REGEX", help="first wait for a log line matching it")
+    @argument("--timeout", type=float, default=300.0, metavar="S", help="how long --when waits")
     def killworker(self, line):
-        """%killworker TASK [--signal SIG] [--when REGEX] [--timeout S]
+        """Signal a task's whole process tree (default SIGKILL, a crash).
 
-        Signal a task's whole process tree (default SIGKILL, a crash).
         --when waits until the task's log has a line matching REGEX first.
         """
-        p = _parser("%killworker")
-        p.add_argument("task")
-        p.add_argument("--signal", default="KILL")
-        p.add_argument("--when", default=None)
-        p.add_argument("--timeout", type=float, default=300.0)
-        a = p.parse_args(shlex.split(line))
-        sig = proctree.parse_signal(a.signal)
+        a = _parse(self.killworker, line)
+        sig = parse_signal(a.signal)
         if a.when:
             matched = self.rt.kill_when(a.task, a.when, sig, timeout=a.timeout)
             print(f"{a.task} logged {matched!r}; sent {sig.name} to its process tree")
@@ -225,13 +227,10 @@ class WorkerMagics(Magics):
         ends every descendant, plus processes started from this kernel that
         were orphaned.  Escalates SIGINT -> SIGTERM -> SIGKILL.
         """
-        extra = []
         script_magics = self.shell.magics_manager.registry.get("ScriptMagics")
         bg = list(getattr(script_magics, "bg_processes", []) or [])
-        for p in bg:
-            if getattr(p, "returncode", None) is None and getattr(p, "pid", None):
-                extra += proctree.tree(p.pid)
-        report = self.rt.end_all(extra)
+        pids = [p.pid for p in bg if getattr(p, "returncode", None) is None and getattr(p, "pid", None)]
+        report = self.rt.end_all(extra_pids=pids)
         if script_magics is not None and bg:
             script_magics._gc_bg_processes()
         if report:
@@ -243,8 +242,5 @@ class WorkerMagics(Magics):
 
 
 def load(ipython):
-    rt = runtime()
-    session = ipython.user_ns.get("__session__")
-    if session and rt._log_dir is None:
-        rt.log_dir = default_log_dir(session)
+    runtime().use_session_name(ipython.user_ns.get("__session__"))
     ipython.register_magics(WorkerMagics)

@@ -92,10 +92,11 @@ class PortReservation:
         os.write(fd, f"{os.getpid()}\n".encode())
         return cls(port, fd)
 
-    def release(self):
-        if self._fd is not None:
-            os.close(self._fd)  # closing drops the flock
-            self._fd = None
+    def release(self, _close=os.close):
+        # _close is bound now: at interpreter exit the os module may already be gone.
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            _close(fd)  # closing drops the flock
 
     @property
     def held(self):

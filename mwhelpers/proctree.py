@@ -30,18 +30,6 @@ def parse_signal(value):
         raise UsageError(f"unknown signal {text!r}; use one of {_COMMON}") from None
 
 
-def signal_name(returncode):
-    """Describe a Popen return code: 'exit code 3' or 'killed by SIGKILL'."""
-    if returncode is None:
-        return "still running"
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exit code {returncode}"
-
-
 def alive(proc):
     """A psutil.Process that exists and is not a zombie."""
     try:

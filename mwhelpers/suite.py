@@ -55,6 +55,12 @@ def parse_value(text):
         return text
 
 
+def with_root_on_path(pythonpath):
+    """``pythonpath`` with this checkout first (kernels must import this mwhelpers)."""
+    parts = [p for p in pythonpath.split(os.pathsep) if p and Path(p).resolve() != ROOT]
+    return os.pathsep.join([str(ROOT), *parts])
+
+
 def end_leftovers(run_id):
     """End processes that carry this suite run's mark (a notebook's leaked workers)."""
     from .proctree import carrying, end_processes
@@ -152,7 +158,7 @@ def main(argv=None):
     out_dir.mkdir(parents=True, exist_ok=True)
     run_id = secrets.token_hex(6)
     os.environ[SUITE_ENV] = run_id  # inherited by every kernel and worker
-    os.environ.setdefault("PYTHONPATH", str(ROOT))
+    os.environ["PYTHONPATH"] = with_root_on_path(os.environ.get("PYTHONPATH", ""))
 
     rows = []
     total = time.monotonic()

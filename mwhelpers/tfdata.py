@@ -17,8 +17,22 @@ over your dataset, and the per-device iterator that the strategy's
 on the strategy's side: its per-device dataset is only a fixed-size prefetch.
 In your own pipeline, give ``prefetch``/``map`` explicit sizes instead of
 ``tf.data.AUTOTUNE``, since autotuning no longer picks them.
+
+Workers started by mwhelpers get the fix without calling anything: their
+start-up (``_bootstrap.py``) calls :func:`install_import_hook`, which waits
+for TensorFlow to load MultiWorkerMirroredStrategy and then makes every
+dataset that strategy distributes (``experimental_distribute_dataset``, which
+``fit`` uses, and ``distribute_datasets_from_function``) and its per-device
+iterators run without autotuning.  The worker's log says so in one line.
+``MWHELPERS_STALL_FIX=0`` (or ``%%worker --no-stall-fix``,
+``Runtime.stall_fix = False``) turns that off.
+
+This file imports only the standard library at module level, so the worker
+start-up can load it by path without the mwhelpers package.
 """
 
+import importlib.abc
+import sys
 import warnings
 
 _PATCHED = "_mwhelpers_no_autotune"
@@ -32,6 +46,24 @@ def _no_autotune_options():
     return options
 
 
+def _patch_device_datasets():
+    """Make the per-device datasets of MultiDeviceIterator run without autotuning."""
+    try:
+        from tensorflow.python.data.ops import multi_device_iterator_ops as mdi
+
+        original = mdi._create_device_dataset
+    except (ImportError, AttributeError):
+        return False
+    if not getattr(original, _PATCHED, False):
+        def create_device_dataset(*args, **kwargs):
+            return original(*args, **kwargs).with_options(_no_autotune_options())
+
+        setattr(create_device_dataset, _PATCHED, True)
+        create_device_dataset.__wrapped__ = original
+        mdi._create_device_dataset = create_device_dataset
+    return True
+
+
 def avoid_teardown_stall(dataset=None):
     """Switch off tf.data autotuning in the strategy's per-device iterators and,
     when given, in ``dataset`` (returned with the option set).
@@ -39,25 +71,95 @@ def avoid_teardown_stall(dataset=None):
     Call it after importing TensorFlow and before ``fit``. Calling it again is
     harmless.
     """
-    try:
-        from tensorflow.python.data.ops import multi_device_iterator_ops as mdi
-
-        original = mdi._create_device_dataset
-    except (ImportError, AttributeError):
+    if not _patch_device_datasets():
         warnings.warn(
             "mwhelpers.tfdata.avoid_teardown_stall: this TensorFlow has no "
             "multi_device_iterator_ops._create_device_dataset; the strategy's per-device "
             "iterators keep autotuning, so fit may still stall at its end",
             RuntimeWarning, stacklevel=2,
         )
-    else:
-        if not getattr(original, _PATCHED, False):
-            def create_device_dataset(*args, **kwargs):
-                return original(*args, **kwargs).with_options(_no_autotune_options())
-
-            setattr(create_device_dataset, _PATCHED, True)
-            create_device_dataset.__wrapped__ = original
-            mdi._create_device_dataset = create_device_dataset
     if dataset is not None:
         return dataset.with_options(_no_autotune_options())
     return None
+
+
+# -- the automatic fix in workers started by mwhelpers -----------------------------------
+
+MWMS_MODULE = "tensorflow.python.distribute.collective_all_reduce_strategy"
+NOTICE = ("[mwhelpers] tf.data autotuning is off for this MultiWorkerMirroredStrategy input "
+          "pipeline so that fit ends when training ends (keep it: MWHELPERS_STALL_FIX=0)")
+_announced = []
+
+
+def _without_autotune(dataset):
+    if hasattr(dataset, "with_options"):
+        dataset = dataset.with_options(_no_autotune_options())
+    if not _announced:
+        _announced.append(True)
+        print(NOTICE, file=sys.stderr, flush=True)
+    return dataset
+
+
+def patch_mwms(module):
+    """Make MWMS distribute datasets (and iterate per device) without autotuning."""
+    ext = getattr(module, "CollectiveAllReduceExtended", None)
+    if ext is None or getattr(ext, _PATCHED, False):
+        return False
+    distribute = ext._experimental_distribute_dataset
+    from_function = ext._distribute_datasets_from_function
+
+    def _experimental_distribute_dataset(self, dataset, options):
+        _patch_device_datasets()
+        return distribute(self, _without_autotune(dataset), options)
+
+    def _distribute_datasets_from_function(self, dataset_fn, options):
+        _patch_device_datasets()
+        return from_function(self, lambda ctx: _without_autotune(dataset_fn(ctx)), options)
+
+    ext._experimental_distribute_dataset = _experimental_distribute_dataset
+    ext._distribute_datasets_from_function = _distribute_datasets_from_function
+    setattr(ext, _PATCHED, True)
+    return True
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``callback(module)`` right after the module ``name`` is first executed."""
+
+    def __init__(self, name, callback):
+        self.name = name
+        self.callback = callback
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader, callback = spec.loader, self.callback
+        if loader is None or not hasattr(loader, "exec_module"):
+            return None
+        run = loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            callback(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def install_import_hook():
+    """Patch MultiWorkerMirroredStrategy as soon as TensorFlow loads it (or now)."""
+    module = sys.modules.get(MWMS_MODULE)
+    if module is not None:
+        return patch_mwms(module)
+    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(MWMS_MODULE, patch_mwms))
+    return True

@@ -1,43 +1,44 @@
 """The worker runtime: launch, watch, wait for, kill and supervise task processes.
 
 One :class:`Runtime` per kernel (``mwhelpers.runtime()`` returns it); the
-magics are a thin layer over its methods, and scripts can use it directly.
+magics are a thin layer over its public methods, and scripts can use it
+directly, best as a context manager (``with Runtime() as rt: ...``) so that
+its processes and its guard pipe are released when done.
 
-Every task runs as ``python -u _bootstrap.py SCRIPT ARGS`` in a session of
-its own (so its whole process tree can be signalled as one group) with the
-kernel's environment plus ``TF_CONFIG`` for its task.  Its output, stdout and
-stderr merged, goes to a log file; foreground runs follow that file into the
-cell.  A pipe whose write end only this process holds lets every worker
-notice our death, however it happens, and kill itself (see _bootstrap.py).
+The pieces it is made of, one module each: :mod:`.taskrun` (a checked launch
+request, a task's run and its state), :mod:`.launchers` (starting,
+signalling and reaping a process), :mod:`.logs` (log files),
+:mod:`.failures` (failure records and their report), :mod:`.status` (the
+status table) and :mod:`.supervisor` (restart on faults).
 """
 
-import atexit
-import html
 import os
 import re
 import secrets
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import psutil
 
+from . import failures as failure_records
 from . import proctree
-from .cluster import Cluster, Task, parse_task
+from .cluster import Cluster, parse_task
 from .errors import UsageError, WorkerFailed, WorkerTimeout
+from .launchers import LaunchSpec, LocalLauncher
+from .logs import LogFollower
 from .ports import holder_of, port_in_use
+from .status import StatusTable
+from .taskrun import LaunchRequest, TaskRun, parse_timeout
 
-BOOTSTRAP = str(Path(__file__).with_name("_bootstrap.py"))
 SESSION_ENV = "MWHELPERS_SESSION"
 SERVER_JOBS = ("chief", "worker", "ps")  # tasks that start a gRPC server on their port
 TRAINING_JOBS = ("chief", "worker")  # tasks that wait for each other (collectives)
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _POLL = 0.01  # seconds between readiness probes
-_TAIL = 15  # log lines quoted in errors
+_OFF = ("0", "false", "no", "off")
 
 
 def _print(line):
@@ -50,176 +51,6 @@ def port_accepts(port, host="127.0.0.1"):
             return True
     except OSError:
         return False
-
-
-def tail_lines(path, n=_TAIL):
-    """Last ``n`` lines of a text file ('' when it does not exist)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 256 * 1024))
-            data = f.read()
-    except OSError:
-        return []
-    text = data.decode("utf-8", "replace").replace("\r\n", "\n")
-    lines = [ln.rsplit("\r", 1)[-1] for ln in text.split("\n")]
-    if lines and lines[-1] == "":
-        lines.pop()
-    return lines[-n:] if n else lines
-
-
-def parse_env(items):
-    """``{'K': 'V'}`` or ``['K=V', ...]`` -> dict, with clear errors."""
-    if items is None:
-        return {}
-    if isinstance(items, dict):
-        pairs = [(str(k), str(v)) for k, v in items.items()]
-    else:
-        pairs = []
-        for item in items:
-            if "=" not in item:
-                raise UsageError(f"--env expects KEY=VALUE, got {item!r}")
-            key, value = item.split("=", 1)
-            pairs.append((key, value))
-    env = {}
-    for key, value in pairs:
-        if not _ENV_KEY.match(key):
-            raise UsageError(
-                f"{key!r} is not a valid environment variable name "
-                "(letters, digits and _, not starting with a digit)"
-            )
-        if key == "TF_CONFIG":
-            raise UsageError(
-                "TF_CONFIG is set by mwhelpers from the cluster and the task; "
-                "change the cluster with %cluster (Runtime.define_cluster) instead"
-            )
-        env[key] = value
-    return env
-
-
-class LogFollower:
-    """Yield the complete new lines of a growing log file."""
-
-    def __init__(self, path, offset=0):
-        self.path = path
-        self.offset = offset
-        self._partial = b""
-
-    def poll(self, final=False):
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            data = b""
-        self.offset += len(data)
-        data = self._partial + data
-        parts = data.split(b"\n")
-        self._partial = parts.pop()
-        if final and self._partial:
-            parts.append(self._partial)
-            self._partial = b""
-        # A progress bar rewrites its line with \r: keep what it shows last.
-        return [p.decode("utf-8", "replace").rstrip("\r").rsplit("\r", 1)[-1] for p in parts]
-
-
-class TaskRun:
-    """One launch of one task: its process, log and outcome."""
-
-    def __init__(self, task, popen, log_path, port, ready_mode, script):
-        self.task = task
-        self.popen = popen
-        self.pid = popen.pid
-        self.log_path = Path(log_path)
-        self.port = port
-        self.ready_mode = ready_mode
-        self.script = script
-        self.started = time.monotonic()
-        self.ready_after = None  # seconds from start until ready
-        self.ended = None
-        self.note = ""  # who ended it, when not itself
-
-    @property
-    def returncode(self):
-        code = self.popen.poll()
-        if code is not None and self.ended is None:
-            self.ended = time.monotonic()
-        return code
-
-    @property
-    def running(self):
-        return self.returncode is None
-
-    @property
-    def failed(self):
-        code = self.returncode
-        return code is not None and code != 0
-
-    @property
-    def state(self):
-        code = self.returncode
-        if code is None:
-            if self.ready_after is not None:
-                return "ready"
-            return "starting" if self.ready_mode == "port" else "running"
-        if code == 0:
-            return "done"
-        return "killed" if code < 0 else "failed"
-
-    @property
-    def uptime(self):
-        end = self.ended if self.returncode is not None else time.monotonic()
-        return end - self.started
-
-    def outcome(self):
-        text = proctree.signal_name(self.returncode)
-        return f"{text} ({self.note})" if self.note else text
-
-    def tail(self, n=_TAIL):
-        return tail_lines(self.log_path, n)
-
-    def last_line(self):
-        lines = [ln for ln in self.tail(5) if ln.strip()]
-        return lines[-1] if lines else ""
-
-    def __repr__(self):
-        return f"<TaskRun {self.task} pid={self.pid} {self.state}>"
-
-
-class StatusTable:
-    """``%workers``: plain text for terminals and saved notebooks, HTML for JupyterLab."""
-
-    COLUMNS = ("task", "pid", "state", "exit", "uptime", "port", "log", "last log line")
-
-    def __init__(self, rows):
-        self.rows = rows
-
-    def __repr__(self):
-        if not self.rows:
-            return "no tasks have been launched in this kernel"
-        table = [self.COLUMNS] + [tuple(str(c) for c in r) for r in self.rows]
-        widths = [max(len(r[i]) for r in table) for i in range(len(self.COLUMNS) - 1)]
-        out = []
-        for r in table:
-            cells = [r[i].ljust(widths[i]) for i in range(len(widths))] + [r[-1][:80]]
-            out.append("  ".join(cells).rstrip())
-        return "\n".join(out)
-
-    def _repr_html_(self):
-        if not self.rows:
-            return "<p>No tasks have been launched in this kernel.</p>"
-        colors = {"ready": "#2e7d32", "running": "#2e7d32", "starting": "#f9a825",
-                  "done": "#1565c0", "failed": "#c62828", "killed": "#c62828"}
-        head = "".join(f"<th>{c}</th>" for c in self.COLUMNS)
-        body = ""
-        for r in self.rows:
-            cells = [html.escape(str(c)) for c in r]
-            cells[2] = f'<b style="color:{colors.get(r[2], "inherit")}">{cells[2]}</b>'
-            cells[6] = f"<code>{cells[6]}</code>"
-            cells[7] = f"<code>{cells[7][:120]}</code>"
-            body += "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def default_log_dir(session_name=None):
@@ -248,7 +79,7 @@ def claim_session():
 class Runtime:
     """Launches and tracks the task processes of one kernel (or script)."""
 
-    def __init__(self, log_dir=None, echo=_print):
+    def __init__(self, log_dir=None, echo=_print, launcher=None):
         self._log_dir = Path(log_dir) if log_dir else None
         self.echo = echo
         self.cluster = None
@@ -256,11 +87,33 @@ class Runtime:
         self.history = []  # every TaskRun, oldest first
         self._launch_counts = {}
         self._lock = threading.RLock()
-        # The parent-death guard: workers get the read end; we keep the write
-        # end open (never writing) until this process ends.
-        self._guard_r, self._guard_w = os.pipe()
+        self.launcher = launcher or LocalLauncher()
         self.session = claim_session()
-        atexit.register(self.shutdown)
+        # The end-of-fit stall fix in every worker (tfdata.py); per launch: stall_fix=.
+        self.stall_fix = os.environ.get("MWHELPERS_STALL_FIX", "1").strip().lower() not in _OFF
+        # At exit (or when this object is collected) the launcher ends what still runs.
+        self._finalizer = weakref.finalize(self, self.launcher.close)
+
+    # -- life cycle ------------------------------------------------------------
+    def close(self):
+        """End every task, give the cluster's ports back and release the launcher."""
+        if not self._finalizer.alive:
+            return
+        with self._lock:
+            self.end(self.running_runs(), "ended when the runtime was closed")
+            if self.cluster is not None:
+                self.cluster.close()
+        self._finalizer()
+
+    @property
+    def closed(self):
+        return not self._finalizer.alive
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     # -- cluster -------------------------------------------------------------
     @property
@@ -273,6 +126,11 @@ class Runtime:
     @log_dir.setter
     def log_dir(self, value):
         self._log_dir = Path(value)
+
+    def use_session_name(self, name):
+        """Name the default log folder after the notebook (unless one was set)."""
+        if self._log_dir is None and name:
+            self._log_dir = default_log_dir(name)
 
     def _resolve(self, spec):
         """A task name checked against the cluster when there is one."""
@@ -303,37 +161,22 @@ class Runtime:
             self.define_cluster(workers=2)
         return self.cluster
 
-    # -- launching -----------------------------------------------------------
-    def _check_launch(self, task, code, script, args, env, ready, timeout):
-        """Validate everything before anything changes; return normalized values."""
-        if (code is None) == (script is None):
-            raise UsageError("give either the program's code or a script path, not both or neither")
-        task = parse_task(task)
-        env = parse_env(env)
-        if script is not None:
-            path = Path(script)
-            if not path.is_file():
-                raise UsageError(
-                    f"script {str(script)!r} does not exist (looked in {Path.cwd()}); "
-                    "write it first, e.g. with %%writefile"
-                )
-            if path.suffix not in (".py", ""):
-                raise UsageError(f"{script!r} is not a Python script; workers run Python programs")
-        if timeout is not None:
-            try:
-                timeout = float(timeout)
-            except (TypeError, ValueError):
-                raise UsageError(f"timeout must be a number of seconds, got {timeout!r}") from None
-            if timeout <= 0:
-                raise UsageError(f"timeout must be more than 0 seconds, got {timeout}")
-        if ready not in ("auto", "port", "start"):
-            raise UsageError(f"ready must be 'auto', 'port' or 'start', got {ready!r}")
-        if isinstance(args, str):
-            raise UsageError("args must be a list of strings, not one string")
-        return task, env, [str(a) for a in args], timeout
+    # -- runs and their logs ---------------------------------------------------
+    def get_run(self, task):
+        """The latest run of ``task`` (``'worker:0'``, ``1``...)."""
+        t = self._resolve(task)
+        run = self.runs.get(t)
+        if run is None:
+            raise UsageError(f"{t} has not been launched; %workers shows the tasks")
+        return run
 
+    def log_lines(self, task):
+        """Every line of the log of ``task``'s latest run."""
+        return self.get_run(task).lines()
+
+    # -- launching -----------------------------------------------------------
     def launch(self, task="worker:0", *, code=None, script=None, args=(), background=False,
-               timeout=None, log=None, env=None, ready="auto"):
+               timeout=None, log=None, env=None, ready="auto", stall_fix=None):
         """Run a task's program: ``code`` (a string) or ``script`` (a .py file).
 
         Foreground (default): follow its output into the caller, each line
@@ -343,13 +186,22 @@ class Runtime:
         ``background=True``: return once the task is ready (its port accepts
         connections; ``ready='start'``: once it is started) or has ended.
         ``timeout`` then bounds the wait for readiness.
+
+        ``stall_fix=False`` keeps tf.data autotuning in a MultiWorkerMirroredStrategy
+        worker (see :mod:`mwhelpers.tfdata`); the default is ``self.stall_fix``.
         """
+        request = LaunchRequest.parse(task, code=code, script=script, args=args,
+                                      background=background, timeout=timeout, log=log, env=env,
+                                      ready=ready, stall_fix=stall_fix)
+        return self.start(request)
+
+    def start(self, request, attempt=1):
+        """Launch a checked :class:`LaunchRequest` (see :meth:`launch`)."""
         with self._lock:
-            task, env, args, timeout = self._check_launch(task, code, script, args, env, ready, timeout)
             created = self.cluster is None
             cluster = self.ensure_cluster()
             try:
-                task = cluster.check_task(task)
+                task = cluster.check_task(request.task)
                 self._check_not_running(task)
                 if task.type in SERVER_JOBS:
                     self._check_port_free(task)
@@ -358,13 +210,11 @@ class Runtime:
                     self.cluster.close()
                     self.cluster = None
                 raise
-            if ready == "auto":
-                ready = "port" if task.type in SERVER_JOBS else "start"
-            run = self._spawn(task, code, script, args, env, log, ready)
-        if background:
-            self._await_ready(run, timeout)
+            run = self._spawn(task, request, attempt)
+        if request.background:
+            self._await_ready(run, request.timeout)
         else:
-            self._follow([run], timeout, stream=True)
+            self._follow([run], request.timeout, stream=True)
             self._raise_failures([run])
         return run
 
@@ -386,59 +236,64 @@ class Runtime:
 
     def _log_path(self, task, log):
         if log:
-            path = Path(log)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            return path
+            return log
         n = self._launch_counts.get(task, 0) + 1
         self._launch_counts[task] = n
         suffix = "" if n == 1 else f".run{n}"
         return self.log_dir / f"{task.slug}{suffix}.log"
 
-    def child_env(self, task, extra=None):
+    def child_env(self, task, extra=None, stall_fix=None, attempt=1):
+        """The environment a task's program gets."""
         env = dict(os.environ)
         # The kernel's inline plotting backend means nothing in a worker.
         if "inline" in env.get("MPLBACKEND", ""):
             env["MPLBACKEND"] = "Agg"
         env["TF_CONFIG"] = self.cluster.tf_config(task)
         env["MWHELPERS_TASK"] = str(task)
+        env["MWHELPERS_ATTEMPT"] = str(attempt)
+        env["MWHELPERS_STALL_FIX"] = "1" if (self.stall_fix if stall_fix is None else stall_fix) else "0"
         env["PYTHONUNBUFFERED"] = "1"
         env.update(extra or {})
         return env
 
-    def _spawn(self, task, code, script, args, env, log, ready):
-        log_path = self._log_path(task, log)
-        if code is not None:
+    def _spawn(self, task, request, attempt):
+        log_path = self._log_path(task, request.log)
+        if request.code is not None:
             script = self.log_dir / f"{task.slug}_cell.py"
-            script.write_text(code)
-        script = str(Path(script).resolve())
-        child_env = self.child_env(task, env)
-        child_env["MWHELPERS_GUARD_FD"] = str(self._guard_r)
-        with open(log_path, "wb") as logf:
-            popen = subprocess.Popen(
-                [sys.executable, "-u", BOOTSTRAP, script, *args],
-                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                env=child_env, start_new_session=True, pass_fds=(self._guard_r,),
-            )
-        run = TaskRun(task, popen, log_path, self.cluster.ports[task], ready, script)
+            script.write_text(request.code)
+        else:
+            script = request.script
+        ready = request.ready
+        if ready == "auto":
+            ready = "port" if task.type in SERVER_JOBS else "start"
+        spec = LaunchSpec(script=str(Path(script).resolve()), args=list(request.args),
+                          env=self.child_env(task, request.env, request.stall_fix, attempt),
+                          log_path=Path(log_path), cell=request.code is not None, name=str(task))
+        process = self.launcher.start(spec)
+        run = TaskRun(task, process, spec.log_path, self.cluster.port(task),
+                      self.cluster.address(task), ready, spec.script, attempt=attempt)
         self.runs[task] = run
         self.history.append(run)
         return run
 
     # -- readiness and following ----------------------------------------------
+    def _probe(self, run):
+        """True once ``run``'s server accepts connections where TF_CONFIG says it is."""
+        return port_accepts(run.port, self.cluster.host)
+
     def _await_ready(self, run, timeout, default_timeout=120.0):
         timeout = default_timeout if timeout is None else timeout
         if run.ready_mode == "start":
-            run.ready_after = 0.0
+            run.mark_ready()
             self.echo(f"[{run.task}] started in the background (pid {run.pid}); log: {run.log_path}")
             return run
         self.echo(
-            f"[{run.task}] starting in the background (pid {run.pid}); waiting until port "
-            f"{run.port} accepts connections ... log: {run.log_path}"
+            f"[{run.task}] starting in the background (pid {run.pid}); waiting until "
+            f"{run.address} accepts connections ... log: {run.log_path}"
         )
         deadline = run.started + timeout
         while True:
-            if port_accepts(run.port):
-                run.ready_after = time.monotonic() - run.started
+            if self._probe(run) and run.mark_ready():
                 self.echo(f"[{run.task}] ready after {run.ready_after:.2f} s (port {run.port} is open)")
                 return run
             if not run.running:
@@ -451,7 +306,8 @@ class Runtime:
                 raise WorkerTimeout(
                     f"{run.task} did not become ready within {timeout:g} s: port {run.port} "
                     f"never accepted connections. Its Python stacks were written to its log "
-                    f"before it was ended.\n" + self._tail_text(run),
+                    f"before it was ended.\n"
+                    + failure_records.tail_text(run.task, run.log_path, run.tail()),
                     not_ready=[run.task],
                 )
             time.sleep(_POLL)
@@ -483,8 +339,8 @@ class Runtime:
                 if now >= next_probe:  # note readiness for the status table and errors
                     for r in runs:
                         if r.ready_after is None and r.running and r.task.type in SERVER_JOBS \
-                                and port_accepts(r.port):
-                            r.ready_after = now - r.started
+                                and self._probe(r):
+                            r.mark_ready()
                     next_probe = now + 0.5
                 if deadline is not None and now >= deadline:
                     stuck = [r for r in runs if r.running]
@@ -513,7 +369,7 @@ class Runtime:
             )
             msg += ". A worker waits for all its peers: launch every task of the cluster."
         for r in stuck:
-            msg += "\n" + self._tail_text(r)
+            msg += "\n" + failure_records.tail_text(r.task, r.log_path, r.tail())
         return WorkerTimeout(msg, not_ready=[t for t, _ in not_ready])
 
     def not_ready_tasks(self):
@@ -532,27 +388,7 @@ class Runtime:
                             else f"running, but port {run.port} never opened"))
         return out
 
-    def _tail_text(self, run, n=_TAIL):
-        lines = run.tail(n)
-        if not lines:
-            return f"{run.task}'s log {run.log_path} is empty."
-        return f"Last lines of {run.task}'s log ({run.log_path}):\n" + "\n".join(
-            f"  {ln}" for ln in lines
-        )
-
     # -- ending ----------------------------------------------------------------
-    def _procs_of(self, run):
-        procs = proctree.tree(run.pid)
-        # Descendants that were re-parented after their parent died are no
-        # longer in the tree, but they stay in the task's process group.
-        seen = {p.pid for p in procs}
-        procs += [p for p in proctree.group_members(run.pid) if p.pid not in seen]
-        return [p for p in procs if p.pid != os.getpid()]
-
-    def _reap(self):
-        for run in self.runs.values():
-            run.returncode  # noqa: B018  (poll() reaps our own children, keeping their status)
-
     def _end_runs(self, runs, escalation=proctree.DEFAULT_ESCALATION, extra=()):
         """End the process trees of ``runs`` plus the ``extra`` processes.
 
@@ -561,7 +397,7 @@ class Runtime:
         """
         owner, procs = {}, []
         for r in runs:
-            for p in self._procs_of(r):
+            for p in r.process.processes():
                 if p.pid not in owner:
                     owner[p.pid] = f"{r.task}: "
                     procs.append(p)
@@ -570,15 +406,20 @@ class Runtime:
                 owner[p.pid] = ""
                 procs.append(p)
         labels = {p.pid: proctree.describe(p) for p in procs}
-        ended, survivors = proctree.end_processes(procs, escalation, reap=self._reap)
+        ended, survivors = proctree.end_processes(procs, escalation)
         for r in runs:
-            try:
-                r.popen.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                pass
+            r.wait(2)
         lines = [f"ended {owner[pid]}{labels[pid]} with {how}" for pid, how in ended.items()]
         lines += [f"could NOT end {labels[p.pid]} (still alive after SIGKILL)" for p in survivors]
         return lines, survivors
+
+    def end(self, runs, why, escalation=((signal.SIGKILL, 3.0),)):
+        """End the process trees of ``runs`` that still run, noting ``why`` in their
+        outcome; returns what ended (see :meth:`end_all`)."""
+        live = [r for r in runs if r.running]
+        for r in live:
+            r.note = r.note or why
+        return self._end_runs(live, escalation)[0]
 
     def _end_stuck(self, runs, why):
         """Dump the Python stacks of ``runs`` into their logs, then end them."""
@@ -609,18 +450,14 @@ class Runtime:
         with self._lock:
             if self.cluster is None:
                 raise UsageError("no cluster is defined and no task was launched")
-            task = self.cluster.check_task(task)
-            run = self.runs.get(task)
-            if run is None:
-                raise UsageError(f"{task} has not been launched; %workers shows the tasks")
+            run = self.get_run(task)
             if not run.running:
-                raise UsageError(f"{task} is not running: it ended with {run.outcome()}")
-            procs = self._procs_of(run)
+                raise UsageError(f"{run.task} is not running: it ended with {run.outcome()}")
             run.note = why or f"{sig.name} sent on request"
-            proctree.send(procs, sig)
+            procs = run.process.send(sig)
             if wait and sig == signal.SIGKILL:
-                proctree.wait_gone(procs, 5.0, reap=self._reap)
-                run.popen.wait(timeout=5)
+                proctree.wait_gone(procs, 5.0)
+                run.wait(5)
         return run
 
     def kill_when(self, task, pattern, sig=signal.SIGKILL, timeout=300.0):
@@ -630,22 +467,24 @@ class Runtime:
         say, ``Epoch 2/``.  Returns the matching line.
         """
         sig = proctree.parse_signal(sig)
-        task = self._resolve(task)
-        run = self.runs.get(task)
+        try:
+            regex = re.compile(pattern)
+        except re.error as e:
+            raise UsageError(f"{pattern!r} is not a valid regular expression: {e}") from None
+        run = self.runs.get(self._resolve(task))
         if run is None or not run.running:
-            raise UsageError(f"{task} is not running; launch it with --bg first")
-        regex = re.compile(pattern)
+            raise UsageError(f"{self._resolve(task)} is not running; launch it with --bg first")
         found = []
 
         def on_line(r, line):
             if not found and regex.search(line):
                 found.append(line)
 
-        self._follow([run], timeout, stream=False, on_line=on_line,
+        self._follow([run], parse_timeout(timeout), stream=False, on_line=on_line,
                      stop_when=lambda: bool(found), deadline_msg=f"never logged {pattern!r}")
         if not found:
-            raise UsageError(f"{task} ended ({run.outcome()}) before logging {pattern!r}")
-        self.kill(task, sig, why=f"{sig.name} sent when its log matched {pattern!r}")
+            raise UsageError(f"{run.task} ended ({run.outcome()}) before logging {pattern!r}")
+        self.kill(run.task, sig, why=f"{sig.name} sent when its log matched {pattern!r}")
         return found[0]
 
     def wait(self, timeout=None, grace_after_failure=30.0):
@@ -654,23 +493,20 @@ class Runtime:
         Parameter servers never end by themselves and are not waited for.
         When a task fails, the others get ``grace_after_failure`` s to end
         by themselves (a synchronous job's workers follow their failed peer)
-        and are then ended.  Raises WorkerFailed naming the first failure
-        (the root cause) and the rest in order, or WorkerTimeout.
+        and are then ended.  Raises WorkerFailed naming the first task to
+        die (the root cause) and the rest in the order they died, or
+        WorkerTimeout.
         """
+        timeout = parse_timeout(timeout)
         runs = [r for r in self.runs.values() if r.task.type != "ps"]
         waiting = [r for r in runs if r.running]
         for t, why in self.not_ready_tasks():
             if why == "never launched" and waiting:
                 self.echo(f"note: {t} was never launched from this kernel; its peers wait for it")
-        first_failure = []
 
         def stop_when():
-            if not first_failure:
-                failed = [r for r in runs if r.failed]
-                if failed:
-                    first_failure.append(time.monotonic())
-                return False
-            return time.monotonic() - first_failure[0] > grace_after_failure
+            failed = [r.ended for r in runs if r.failed]
+            return bool(failed) and time.monotonic() - min(failed) > grace_after_failure
 
         self._follow(runs, timeout, stream=False, stop_when=stop_when,
                      deadline_msg="did not finish")
@@ -680,30 +516,27 @@ class Runtime:
         self._raise_failures(runs)
         return runs
 
-    @staticmethod
-    def _failures_in_order(runs):
-        """The failed runs, the first to end (the root cause) first."""
-        return sorted((r for r in runs if r.failed), key=lambda r: r.ended or 0)
+    def failures(self, runs=None, restartable_exit_codes=()):
+        """Failure records of the failed runs (default: the latest of each task),
+        the first to die first."""
+        runs = self.runs.values() if runs is None else runs
+        return failure_records.in_order(runs, restartable_exit_codes)
 
     def _raise_failures(self, runs):
-        failed = self._failures_in_order(runs)
-        if not failed:
-            return
-        first = failed[0]
-        msg = f"{first.task} failed: {first.outcome()}"
-        if len(failed) > 1:
-            msg += "; then " + ", ".join(f"{r.task} ({r.outcome()})" for r in failed[1:])
-        msg += "\n" + self._tail_text(first)
-        raise WorkerFailed(msg, [(r.task, r.outcome(), r.tail()) for r in failed])
+        found = self.failures(runs)
+        if found:
+            raise WorkerFailed(failure_records.report(found), found)
 
-    def end_all(self, extra=(), escalation=proctree.DEFAULT_ESCALATION):
-        """End every task tree, plus ``extra`` psutil processes and escaped
-        orphans of this session.  Returns a list of lines saying what ended."""
+    def end_all(self, extra=(), escalation=proctree.DEFAULT_ESCALATION, extra_pids=()):
+        """End every task tree, plus ``extra`` psutil processes, the process trees
+        of ``extra_pids``, and escaped orphans of this session.  Returns a list
+        of lines saying what ended."""
+        extra = list(extra) + [p for pid in extra_pids for p in proctree.tree(pid)]
         with self._lock:
             runs = self.running_runs()
             for r in runs:
                 r.note = "ended by %killbgscripts"
-            lines, _ = self._end_runs(runs, escalation, extra=list(extra) + self.escaped_orphans())
+            lines, _ = self._end_runs(runs, escalation, extra=extra + self.escaped_orphans())
         return lines
 
     def escaped_orphans(self):
@@ -722,30 +555,9 @@ class Runtime:
             pass
         return proctree.carrying(SESSION_ENV, self.session, exclude=mine)
 
-    def shutdown(self):
-        """End everything at once (atexit); the guard pipe covers harder deaths."""
-        try:
-            runs = [r for r in self.runs.values() if r.running]
-            if runs:
-                self._end_runs(runs, escalation=((signal.SIGKILL, 2.0),))
-        except Exception:
-            pass
-
     # -- reporting -----------------------------------------------------------
     def status(self):
-        rows = []
-        for run in self.runs.values():
-            code = run.returncode
-            exit_text = "" if code is None else (
-                str(code) if code >= 0 else signal.Signals(-code).name
-                if -code in signal.valid_signals() else str(code))
-            try:  # short paths keep the table readable
-                log = os.path.relpath(run.log_path)
-            except ValueError:
-                log = str(run.log_path)
-            rows.append((str(run.task), run.pid, run.state, exit_text, f"{run.uptime:.1f}s",
-                         run.port, log, run.last_line()))
-        return StatusTable(rows)
+        return StatusTable(self.runs.values())
 
     def log(self, task=None, n=20):
         """The last ``n`` lines of one task's log, or of all, prefixed with the task."""
@@ -754,96 +566,46 @@ class Runtime:
             if not runs:
                 raise UsageError("no task has been launched yet, so there is no log")
         else:
-            t = self._resolve(task)
-            if t not in self.runs:
-                raise UsageError(f"{t} has not been launched, so it has no log")
-            runs = [self.runs[t]]
+            runs = [self.get_run(task)]
         return [f"[{r.task}] {ln}" for r in runs for ln in r.tail(n)]
 
     def follow(self, task, timeout=None):
         """Stream one task's log into the caller until it ends."""
-        t = self._resolve(task)
-        run = self.runs.get(t)
-        if run is None:
-            raise UsageError(f"{t} has not been launched, so it has no log")
-        until = None if timeout is None else time.monotonic() + float(timeout)
+        run = self.get_run(task)
+        timeout = parse_timeout(timeout)
+        until = None if timeout is None else time.monotonic() + timeout
         try:
             self._follow([run], None, stream=True, end_on_interrupt=False,
                          stop_when=lambda: until is not None and time.monotonic() > until)
         except KeyboardInterrupt:
-            self.echo(f"stopped following {t}; it is still {run.state}")
+            self.echo(f"stopped following {run.task}; it is still {run.state}")
         return run
 
     # -- supervision -------------------------------------------------------------
     def supervise(self, script=None, *, code=None, args=(), tasks=None, max_restarts=3,
-                  timeout=None, env=None, inject=(), stream=True):
-        """Run the cluster's tasks together; when one fails, end all and restart all.
+                  timeout=None, env=None, inject=(), stream=True, restartable_exit_codes=(),
+                  stall_fix=None):
+        """Run the cluster's tasks together and restart them all after a fault.
 
-        This is how MultiWorkerMirroredStrategy jobs recover with
-        BackupAndRestore: every worker must restart.  ``tasks`` defaults to
-        every task of the cluster.  ``inject`` is a list of ``(task, regex)``
-        faults applied to the first attempt: the task is killed with SIGKILL
-        when its log first matches ``regex``.  Returns the list of attempts,
-        each a dict with its runs and what ended it; raises WorkerFailed when
-        ``max_restarts`` restarts were not enough.
+        See :func:`mwhelpers.supervisor.supervise`.
         """
-        cluster = self.ensure_cluster()
-        tasks = [cluster.check_task(t) for t in (tasks or cluster.tasks)]
-        if not isinstance(max_restarts, int) or max_restarts < 0:
-            raise UsageError(f"max_restarts must be a whole number >= 0, got {max_restarts!r}")
-        faults = [(cluster.check_task(t), re.compile(p)) for t, p in inject]
-        attempts = []
-        for attempt in range(max_restarts + 1):
-            runs = [self.launch(t, code=code, script=script, args=args, env=env,
-                                background=True, ready="start") for t in tasks]
-            pending_faults = list(faults) if attempt == 0 else []
-            events = []
+        from .supervisor import supervise
 
-            def on_line(run, line, pending=pending_faults, events=events):
-                for fault in list(pending):
-                    if fault[0] == run.task and fault[1].search(line) and run.running:
-                        pending.remove(fault)
-                        self.kill(run.task, signal.SIGKILL, why="fault injected by the supervisor")
-                        events.append(f"fault injected: killed {run.task} after it logged {line!r}")
-                        self.echo(f"[mwhelpers] {events[-1]}")
-
-            workers = [r for r in runs if r.task.type != "ps"]
-            self._follow(runs, timeout, stream=stream, on_line=on_line,
-                         stop_when=lambda: any(r.failed for r in runs)
-                         or all(not r.running for r in workers))
-            failed = self._failures_in_order(runs)
-            leftovers = [r for r in runs if r.running]
-            for r in leftovers:
-                r.note = "ended by the supervisor"
-            self._end_runs(leftovers, escalation=((signal.SIGKILL, 3.0),))
-            record = {"attempt": attempt + 1, "runs": runs, "events": events,
-                      "failed": [(str(r.task), r.outcome()) for r in failed]}
-            attempts.append(record)
-            if not failed:
-                self.echo(f"[mwhelpers] attempt {attempt + 1}: every task finished")
-                return attempts
-            root = failed[0]
-            if attempt == max_restarts:
-                self.echo(f"[mwhelpers] attempt {attempt + 1}: {root.task} {root.outcome()}; "
-                          f"no restarts left ({max_restarts} used)")
-                self._raise_failures(runs)
-            self.echo(
-                f"[mwhelpers] attempt {attempt + 1}: {root.task} {root.outcome()}; ended the "
-                f"other tasks; restarting all {len(tasks)} tasks "
-                f"(restart {attempt + 1} of {max_restarts})"
-            )
-        return attempts
+        return supervise(self, script=script, code=code, args=args, tasks=tasks,
+                         max_restarts=max_restarts, timeout=timeout, env=env, inject=inject,
+                         stream=stream, restartable_exit_codes=restartable_exit_codes,
+                         stall_fix=stall_fix)
 
 
 _RUNTIME = None
 
 
 def runtime():
-    """The process-wide Runtime (created on first use)."""
+    """The process-wide Runtime (created on first use, and again after close())."""
     global _RUNTIME
-    if _RUNTIME is None:
+    if _RUNTIME is None or _RUNTIME.closed:
         _RUNTIME = Runtime()
     return _RUNTIME
 
 
-__all__ = ["Runtime", "runtime", "TaskRun", "StatusTable", "LogFollower", "Task"]
+__all__ = ["Runtime", "runtime", "TaskRun", "StatusTable", "LogFollower", "port_accepts"]

@@ -91,10 +91,9 @@ def rt(tmp_path, monkeypatch):
     runtime.echo_lines = echo
     monkeypatch.setattr(rt_mod, "_RUNTIME", runtime)
     yield runtime
-    leftovers = [p.pid for r in runtime.history for p in runtime._procs_of(r) if pid_alive(p.pid)]
+    leftovers = [p.pid for r in runtime.history for p in r.process.processes() if pid_alive(p.pid)]
     runtime.end_all(escalation=((__import__("signal").SIGKILL, 3.0),))
-    if runtime.cluster:
-        runtime.cluster.close()
+    runtime.close()
     assert not leftovers, f"test left worker processes running: {leftovers}"
 
 

@@ -62,8 +62,8 @@ def start_tree(kernel):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         status, out = kernel.run(
-            "import mwhelpers\nr = mwhelpers.runtime().runs[('worker', 0)]\n"
-            "print('worker', r.pid)\nprint('\\n'.join(r.tail(0)))\n")
+            "import mwhelpers\nr = mwhelpers.runtime().get_run('worker:0')\n"
+            "print('worker', r.pid)\nprint('\\n'.join(r.lines()))\n")
         pids = {w.split()[0]: int(w.split()[1]) for w in out.splitlines()
                 if len(w.split()) == 2 and w.split()[0] in ("worker", "child", "grandchild")}
         if len(pids) == 3:

@@ -71,7 +71,7 @@ def test_worker_line_magic_runs_a_script_with_args(ip, rt, write):
 
 def test_background_worker_waitworkers_workers_and_workerlog(ip, rt, capsys):
     assert cell(ip, "%%worker 0 --bg --env LIFETIME=0.5\n" + LISTENER).success
-    run = rt.runs[("worker", 0)]
+    run = rt.get_run("worker:0")
     assert run.ready_after is not None and run.running
     ip.run_line_magic("workers", "")
     table = capsys.readouterr().out
@@ -88,7 +88,7 @@ def test_background_worker_waitworkers_workers_and_workerlog(ip, rt, capsys):
 
 def test_killworker_magic_and_bad_signal(ip, rt, capsys):
     assert cell(ip, "%%worker 0 --bg\n" + LISTENER).success
-    run = rt.runs[("worker", 0)]
+    run = rt.get_run("worker:0")
     with pytest.raises(UsageError, match="unknown signal 'SIGBOGUS'"):
         ip.run_line_magic("killworker", "worker:0 --signal SIGBOGUS")
     assert run.running
@@ -114,7 +114,7 @@ def test_killbgscripts_ends_what_ipython_leaves_behind(ip, rt, capsys):
     assert pid_alive(python_pid), "IPython's %killbgscripts now ends the child itself"
     # Ours finds the orphan through the session mark in its environment.
     assert cell(ip, "%%worker 0 --bg\n" + LISTENER).success
-    worker_pid = rt.runs[("worker", 0)].pid
+    worker_pid = rt.get_run("worker:0").pid
     ip.run_line_magic("killbgscripts", "")
     out = capsys.readouterr().out
     assert not pid_alive(python_pid) and not pid_alive(worker_pid)

@@ -160,10 +160,10 @@ def test_parameter_server_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert "[chief:0] custom loop epoch 3" in text and "ended ps:0" in text
 
 
-def run_suite(*args):
+def run_suite(*args, pythonpath=str(ROOT)):
     return subprocess.run([sys.executable, "-m", "mwhelpers.suite", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                          env={**__import__("os").environ, "PYTHONPATH": pythonpath})
 
 
 def test_suite_runs_a_notebook_with_papermill_and_writes_outputs(tmp_path):
@@ -225,3 +225,18 @@ def test_suite_reports_the_failing_cell_and_leaves_no_worker(tmp_path):
                 p.environ().get("MWHELPERS_SUITE_RUN") is None, f"leaked worker {p.pid}"
         except psutil.Error:
             pass
+
+
+def test_suite_puts_the_checkout_first_on_a_pythonpath_that_was_already_set(tmp_path):
+    other = tmp_path / "site"
+    other.mkdir()
+    (other / "usermod.py").write_text("WHO = 'user module'\n")
+    nb = make_nb(tmp_path / "path.ipynb", [
+        "import os, usermod, mwhelpers\nprint(os.environ['PYTHONPATH'])\nprint(usermod.WHO)\n"
+        "print(mwhelpers.__file__)"])
+    proc = run_suite(str(nb), "--output", str(tmp_path / "out"), pythonpath=str(other))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = outputs_text(nbformat.read(tmp_path / "out" / "path.ipynb", as_version=4))
+    path_line, who, where = text.splitlines()[:3]
+    assert path_line.split(":") == [str(ROOT), str(other)]
+    assert who == "user module" and where.startswith(str(ROOT / "mwhelpers"))

@@ -39,8 +39,8 @@ def test_a_failing_worker_raises_with_task_exit_code_and_log_tail(rt):
     msg = str(err.value)
     assert msg.startswith("worker:0 failed: exit code 3")
     assert "about to fail" in msg
-    assert str(err.value.failures[0][0]) == "worker:0"
-    assert rt.runs[("worker", 0)].state == "failed"
+    assert err.value.root_cause.task == "worker:0" and err.value.root_cause.returncode == 3
+    assert rt.get_run("worker:0").state == "failed"
 
 
 def test_an_uncaught_exception_shows_the_worker_traceback(rt):
@@ -83,7 +83,7 @@ def test_background_task_that_fails_before_ready_raises_at_once(rt):
 def test_background_task_that_never_becomes_ready_times_out_with_its_stacks(rt):
     with pytest.raises(WorkerTimeout) as err:
         rt.launch("worker:0", code=STUBBORN, background=True, timeout=1.5)
-    run = rt.runs[("worker", 0)]
+    run = rt.get_run("worker:0")
     assert not pid_alive(run.pid)
     assert err.value.not_ready == [("worker", 0)]
     assert f"port {run.port} never accepted connections" in str(err.value)
@@ -98,8 +98,8 @@ def test_waiting_for_a_peer_that_never_starts_times_out_naming_it(rt):
         rt.wait(timeout=1.0)
     assert err.value.not_ready == [("worker", 1)]
     assert "worker:1 (never launched)" in str(err.value)
-    assert not rt.runs[("worker", 0)].running
-    assert "most recent call first" in rt.runs[("worker", 0)].log_path.read_text()
+    assert not rt.get_run("worker:0").running
+    assert "most recent call first" in rt.get_run("worker:0").log_path.read_text()
 
 
 def test_foreground_timeout_names_the_peers_that_never_became_ready(rt):
@@ -115,7 +115,7 @@ def test_wait_reports_the_first_failure_as_root_cause(rt):
         rt.wait(timeout=30)
     msg = str(err.value)
     assert msg.startswith("worker:1 failed: exit code 3; then worker:0 (exit code 1)")
-    assert [str(t) for t, _, _ in err.value.failures] == ["worker:1", "worker:0"]
+    assert [f.task for f in err.value.failures] == ["worker:1", "worker:0"]
 
 
 def test_wait_ends_survivors_some_time_after_a_peer_failed(rt):
@@ -125,7 +125,7 @@ def test_wait_ends_survivors_some_time_after_a_peer_failed(rt):
     with pytest.raises(WorkerFailed, match=r"^worker:1 failed: exit code 5"):
         rt.wait(timeout=30, grace_after_failure=1.0)
     assert time.monotonic() - t0 < 10
-    w0 = rt.runs[("worker", 0)]
+    w0 = rt.get_run("worker:0")
     assert not w0.running and "after a peer failed" in w0.note
 
 
@@ -135,7 +135,7 @@ def test_wait_succeeds_and_ignores_parameter_servers(rt):
     rt.launch("worker:0", code=LISTENER, env={"LIFETIME": "0.3"}, background=True)
     runs = rt.wait(timeout=30)
     assert [str(r.task) for r in runs] == ["worker:0"] and runs[0].returncode == 0
-    assert rt.runs[("ps", 0)].running
+    assert rt.get_run("ps:0").running
     rt.kill("ps:0")
 
 
@@ -165,7 +165,7 @@ def test_killworker_ends_the_whole_process_tree(rt):
 def test_kill_with_another_signal_reaches_the_task(rt):
     run = rt.launch("worker:0", code=LISTENER, background=True)
     rt.kill("worker:0", "term")
-    run.popen.wait(timeout=10)
+    run.wait(timeout=10)
     assert run.outcome().startswith("killed by SIGTERM")
 
 
@@ -174,7 +174,7 @@ def test_kill_when_waits_for_the_log_line(rt):
     rt.launch("worker:0", code=code, background=True, ready="start")
     line = rt.kill_when("worker:0", r"step 5\b", timeout=30)
     assert line == "step 5"
-    run = rt.runs[("worker", 0)]
+    run = rt.get_run("worker:0")
     assert run.outcome() == r"killed by SIGKILL (SIGKILL sent when its log matched 'step 5\\b')"
     steps = [ln for ln in run.tail(0) if ln.startswith("step")]
     assert "step 5" in steps and len(steps) < 20  # killed soon after, not at the end
@@ -214,7 +214,7 @@ def test_interrupting_a_foreground_worker_ends_it(rt):
     timer.start()
     with pytest.raises(KeyboardInterrupt):
         rt.launch("worker:0", code=STUBBORN)
-    run = rt.runs[("worker", 0)]
+    run = rt.get_run("worker:0")
     assert not pid_alive(run.pid) and run.note == "ended by mwhelpers on interrupt"
 
 
@@ -314,7 +314,7 @@ def test_status_table_and_logs(rt):
     header, *rows = text.splitlines()
     assert header.split() == ["task", "pid", "state", "exit", "uptime", "port", "log", "last",
                               "log", "line"]
-    assert rows[0].split()[:4] == ["worker:1", str(rt.runs[("worker", 1)].pid), "done", "0"]
+    assert rows[0].split()[:4] == ["worker:1", str(rt.get_run("worker:1").pid), "done", "0"]
     assert rows[0].endswith("omega")
     assert rows[1].split()[2] == "ready" and "listening on" in rows[1]
     assert "<table>" in table._repr_html_() and "omega" in table._repr_html_()
@@ -343,7 +343,7 @@ n = (int(open(marker).read()) if os.path.exists(marker) else 0) + 1
 open(marker, "w").write(str(n))
 print("attempt", n, flush=True)
 if task["index"] == 1 and n == 1:
-    sys.exit(7)            # worker 1 crashes on its first attempt
+    os.kill(os.getpid(), 9)  # worker 1 crashes (a fault, not a bug) on its first attempt
 if n == 1:
     time.sleep(60)         # its peer would wait for it forever
 print("trained", flush=True)
@@ -354,8 +354,9 @@ def test_supervise_restarts_every_task_when_one_fails(rt, tmp_path):
     attempts = rt.supervise(code=FLAKY, env={"MARKER_DIR": str(tmp_path)}, max_restarts=2,
                             timeout=60)
     assert len(attempts) == 2
-    assert attempts[0]["failed"][0] == ("worker:1", "exit code 7")
-    assert attempts[1]["failed"] == []
+    assert attempts[0]["failed"][0] == ("worker:1", "killed by SIGKILL")
+    assert attempts[0]["restarted"] and "killed by SIGKILL" in attempts[0]["why"]
+    assert attempts[1]["failed"] == [] and attempts[1]["why"] == "every task finished"
     assert all(r.returncode == 0 for r in attempts[1]["runs"])
     assert (tmp_path / "attempts-0").read_text() == "2"  # worker 0 was restarted too
     assert any("restarting all 2 tasks (restart 1 of 2)" in ln for ln in rt.echo_lines)
@@ -396,3 +397,81 @@ def test_a_child_process_takes_its_own_session_mark(rt):
     inherited, own = (ln.split()[1] for ln in run.tail(2))
     assert inherited == rt.session
     assert own != rt.session and own.startswith(f"{run.pid}-")
+
+
+# -- regressions of the runtime v2 issue ----------------------------------------------------
+
+def test_a_cell_program_imports_modules_from_the_working_directory(rt, write):
+    """The upstream pattern: %%writefile mnist_setup.py, then a program that imports it."""
+    write("mnist_setup.py", "def batch_size():\n    return 64\n")
+    run = rt.launch("worker:0", code="import sys, mnist_setup\n"
+                                     "print('batch', mnist_setup.batch_size(), repr(sys.path[0]))\n")
+    assert rt.echo_lines == ["[worker:0] batch 64 ''"]  # sys.path[0] as python -c sets it
+    assert run.state == "done"
+
+
+def test_tail_0_is_the_whole_log_however_long(rt):
+    code = "for i in range(40000):\n    print('line %06d %s' % (i, 'x' * 20))\n"
+    run = rt.launch("worker:0", code=code, log="big.log")
+    assert run.log_path.stat().st_size > 1024 * 1024
+    lines = run.tail(0)
+    assert len(lines) == 40000 and lines[0].startswith("line 000000")
+    assert rt.log_lines("worker:0") == lines and run.lines() == lines
+    assert run.tail(3)[-1].startswith("line 039999")
+
+
+def test_close_ends_tasks_and_releases_the_guard_pipe_and_ports(tmp_path):
+    from mwhelpers.workers import Runtime
+
+    with Runtime(log_dir=tmp_path / "logs", echo=lambda line: None) as rt:
+        run = rt.launch("worker:0", code=LISTENER, background=True)
+        fds = (rt.launcher._guard_r, rt.launcher._guard_w)
+        cluster = rt.cluster
+    assert rt.closed and not run.running and not pid_alive(run.pid)
+    assert run.outcome() == "killed by SIGKILL (ended when the runtime was closed)"
+    assert cluster.closed
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    rt.close()  # twice is harmless
+
+
+def test_an_unused_runtime_is_collected_and_its_guard_pipe_closed(tmp_path):
+    import gc
+    import weakref
+
+    from mwhelpers.workers import Runtime
+
+    rt = Runtime(log_dir=tmp_path / "logs")
+    launcher = rt.launcher
+    ref = weakref.ref(rt)
+    del rt
+    gc.collect()
+    assert ref() is None, "something (atexit?) keeps every Runtime alive"
+    assert launcher.closed
+
+
+def test_readiness_probes_the_host_the_cluster_names(rt):
+    """A server that listens only on the cluster's host (127.0.0.2 here) is ready."""
+    rt.define_cluster(workers=1, host="127.0.0.2")
+    code = LISTENER.replace('srv.bind(("", port))', 'srv.bind(("127.0.0.2", port))')
+    run = rt.launch("worker:0", code=code, background=True, timeout=10)
+    assert run.state == "ready" and run.address == f"127.0.0.2:{run.port}"
+    rt.kill("worker:0")
+
+
+@pytest.mark.parametrize("holder", [
+    "import builtins\nbuiltins._kept = Cluster(workers=2)",
+    "class H: pass\nh = H(); h.me = h; h.c = Cluster(workers=2)",
+    "from IPython.testing.globalipapp import start_ipython\nip = start_ipython()\n"
+    "ip.run_line_magic('load_ext', 'mwhelpers'); ip.run_line_magic('cluster', '2')",
+])
+def test_port_reservations_say_nothing_at_interpreter_exit(holder):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom mwhelpers import Cluster\n{holder}\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr

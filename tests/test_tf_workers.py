@@ -42,7 +42,7 @@ def test_two_workers_train_through_the_magics(ip, rt, legacy_keras, capsys):
     shutil.copy(TRAIN, "main.py")
     ip.run_line_magic("cluster", "2")
     ip.run_line_magic("worker", "0 --bg main.py --epochs 3")
-    w0 = rt.runs[("worker", 0)]
+    w0 = rt.get_run("worker:0")
     assert w0.ready_after is not None and w0.running
     # Worker 0's server is up and it waits for worker 1; its log says so
     # (TF writes the line just after the port opens).

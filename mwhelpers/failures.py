@@ -1,0 +1,163 @@
+"""Failure records: what ended a task, in what order, and whether a restart can help.
+
+A :class:`Failure` is built once, when a failed task is reported, from its
+run: task, pid, exit code or signal, when it exited (stamped by the
+launcher's wait thread), its log file and the log's last lines.
+:func:`report` is the one place that renders them, root cause first.
+
+:func:`classify` decides what kind of failure the root cause is.  A *fault*
+comes from outside the program (a signal: a crash, the OOM killer, a
+preemption, ``%killworker``; or a lost peer: TensorFlow's
+``UnavailableError`` and friends): running the same program again can
+succeed, so the supervisor restarts.  A *program error* (an uncaught
+``ValueError``, a ``sys.exit(3)``) would fail the same way again: the
+supervisor stops and says why.
+"""
+
+import json
+import re
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+
+from .logs import TAIL, tail_lines
+
+FAULT = "fault"
+PROGRAM_ERROR = "program error"
+
+# Exceptions and messages that mean a peer or the cluster went away, not a bug.
+_PEER_LOST = re.compile(
+    r"UnavailableError|DeadlineExceededError|AbortedError|stopped sending heartbeats"
+    r"|Socket closed|Connection reset by peer|failed to connect to all addresses"
+    r"|preempt|The cluster may have been shut down|CoordinationService",
+    re.IGNORECASE,
+)
+_TRACEBACK = "Traceback (most recent call last):"
+# ``exit 128 + N`` is how shells and some launchers report death by signal N.
+_SIGNAL_EXITS = {128 + s: s for s in (signal.SIGHUP, signal.SIGINT, signal.SIGKILL,
+                                      signal.SIGTERM)}
+
+
+def signal_of(returncode):
+    """The signal a return code stands for, or None."""
+    if returncode is None:
+        return None
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode)
+        except ValueError:
+            return None
+    return _SIGNAL_EXITS.get(returncode)
+
+
+def describe_exit(returncode):
+    """'exit code 3', 'killed by SIGKILL', 'still running'."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        sig = signal_of(returncode)
+        return f"killed by {sig.name}" if sig else f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def last_exception(lines):
+    """The final line of the last Python traceback in ``lines`` ('' when none)."""
+    start = max((i for i, ln in enumerate(lines) if ln.startswith(_TRACEBACK)), default=None)
+    if start is None:
+        return ""
+    # The exception line is the first unindented line after the last traceback header.
+    return next((ln for ln in lines[start + 1:] if ln and not ln[0].isspace()), "")
+
+
+def classify(returncode, log_lines, note="", restartable_exit_codes=()):
+    """``(kind, reason)`` for a task that ended with ``returncode``.
+
+    ``kind`` is :data:`FAULT` or :data:`PROGRAM_ERROR`; ``reason`` says why,
+    in words a user can act on.
+    """
+    sig = signal_of(returncode)
+    if sig is not None:
+        how = f"killed by {sig.name}" if returncode < 0 else f"exit code {returncode} (128 + {sig.name})"
+        why = f" ({note})" if note else ""
+        return FAULT, f"{how}{why}: a fault from outside the program, a restart can succeed"
+    if returncode in restartable_exit_codes:
+        return FAULT, f"exit code {returncode} is listed as restartable"
+    exc = last_exception(log_lines)
+    if exc and _PEER_LOST.search(exc):
+        return FAULT, f"it lost a peer ({exc[:160]}): a restart can succeed"
+    if exc:
+        return PROGRAM_ERROR, (f"the program raised {exc[:160]}: a program error, "
+                               "a restart would fail the same way")
+    if any(_PEER_LOST.search(ln) for ln in log_lines[-5:]):
+        return FAULT, "its last log lines say it lost a peer: a restart can succeed"
+    return PROGRAM_ERROR, (f"the program exited with code {returncode} without a traceback: "
+                           "treated as a program error (pass restartable_exit_codes to "
+                           "restart on it)")
+
+
+@dataclass
+class Failure:
+    """One failed task: the structured record behind every failure report."""
+
+    task: str
+    pid: int
+    returncode: int
+    exit: str  # 'exit code 3' or 'killed by SIGKILL'
+    note: str  # who ended it, when not itself
+    ended_at: float  # time.time() when it exited
+    uptime: float  # seconds from start to exit
+    log_path: str
+    tail: list = field(default_factory=list)
+    attempt: int = 1
+    kind: str = ""
+    reason: str = ""
+
+    @classmethod
+    def of(cls, run, restartable_exit_codes=()):
+        lines = tail_lines(run.log_path, 200)
+        kind, reason = classify(run.returncode, lines, run.note, restartable_exit_codes)
+        return cls(task=str(run.task), pid=run.pid, returncode=run.returncode,
+                   exit=describe_exit(run.returncode), note=run.note,
+                   ended_at=run.ended_wall or time.time(), uptime=run.uptime,
+                   log_path=str(run.log_path), tail=lines[-TAIL:], attempt=run.attempt,
+                   kind=kind, reason=reason)
+
+    @property
+    def outcome(self):
+        return f"{self.exit} ({self.note})" if self.note else self.exit
+
+    @property
+    def is_fault(self):
+        return self.kind == FAULT
+
+    def to_dict(self):
+        d = asdict(self)
+        d["ended_at_iso"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.ended_at)) + \
+            f".{int(self.ended_at % 1 * 1000):03d}"
+        return d
+
+    def write(self, path):
+        """Write the record as JSON (the root-cause file of a failed attempt)."""
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+
+def in_order(runs, restartable_exit_codes=()):
+    """Failure records of the failed ``runs``, the first to exit (the root cause) first."""
+    failed = sorted((r for r in runs if r.failed), key=lambda r: r.ended)
+    return [Failure.of(r, restartable_exit_codes) for r in failed]
+
+
+def tail_text(task, log_path, lines):
+    if not lines:
+        return f"{task}'s log {log_path} is empty."
+    return f"Last lines of {task}'s log ({log_path}):\n" + "\n".join(f"  {ln}" for ln in lines)
+
+
+def report(failures):
+    """The message of a failure: root cause, then the others in exit order, then its log."""
+    first = failures[0]
+    msg = f"{first.task} failed: {first.outcome}"
+    if len(failures) > 1:
+        msg += "; then " + ", ".join(f"{f.task} ({f.outcome})" for f in failures[1:])
+    return msg + "\n" + tail_text(first.task, first.log_path, first.tail)

@@ -1,0 +1,60 @@
+"""The status display of ``%workers``: plain text headless, an HTML table in JupyterLab."""
+
+import html
+import os
+
+from .failures import signal_of
+
+COLORS = {"ready": "#2e7d32", "running": "#2e7d32", "starting": "#f9a825",
+          "done": "#1565c0", "failed": "#c62828", "killed": "#c62828"}
+
+
+def exit_text(returncode):
+    """The exit column: '', '0', '3', 'SIGKILL'."""
+    if returncode is None:
+        return ""
+    sig = signal_of(returncode) if returncode < 0 else None
+    return sig.name if sig else str(returncode)
+
+
+def row(run):
+    try:  # short paths keep the table readable
+        log = os.path.relpath(run.log_path)
+    except ValueError:
+        log = str(run.log_path)
+    return (str(run.task), run.pid, run.state, exit_text(run.returncode), f"{run.uptime:.1f}s",
+            run.port, log, run.last_line())
+
+
+class StatusTable:
+    """One row per task: task, pid, state, exit, uptime, port, log, last log line."""
+
+    COLUMNS = ("task", "pid", "state", "exit", "uptime", "port", "log", "last log line")
+
+    def __init__(self, runs):
+        self.rows = [row(r) for r in runs]
+
+    def __repr__(self):
+        if not self.rows:
+            return "no tasks have been launched in this kernel"
+        table = [self.COLUMNS] + [tuple(str(c) for c in r) for r in self.rows]
+        widths = [max(len(r[i]) for r in table) for i in range(len(self.COLUMNS) - 1)]
+        out = []
+        for r in table:
+            cells = [r[i].ljust(widths[i]) for i in range(len(widths))] + [r[-1][:80]]
+            out.append("  ".join(cells).rstrip())
+        return "\n".join(out)
+
+    def _repr_html_(self):
+        if not self.rows:
+            return "<p>No tasks have been launched in this kernel.</p>"
+        head = "".join(f"<th>{c}</th>" for c in self.COLUMNS)
+        body = ""
+        for r in self.rows:
+            cells = [html.escape(str(c)) for c in r]
+            cells[2] = f'<b style="color:{COLORS.get(r[2], "inherit")}">{cells[2]}</b>'
+            cells[6] = f"<code>{cells[6]}</code>"
+            cells[7] = f"<code>{cells[7][:120]}</code>"
+            body += "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+

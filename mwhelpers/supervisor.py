@@ -1,0 +1,119 @@
+"""Supervision: run a cluster's tasks together, and restart them all after a fault.
+
+This is how MultiWorkerMirroredStrategy jobs recover with BackupAndRestore
+or a CheckpointManager: when one task dies, its peers cannot go on, so every
+task is ended and every task restarted.  Whether to restart is decided by
+the root cause, the first task to die (see :func:`mwhelpers.failures.classify`):
+a fault (a signal, a lost peer, TensorFlow's preemption exit code 143) is
+restarted; a program error (an uncaught exception, a plain non-zero exit) is
+not, because it would fail the same way again.
+
+Each attempt's tasks get ``MWHELPERS_ATTEMPT`` (1, 2, ...) in their
+environment, and each failed attempt writes its root cause as JSON to
+``attempt-N.root-cause.json`` in the runtime's log folder.
+"""
+
+import re
+import signal
+
+from .errors import UsageError, WorkerFailed
+from .failures import report
+from .taskrun import LaunchRequest
+
+
+def _start_all(rt, requests, attempt):
+    """Start every task of an attempt; if one cannot start, end the others and re-raise."""
+    runs = []
+    try:
+        for request in requests:
+            runs.append(rt.start(request, attempt=attempt))
+    except BaseException:
+        ended = rt.end(runs, f"ended by the supervisor: attempt {attempt} could not start "
+                       f"every task")
+        if ended:
+            rt.echo(f"[mwhelpers] attempt {attempt} could not start every task; ended "
+                    + ", ".join(str(r.task) for r in runs))
+        raise
+    return runs
+
+
+def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3, timeout=None,
+              env=None, inject=(), stream=True, restartable_exit_codes=(), stall_fix=None):
+    """Run ``rt``'s cluster tasks together; after a fault, end all and restart all.
+
+    ``tasks`` defaults to every task of the cluster.  ``inject`` is a list of
+    ``(task, regex)`` faults applied to the first attempt: the task is
+    killed with SIGKILL when its log first matches ``regex``.
+    ``restartable_exit_codes`` adds exit codes to restart on (besides
+    signals and 128 + signal).  ``timeout`` bounds each attempt.
+
+    Returns the list of attempts, each a dict: ``attempt`` (1, 2...),
+    ``runs``, ``events`` (faults injected), ``failed`` ((task, outcome)
+    pairs in the order the tasks died), ``root_cause`` (a Failure or None),
+    ``restarted`` and ``why`` (the decision and its reason), and
+    ``root_cause_file``.  Raises WorkerFailed when the root cause is a
+    program error or ``max_restarts`` restarts were not enough.
+    """
+    if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+        raise UsageError(f"max_restarts must be a whole number >= 0, got {max_restarts!r}")
+    codes = tuple(restartable_exit_codes)
+    if not all(isinstance(c, int) for c in codes):
+        raise UsageError(f"restartable_exit_codes must be whole numbers, got {codes!r}")
+    cluster = rt.ensure_cluster()
+    tasks = [cluster.check_task(t) for t in (tasks or cluster.tasks)]
+    faults = []
+    for task, pattern in inject:
+        try:
+            faults.append((cluster.check_task(task), re.compile(pattern)))
+        except re.error as e:
+            raise UsageError(f"inject: {pattern!r} is not a valid regular expression: {e}") from None
+    requests = [LaunchRequest.parse(t, code=code, script=script, args=args, env=env,
+                                    background=True, ready="start", stall_fix=stall_fix)
+                for t in tasks]
+    attempts = []
+    for attempt in range(1, max_restarts + 2):
+        runs = _start_all(rt, requests, attempt)
+        pending = list(faults) if attempt == 1 else []
+        events = []
+
+        def on_line(run, line, pending=pending, events=events):
+            for fault in list(pending):
+                if fault[0] == run.task and fault[1].search(line) and run.running:
+                    pending.remove(fault)
+                    rt.kill(run.task, signal.SIGKILL, why="fault injected by the supervisor")
+                    events.append(f"fault injected: killed {run.task} after it logged {line!r}")
+                    rt.echo(f"[mwhelpers] {events[-1]}")
+
+        workers = [r for r in runs if r.task.type != "ps"]
+        rt._follow(runs, timeout, stream=stream, on_line=on_line,
+                   stop_when=lambda: any(r.failed for r in runs)
+                   or all(not r.running for r in workers))
+        rt.end(runs, "ended by the supervisor")
+        failed = rt.failures(runs, codes)
+        record = {"attempt": attempt, "runs": runs, "events": events,
+                  "failed": [(f.task, f.outcome) for f in failed],
+                  "root_cause": failed[0] if failed else None,
+                  "restarted": False, "why": "", "root_cause_file": None}
+        attempts.append(record)
+        if not failed:
+            record["why"] = "every task finished"
+            rt.echo(f"[mwhelpers] attempt {attempt}: every task finished")
+            return attempts
+        root = failed[0]
+        record["root_cause_file"] = root.write(rt.log_dir / f"attempt-{attempt}.root-cause.json")
+        head = f"[mwhelpers] attempt {attempt}: {root.task} {root.outcome} first; {root.reason}"
+        if not root.is_fault:
+            record["why"] = f"not restarted: {root.reason}"
+            rt.echo(f"{head}; not restarting (root cause in {record['root_cause_file']})")
+            raise WorkerFailed(f"not restarted after attempt {attempt}: {root.reason}\n"
+                               + report(failed), failed)
+        if attempt == max_restarts + 1:
+            record["why"] = f"not restarted: no restarts left ({max_restarts} used)"
+            rt.echo(f"{head}; no restarts left ({max_restarts} used)")
+            raise WorkerFailed(f"gave up after {attempt} attempts ({max_restarts} restarts)\n"
+                               + report(failed), failed)
+        record["restarted"] = True
+        record["why"] = f"restarted: {root.reason}"
+        rt.echo(f"{head}; ended the other tasks; restarting all {len(tasks)} tasks "
+                f"(restart {attempt} of {max_restarts})")
+    return attempts

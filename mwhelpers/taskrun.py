@@ -1,0 +1,212 @@
+"""A launch request, checked once where it enters, and the run it becomes.
+
+:class:`LaunchRequest` parses and checks everything a caller (a magic, a
+script, the supervisor) gives, before anything changes; the runtime then
+works with the checked object only.
+
+:class:`TaskRun` is one launch of one task.  Its state lives in one place
+and changes only through its transitions::
+
+    starting --mark_ready--> ready            (tasks probed on their port)
+    running                                   (tasks ready once started)
+    starting | ready | running --exit--> done | failed | killed
+
+The exit transition is made by the launcher's wait thread the moment the
+process exits, so ``ended`` is the real exit time.
+"""
+
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cluster import Task, parse_task
+from .errors import UsageError
+from .failures import describe_exit
+from .logs import TAIL, tail_lines
+
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+READY_MODES = ("auto", "port", "start")
+
+
+def parse_env(items):
+    """``{'K': 'V'}`` or ``['K=V', ...]`` -> dict, with clear errors."""
+    if items is None:
+        return {}
+    if isinstance(items, dict):
+        pairs = [(str(k), str(v)) for k, v in items.items()]
+    else:
+        if isinstance(items, str):
+            items = [items]
+        pairs = []
+        for item in items:
+            if "=" not in item:
+                raise UsageError(f"--env expects KEY=VALUE, got {item!r}")
+            pairs.append(tuple(item.split("=", 1)))
+    env = {}
+    for key, value in pairs:
+        if not _ENV_KEY.match(key):
+            raise UsageError(
+                f"{key!r} is not a valid environment variable name "
+                "(letters, digits and _, not starting with a digit)"
+            )
+        if key == "TF_CONFIG":
+            raise UsageError(
+                "TF_CONFIG is set by mwhelpers from the cluster and the task; "
+                "change the cluster with %cluster (Runtime.define_cluster) instead"
+            )
+        env[key] = value
+    return env
+
+
+def parse_timeout(timeout, name="timeout"):
+    if timeout is None:
+        return None
+    try:
+        value = float(timeout)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name} must be a number of seconds, got {timeout!r}") from None
+    if value <= 0:
+        raise UsageError(f"{name} must be more than 0 seconds, got {value:g}")
+    return value
+
+
+@dataclass
+class LaunchRequest:
+    """Everything one launch needs, checked."""
+
+    task: Task
+    code: str = None
+    script: Path = None
+    args: tuple = ()
+    background: bool = False
+    timeout: float = None
+    log: Path = None
+    env: dict = field(default_factory=dict)
+    ready: str = "auto"
+    stall_fix: bool = None  # None: the runtime's default
+
+    @classmethod
+    def parse(cls, task="worker:0", *, code=None, script=None, args=(), background=False,
+              timeout=None, log=None, env=None, ready="auto", stall_fix=None):
+        if (code is None) == (script is None):
+            raise UsageError("give either the program's code or a script path, not both or neither")
+        if script is not None:
+            path = Path(script)
+            if not path.is_file():
+                raise UsageError(
+                    f"script {str(script)!r} does not exist (looked in {Path.cwd()}); "
+                    "write it first, e.g. with %%writefile"
+                )
+            if path.suffix not in (".py", ""):
+                raise UsageError(f"{str(script)!r} is not a Python script; workers run Python programs")
+            script = path.resolve()
+        if isinstance(args, str):
+            raise UsageError("args must be a list of strings, not one string")
+        if ready not in READY_MODES:
+            raise UsageError(f"ready must be 'auto', 'port' or 'start', got {ready!r}")
+        if stall_fix not in (None, True, False):
+            raise UsageError(f"stall_fix must be True, False or None, got {stall_fix!r}")
+        return cls(task=parse_task(task), code=code, script=script,
+                   args=tuple(str(a) for a in args), background=bool(background),
+                   timeout=parse_timeout(timeout), log=Path(log) if log else None,
+                   env=parse_env(env), ready=ready, stall_fix=stall_fix)
+
+
+class TaskRun:
+    """One launch of one task: its process, log, state and outcome."""
+
+    def __init__(self, task, process, log_path, port, address, ready_mode, script, attempt=1):
+        self.task = task
+        self.process = process
+        self.log_path = Path(log_path)
+        self.port = port
+        self.address = address  # host:port that TF_CONFIG names for it
+        self.ready_mode = ready_mode
+        self.script = script
+        self.attempt = attempt
+        self.ready_after = None  # seconds from start until ready
+        self.note = ""  # who ended it, when not itself
+        self._lock = threading.Lock()
+        self._state = "starting" if ready_mode == "port" else "running"
+        process.on_exit(self._exited)
+
+    # -- transitions -------------------------------------------------------------
+    def mark_ready(self):
+        """The task's port accepts connections (or it counts as ready once started)."""
+        with self._lock:
+            if self._state in ("starting", "running") and self.ready_after is None:
+                self.ready_after = time.monotonic() - self.started
+                if self._state == "starting":
+                    self._state = "ready"
+                return True
+        return False
+
+    def _exited(self, process):
+        code = process.returncode
+        with self._lock:
+            self._state = "done" if code == 0 else "killed" if code < 0 else "failed"
+
+    # -- state ---------------------------------------------------------------------
+    @property
+    def state(self):
+        return self._state
+
+    @property
+    def pid(self):
+        return self.process.pid
+
+    @property
+    def started(self):
+        return self.process.started
+
+    @property
+    def ended(self):
+        return self.process.ended
+
+    @property
+    def ended_wall(self):
+        return self.process.ended_wall
+
+    @property
+    def returncode(self):
+        return self.process.returncode
+
+    @property
+    def running(self):
+        return self.process.running
+
+    @property
+    def failed(self):
+        code = self.returncode
+        return code is not None and code != 0
+
+    @property
+    def uptime(self):
+        end = self.ended
+        return (end if end is not None else time.monotonic()) - self.started
+
+    def wait(self, timeout=None):
+        """Wait for the task to exit; its return code (None on timeout)."""
+        return self.process.wait(timeout)
+
+    def outcome(self):
+        text = describe_exit(self.returncode)
+        return f"{text} ({self.note})" if self.note else text
+
+    # -- its log -------------------------------------------------------------------
+    def tail(self, n=TAIL):
+        """The last ``n`` lines of its log; ``n=0``: the whole log."""
+        return tail_lines(self.log_path, n)
+
+    def lines(self):
+        """Every line of its log."""
+        return tail_lines(self.log_path, 0)
+
+    def last_line(self):
+        lines = [ln for ln in self.tail(5) if ln.strip()]
+        return lines[-1] if lines else ""
+
+    def __repr__(self):
+        return f"<TaskRun {self.task} pid={self.pid} {self.state}>"
