@@ -97,7 +97,11 @@ def bench_launch(rounds):
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     workdir = Path(tempfile.mkdtemp(prefix="mwbench-"))
-    rt = Runtime(log_dir=workdir / "logs", echo=lambda line: None)
+    with Runtime(log_dir=workdir / "logs", echo=lambda line: None) as rt:
+        return _bench_launch(rt, workdir, rounds)
+
+
+def _bench_launch(rt, workdir, rounds):
     cluster = rt.define_cluster(workers=2)
     raw_launch(cluster, workdir)  # warm the file cache for both
     mw_launch(rt)
@@ -116,7 +120,6 @@ def bench_launch(rounds):
     print(f"  ratio mwhelpers / raw = {ratio:.3f}; goal <= 1.05: {'met' if ratio <= 1.05 else 'NOT met'}")
     print(f"  raw rounds: {', '.join(f'{t:.2f}' for t in raw)}")
     print(f"  mw  rounds: {', '.join(f'{t:.2f}' for t in mw)}")
-    rt.cluster.close()
     return ratio
 
 

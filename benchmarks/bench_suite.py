@@ -4,13 +4,15 @@
     .venv/bin/python benchmarks/bench_suite.py [--rounds N] [--stall-runs N] [--skip-suite]
 
 1. The multi-worker part of notebooks/03 (worker 0 in the background, worker 1 in
-   the foreground, wait for both), done the mwhelpers way and the upstream
-   tutorial's way (``%%bash --bg`` + ``time.sleep(10)`` + a foreground
-   ``%%bash`` worker), each in a fresh Jupyter kernel, with the same programs
-   (taken from the notebook's %%writefile cells) and sizes. Goal: ratio <= 0.75.
-2. The end-of-run stall, before and after ``avoid_teardown_stall``: the seconds
-   from the end of training (``on_train_end``) to the return of ``fit`` on each
-   worker, at the upstream sizes (batch 64 per worker, 3 epochs x 70 steps).
+   the foreground, wait for both), done the mwhelpers way (the magics, defaults)
+   and the upstream tutorial's way (``%%bash --bg`` + ``time.sleep(10)`` + a
+   foreground ``%%bash`` worker), each in a fresh Jupyter kernel, with the same
+   programs (the notebook's %%writefile cells: a main.py shaped like upstream's,
+   which does not import mwhelpers) and sizes. Goal: ratio <= 0.75.
+2. The end-of-run stall with the runtime's workaround off (``stall_fix=False``) and
+   on (the default): the seconds from the end of training (``on_train_end``) to the
+   return of ``fit`` on each worker, at the upstream sizes (batch 64 per worker,
+   3 epochs x 70 steps).
 3. The whole suite at smoke sizes (``python -m mwhelpers.suite``). Goal: <= 180 s.
 """
 
@@ -33,18 +35,13 @@ sys.path.insert(0, str(ROOT))
 NB03 = ROOT / "notebooks" / "03_multi_worker_keras.ipynb"
 
 
-def write_programs(workdir, keep_autotune=False):
+def write_programs(workdir):
     """Write mnist_setup.py and main.py exactly as notebook 03 does."""
     nb = nbformat.read(NB03, as_version=4)
     for cell in nb.cells:
         m = re.match(r"%%writefile (\S+)\n", cell.source)
         if m:
-            body = cell.source[m.end():]
-            if keep_autotune and m.group(1) == "mnist_setup.py":  # the "before" program
-                body = body.replace("return avoid_teardown_stall(train), avoid_teardown_stall(val)",
-                                    "return train, val")
-                assert "avoid_teardown_stall(train)" not in body
-            (workdir / m.group(1)).write_text(body + "\n")
+            (workdir / m.group(1)).write_text(cell.source[m.end():] + "\n")
 
 
 class Kernel:
@@ -135,23 +132,22 @@ def bench_stall(runs):
 
     env = {"TF_USE_LEGACY_KERAS": "1", "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
     rows = {}
-    for label, keep in (("before (autotune on)", True), ("after (avoid_teardown_stall)", False)):
+    for label, fix in (("workaround off (stall_fix=False)", False), ("workaround on (default)", True)):
         teardowns, totals = [], []
         for _ in range(runs):
             workdir = Path(tempfile.mkdtemp(prefix="bench-stall-"))
-            write_programs(workdir, keep_autotune=keep)
-            rt = Runtime(log_dir=workdir / "logs", echo=lambda line: None)
-            rt.define_cluster(workers=2)
-            t0 = time.monotonic()
-            for task in ("worker:0", "worker:1"):
-                rt.launch(task, script=str(workdir / "main.py"), args=["64", "3", "70", "10"],
-                          background=True, ready="start", env=env)
-            rt.wait(timeout=600)
-            totals.append(time.monotonic() - t0)
-            for run in rt.runs.values():
-                line = [ln for ln in run.tail(0) if ln.startswith("RESULT ")][-1]
-                teardowns.append(json.loads(line[len("RESULT "):])["teardown_seconds"])
-            rt.cluster.close()
+            write_programs(workdir)
+            with Runtime(log_dir=workdir / "logs", echo=lambda line: None) as rt:
+                rt.define_cluster(workers=2)
+                t0 = time.monotonic()
+                for task in ("worker:0", "worker:1"):
+                    rt.launch(task, script=str(workdir / "main.py"), args=["64", "3", "70", "10"],
+                              background=True, ready="start", env=env, stall_fix=fix)
+                rt.wait(timeout=600)
+                totals.append(time.monotonic() - t0)
+                for run in rt.runs.values():
+                    line = [ln for ln in run.lines() if ln.startswith("RESULT ")][-1]
+                    teardowns.append(json.loads(line[len("RESULT "):])["teardown_seconds"])
         rows[label] = (teardowns, totals)
         print(f"end of fit, upstream sizes, {label}: fit returned after training ended in "
               f"{', '.join(f'{t:.2f}' for t in teardowns)} s (max {max(teardowns):.2f}); "

@@ -22,6 +22,12 @@ def results(rt):
     return out
 
 
+def check_stall_fix_said_once(rt):
+    for run in rt.runs.values():
+        said = [ln for ln in run.lines() if ln.startswith("[mwhelpers] tf.data autotuning is off")]
+        assert len(said) == 1, f"{run.task}: {said}"
+
+
 def check_trained_together(res, epochs):
     assert set(res) == {"worker:0", "worker:1"}
     for r in res.values():
@@ -54,6 +60,7 @@ def test_two_workers_train_through_the_magics(ip, rt, legacy_keras, capsys):
     assert any(ln.startswith("[worker:1] Epoch 3/3") for ln in rt.echo_lines)
     ip.run_line_magic("waitworkers", "--timeout 120")
     check_trained_together(results(rt), epochs=3)
+    check_stall_fix_said_once(rt)
 
 
 def test_two_workers_train_through_the_api(rt, legacy_keras):

@@ -56,3 +56,36 @@ def test_the_fix_turns_autotune_off_for_both_iterators_and_keeps_the_data():
     assert out["dataset_autotune"] is False
     assert out["idempotent"] is True
     assert out["values"] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+
+
+# -- the automatic fix in every MWMS worker the runtime starts ------------------------------
+
+STALL_PROBE = ROOT / "tests" / "programs" / "stall_probe.py"
+NOTICE = "[mwhelpers] tf.data autotuning is off for this MultiWorkerMirroredStrategy input pipeline"
+
+
+def probe_run(rt, **kw):
+    run = rt.launch("worker:0", script=str(STALL_PROBE), timeout=120, **kw)
+    line = [ln for ln in run.lines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):]), run.lines()
+
+
+def test_the_runtime_switches_autotune_off_in_every_mwms_worker(rt, monkeypatch):
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    rt.define_cluster(workers=1)
+    result, lines = probe_run(rt)
+    assert result == {"user": [False], "per_device": [False], "from_function": [False]}
+    assert sum(ln.startswith(NOTICE) for ln in lines) == 1  # said once, in the log
+
+
+@pytest.mark.parametrize("how", ["per launch", "per kernel"])
+def test_the_stall_fix_can_be_turned_off(rt, monkeypatch, how):
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    rt.define_cluster(workers=1)
+    if how == "per launch":
+        result, lines = probe_run(rt, stall_fix=False)
+    else:
+        rt.stall_fix = False
+        result, lines = probe_run(rt)
+    assert result == {"user": [None], "per_device": [None], "from_function": [None]}
+    assert not any(ln.startswith(NOTICE) for ln in lines)

@@ -20,8 +20,6 @@ strategy = tf.distribute.MultiWorkerMirroredStrategy()
 
 import numpy as np  # noqa: E402
 
-from mwhelpers import avoid_teardown_stall  # noqa: E402
-
 p = argparse.ArgumentParser()
 p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--steps", type=int, default=10)
@@ -34,8 +32,7 @@ x = rng.normal(size=(512, 8)).astype("float32")
 y = x @ rng.normal(size=(8, 1)).astype("float32")
 per_worker_batch = 16
 global_batch = per_worker_batch * strategy.num_replicas_in_sync
-# tf.data autotuning makes fit's end stall (mwhelpers/tfdata.py); sizes are explicit instead.
-ds = avoid_teardown_stall(tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(global_batch).prefetch(2))
+ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(global_batch).prefetch(2)
 
 with strategy.scope():
     model = tf.keras.Sequential([tf.keras.layers.Input((8,)), tf.keras.layers.Dense(1)])
