@@ -151,7 +151,7 @@ class LocalLauncher(Launcher):
 
     def __init__(self):
         self._guard_r, self._guard_w = os.pipe()
-        self.started = []  # every Process it started
+        self.started = []  # the Processes it started that may still run
 
     def start(self, spec):
         if self.closed:
@@ -166,7 +166,7 @@ class LocalLauncher(Launcher):
                 env=env, cwd=spec.cwd, start_new_session=True, pass_fds=(self._guard_r,),
             )
         proc = LocalProcess(popen)
-        self.started.append(proc)
+        self.started = [p for p in self.started if p.running] + [proc]
         return proc
 
     def close(self):

@@ -15,7 +15,7 @@ import shlex
 
 from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from .cluster import looks_like_task
@@ -28,12 +28,20 @@ _WORKER_OPTIONS = ("--bg, --timeout S, --log PATH, --ready port|start, --env K=V
 
 
 def _parse(magic, line):
-    """``parse_argstring`` with our UsageError (what was wrong, and the usage)."""
+    """Parse ``line`` with the magic's ``magic_arguments`` parser, raising our UsageError
+    (what was wrong, and the usage).
+
+    The words are split as a shell would (``shlex``): IPython's own
+    ``parse_argstring`` keeps the quotes, so ``--when "^Epoch 2/"`` would
+    look for the quote characters too.
+    """
+    parser = magic.parser
     try:
-        return parse_argstring(magic, line)
+        return parser.parse_args(shlex.split(line))
+    except ValueError as e:
+        raise UsageError(f"{parser.prog}: cannot parse {line!r}: {e}") from None
     except IPythonUsageError as e:
-        usage = magic.parser.format_usage().strip()
-        raise UsageError(f"{magic.parser.prog}: {e}\n{usage}") from None
+        raise UsageError(f"{parser.prog}: {e}\n{parser.format_usage().strip()}") from None
 
 
 def parse_worker_line(line):

@@ -1,3 +1,5 @@
+import contextlib
+import socket
 import sys
 import textwrap
 from pathlib import Path
@@ -59,6 +61,18 @@ TREE = textwrap.dedent('''
     print('child', child.pid, flush=True)
     time.sleep(300)
 ''')
+
+
+@contextlib.contextmanager
+def squatting(port):
+    """Another process's listener on ``port`` (here: this test process)."""
+    sock = socket.socket()
+    sock.bind(("", port))
+    sock.listen()
+    try:
+        yield sock
+    finally:
+        sock.close()
 
 
 class Echo(list):

@@ -2,12 +2,11 @@
 
 import json
 import os
-import socket
 import time
 
 import pytest
 
-from conftest import LISTENER, pid_alive
+from conftest import LISTENER, pid_alive, squatting
 from mwhelpers.errors import UsageError, WorkerFailed
 from mwhelpers.failures import FAULT, PROGRAM_ERROR, classify, last_exception
 
@@ -116,14 +115,8 @@ def test_supervise_restarts_a_fault_says_why_and_numbers_attempts(rt, tmp_path):
 def test_a_half_started_attempt_ends_the_tasks_it_started(rt):
     rt.define_cluster(2)
     port = rt.cluster.port("worker:1")
-    squatter = socket.socket()
-    squatter.bind(("", port))
-    squatter.listen()
-    try:
-        with pytest.raises(UsageError, match=rf"port {port} of worker:1 is already taken"):
-            rt.supervise(code=LISTENER, max_restarts=1, timeout=30, stream=False)
-    finally:
-        squatter.close()
+    with squatting(port), pytest.raises(UsageError, match=rf"port {port} of worker:1 is already taken"):
+        rt.supervise(code=LISTENER, max_restarts=1, timeout=30, stream=False)
     [w0] = rt.history
     assert str(w0.task) == "worker:0" and not w0.running and not pid_alive(w0.pid)
     assert "could not start every task" in w0.note

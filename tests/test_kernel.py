@@ -109,6 +109,17 @@ def test_killbgscripts_in_a_kernel_leaves_no_descendant(kernel):
     wait_all_gone(pids, within=0.5)
 
 
+def test_a_worker_cell_imports_a_module_written_beside_the_notebook(kernel):
+    """The upstream pattern: %%writefile mnist_setup.py, then a program importing it."""
+    status, out = kernel.run("%load_ext mwhelpers\n")
+    assert status == "ok", out
+    status, out = kernel.run("%%writefile mnist_setup.py\nGLOBAL_BATCH = 128\n")
+    assert status == "ok", out
+    status, out = kernel.run("%%worker 1\nimport mnist_setup\nprint('batch', mnist_setup.GLOBAL_BATCH)\n")
+    assert status == "ok", out
+    assert "[worker:1] batch 128" in out
+
+
 def failing_notebook(path):
     nb = nbformat.v4.new_notebook()
     nb.cells = [

@@ -148,6 +148,8 @@ def test_killbgscripts_ends_bash_bg_trees(ip, rt, capsys):
                                  "bg": False}),
     ("main.py", {"task": None, "script": "main.py"}),
     ("--ready start ps:0", {"task": "ps:0", "ready": "start"}),
+    ("0 --bg --no-stall-fix main.py", {"task": "0", "stall_fix": False, "script": "main.py"}),
+    ("0 --bg", {"stall_fix": None}),
 ])
 def test_worker_line_parsing(line, expected):
     parsed = parse_worker_line(line)
@@ -174,3 +176,13 @@ def test_worker_magic_argument_errors(ip, rt):
     result = cell(ip, "%%worker 1 --env BROKEN\nprint(1)\n")
     assert "--env expects KEY=VALUE, got 'BROKEN'" in str(result.error_in_exec)
     assert rt.history == []
+
+
+def test_killworker_when_takes_a_quoted_pattern(ip, rt, capsys):
+    code = "import time\nfor i in range(200):\n    print('step', i, 'of 200', flush=True)\n    time.sleep(0.05)\n"
+    assert cell(ip, "%%worker 0 --bg --ready start\n" + code).success
+    ip.run_line_magic("killworker", 'worker:0 --when "^step 3 of"')
+    assert "worker:0 logged 'step 3 of 200'; sent SIGKILL" in capsys.readouterr().out
+    assert rt.get_run("worker:0").outcome().startswith("killed by SIGKILL")
+    with pytest.raises(UsageError, match="cannot parse"):
+        ip.run_line_magic("killworker", "worker:0 --when 'unclosed")

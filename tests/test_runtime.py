@@ -3,13 +3,12 @@
 import json
 import os
 import signal
-import socket
 import threading
 import time
 
 import pytest
 
-from conftest import LISTENER, STUBBORN, TREE, pid_alive
+from conftest import LISTENER, STUBBORN, TREE, pid_alive, squatting
 from mwhelpers.errors import UsageError, WorkerFailed, WorkerTimeout
 from mwhelpers.workers import port_accepts
 
@@ -256,14 +255,9 @@ def test_missing_script_changes_nothing(rt):
 def test_port_already_taken_is_explained(rt):
     rt.define_cluster(2)
     port = rt.cluster.port("worker:1")
-    squatter = socket.socket()
-    squatter.bind(("", port))
-    squatter.listen()
-    try:
-        with pytest.raises(UsageError, match=rf"port {port} of worker:1 is already taken by pid {os.getpid()}"):
-            rt.launch("worker:1", code="print(1)")
-    finally:
-        squatter.close()
+    with squatting(port), pytest.raises(
+            UsageError, match=rf"port {port} of worker:1 is already taken by pid {os.getpid()}"):
+        rt.launch("worker:1", code="print(1)")
     assert rt.history == []
 
 
