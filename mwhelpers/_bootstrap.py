@@ -55,13 +55,12 @@ def _arm_guard():
 
 
 def _arm_stall_fix():
-    if os.environ.get("MWHELPERS_STALL_FIX", "1").strip().lower() in ("0", "false", "no", "off"):
-        return
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tfdata.py")
     spec = importlib.util.spec_from_file_location("_mwhelpers_tfdata", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.install_import_hook()
+    if module.stall_fix_wanted(os.environ):
+        module.install_import_hook()
 
 
 def main():

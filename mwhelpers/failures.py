@@ -77,7 +77,7 @@ def classify(returncode, log_lines, note="", restartable_exit_codes=()):
     """
     sig = signal_of(returncode)
     if sig is not None:
-        how = f"killed by {sig.name}" if returncode < 0 else f"exit code {returncode} (128 + {sig.name})"
+        how = describe_exit(returncode) if returncode < 0 else f"exit code {returncode} (128 + {sig.name})"
         why = f" ({note})" if note else ""
         return FAULT, f"{how}{why}: a fault from outside the program, a restart can succeed"
     if returncode in restartable_exit_codes:

@@ -42,7 +42,6 @@ class LaunchSpec:
     log_path: Path
     cell: bool = False
     cwd: str = field(default_factory=os.getcwd)
-    name: str = ""  # for messages: the task it runs
 
 
 class Process:
@@ -127,8 +126,6 @@ class LocalProcess(Process):
 class Launcher:
     """Starts processes; subclasses say where and how."""
 
-    name = "launcher"
-
     def start(self, spec):
         """Start ``spec`` and return its :class:`Process`."""
         raise NotImplementedError
@@ -146,8 +143,6 @@ class LocalLauncher(Launcher):
     which happens when this process dies, however it dies, or when the
     launcher is closed.
     """
-
-    name = "local"
 
     def __init__(self):
         self._guard_r, self._guard_w = os.pipe()

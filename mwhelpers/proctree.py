@@ -92,16 +92,10 @@ def send(procs, sig):
             pass
 
 
-def wait_gone(procs, timeout, reap=None):
-    """Wait up to ``timeout`` s for ``procs`` to end; return the survivors.
-
-    ``reap(pid)`` is called for each poll so the caller can reap its own
-    children (keeping their real exit status) instead of psutil doing it.
-    """
+def wait_gone(procs, timeout):
+    """Wait up to ``timeout`` s for ``procs`` to end; return the survivors."""
     deadline = time.monotonic() + timeout
     while True:
-        if reap:
-            reap()
         survivors = [p for p in procs if alive(p)]
         if not survivors or time.monotonic() >= deadline:
             return survivors
@@ -111,7 +105,7 @@ def wait_gone(procs, timeout, reap=None):
 DEFAULT_ESCALATION = ((signal.SIGINT, 1.0), (signal.SIGTERM, 1.0), (signal.SIGKILL, 3.0))
 
 
-def end_processes(procs, escalation=DEFAULT_ESCALATION, reap=None):
+def end_processes(procs, escalation=DEFAULT_ESCALATION):
     """Signal ``procs`` with each step of ``escalation`` until none is left.
 
     Returns ``{pid: signal name that ended it}`` ('already gone' for the
@@ -124,7 +118,7 @@ def end_processes(procs, escalation=DEFAULT_ESCALATION, reap=None):
         if not procs:
             break
         send(procs, sig)
-        survivors = wait_gone(procs, grace, reap)
+        survivors = wait_gone(procs, grace)
         for p in procs:
             if p not in survivors:
                 ended[p.pid] = sig.name

@@ -86,6 +86,7 @@ def avoid_teardown_stall(dataset=None):
 # -- the automatic fix in workers started by mwhelpers -----------------------------------
 
 MWMS_MODULE = "tensorflow.python.distribute.collective_all_reduce_strategy"
+STALL_FIX_ENV = "MWHELPERS_STALL_FIX"
 NOTICE = ("[mwhelpers] tf.data autotuning is off for this MultiWorkerMirroredStrategy input "
           "pipeline so that fit ends when training ends (keep it: MWHELPERS_STALL_FIX=0)")
 _announced = []
@@ -153,6 +154,11 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         loader.exec_module = exec_module
         return spec
+
+
+def stall_fix_wanted(environ):
+    """False when ``MWHELPERS_STALL_FIX`` says off (0, false, no, off); on by default."""
+    return environ.get(STALL_FIX_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def install_import_hook():

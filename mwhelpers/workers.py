@@ -33,12 +33,12 @@ from .logs import LogFollower
 from .ports import holder_of, port_in_use
 from .status import StatusTable
 from .taskrun import LaunchRequest, TaskRun, parse_timeout
+from .tfdata import STALL_FIX_ENV, stall_fix_wanted
 
 SESSION_ENV = "MWHELPERS_SESSION"
 SERVER_JOBS = ("chief", "worker", "ps")  # tasks that start a gRPC server on their port
 TRAINING_JOBS = ("chief", "worker")  # tasks that wait for each other (collectives)
 _POLL = 0.01  # seconds between readiness probes
-_OFF = ("0", "false", "no", "off")
 
 
 def _print(line):
@@ -90,7 +90,7 @@ class Runtime:
         self.launcher = launcher or LocalLauncher()
         self.session = claim_session()
         # The end-of-fit stall fix in every worker (tfdata.py); per launch: stall_fix=.
-        self.stall_fix = os.environ.get("MWHELPERS_STALL_FIX", "1").strip().lower() not in _OFF
+        self.stall_fix = stall_fix_wanted(os.environ)
         # At exit (or when this object is collected) the launcher ends what still runs.
         self._finalizer = weakref.finalize(self, self.launcher.close)
 
@@ -251,7 +251,7 @@ class Runtime:
         env["TF_CONFIG"] = self.cluster.tf_config(task)
         env["MWHELPERS_TASK"] = str(task)
         env["MWHELPERS_ATTEMPT"] = str(attempt)
-        env["MWHELPERS_STALL_FIX"] = "1" if (self.stall_fix if stall_fix is None else stall_fix) else "0"
+        env[STALL_FIX_ENV] = "1" if (self.stall_fix if stall_fix is None else stall_fix) else "0"
         env["PYTHONUNBUFFERED"] = "1"
         env.update(extra or {})
         return env
@@ -268,7 +268,7 @@ class Runtime:
             ready = "port" if task.type in SERVER_JOBS else "start"
         spec = LaunchSpec(script=str(Path(script).resolve()), args=list(request.args),
                           env=self.child_env(task, request.env, request.stall_fix, attempt),
-                          log_path=Path(log_path), cell=request.code is not None, name=str(task))
+                          log_path=Path(log_path), cell=request.code is not None)
         process = self.launcher.start(spec)
         run = TaskRun(task, process, spec.log_path, self.cluster.port(task),
                       self.cluster.address(task), ready, spec.script, attempt=attempt)
