@@ -1,4 +1,4 @@
-"""A local TensorFlow cluster: jobs, tasks, ports and each task's TF_CONFIG."""
+"""A TensorFlow cluster: jobs, tasks, where each runs, ports and each task's TF_CONFIG."""
 
 import html
 import json
@@ -72,34 +72,54 @@ def parse_task(spec, default="worker:0"):
     return Task(type_, index)
 
 
+def check_shape(workers, chief, ps):
+    """Raise UsageError unless a cluster of that shape makes sense."""
+    for name, value in (("workers", workers), ("ps", ps)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise UsageError(f"{name} must be a whole number >= 0, got {value!r}")
+    if workers + bool(chief) < 1:
+        raise UsageError("a cluster needs at least one worker or a chief")
+    if ps and not workers:
+        raise UsageError("parameter servers need at least one worker to compute")
+
+
+def job_tasks(workers=2, chief=False, ps=0, evaluator=False):
+    """The tasks of a cluster of that shape, in TF_CONFIG order."""
+    check_shape(workers, chief, ps)
+    jobs = {"chief": 1 if chief else 0, "worker": workers, "ps": ps,
+            "evaluator": 1 if evaluator else 0}
+    return [Task(t, i) for t, n in jobs.items() for i in range(n)]
+
+
 class Cluster:
-    """A cluster of local tasks on reserved localhost ports.
+    """A cluster of tasks and their ports.
+
+    Local (default): every task on ``host`` at a port reserved on this machine.
+    On other machines: ``placement`` gives ``{task: (host, address, port)}``,
+    where ``host`` is how the launcher reaches it (an SSH destination, a Slurm
+    node) and ``address`` is what TF_CONFIG names (reachable by the others).
 
     >>> c = Cluster(workers=2)
     >>> c.tf_config("worker:1")   # the exact JSON worker 1 gets
     """
 
-    def __init__(self, workers=2, chief=False, ps=0, evaluator=False, host="localhost"):
-        for name, value in (("workers", workers), ("ps", ps)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise UsageError(f"{name} must be a whole number >= 0, got {value!r}")
-        if workers + bool(chief) < 1:
-            raise UsageError("a cluster needs at least one worker or a chief")
-        if ps and not workers:
-            raise UsageError("parameter servers need at least one worker to compute")
+    def __init__(self, workers=2, chief=False, ps=0, evaluator=False, host="localhost",
+                 placement=None, kind="local"):
         self.host = host
+        self.tasks = job_tasks(workers, chief, ps, evaluator)
         self.jobs = {}
-        if chief:
-            self.jobs["chief"] = 1
-        if workers:
-            self.jobs["worker"] = workers
-        if ps:
-            self.jobs["ps"] = ps
-        if evaluator:
-            self.jobs["evaluator"] = 1
-        self.tasks = [Task(t, i) for t, n in self.jobs.items() for i in range(n)]
-        self._reservations = reserve_ports(len(self.tasks))
-        self._ports = {t: r.port for t, r in zip(self.tasks, self._reservations)}
+        for t in self.tasks:
+            self.jobs[t.type] = self.jobs.get(t.type, 0) + 1
+        self.kind = kind
+        self._closed = False
+        if placement is None:
+            self._reservations = reserve_ports(len(self.tasks))
+            self._ports = {t: r.port for t, r in zip(self.tasks, self._reservations)}
+            self._places = {t: (None, host, self._ports[t]) for t in self.tasks}
+        else:
+            self._reservations = []
+            self._places = {t: tuple(placement[t]) for t in self.tasks}
+            self._ports = {t: p[2] for t, p in self._places.items()}
 
     # -- queries -------------------------------------------------------------
     def check_task(self, spec):
@@ -132,7 +152,21 @@ class Cluster:
         return self._ports[self.check_task(task)]
 
     def address(self, task):
-        return f"{self.host}:{self.port(task)}"
+        """``address:port`` of ``task`` as TF_CONFIG names it."""
+        _, addr, port = self._places[self.check_task(task)]
+        return f"{addr}:{port}"
+
+    def host_of(self, task):
+        """Where ``task`` runs: None for this machine, else the launcher's host name."""
+        return self._places[self.check_task(task)][0]
+
+    def connect_address(self, task):
+        """The address to probe ``task``'s port at from this machine."""
+        return self._places[self.check_task(task)][1]
+
+    @property
+    def remote(self):
+        return self.kind != "local"
 
     @property
     def ports(self):
@@ -145,10 +179,8 @@ class Cluster:
 
     def cluster_spec(self):
         """The ``cluster`` part of TF_CONFIG: job name -> list of addresses."""
-        return {
-            job: [f"{self.host}:{self._ports[Task(job, i)]}" for i in range(n)]
-            for job, n in self.jobs.items()
-        }
+        return {job: [self.address(Task(job, i)) for i in range(n)]
+                for job, n in self.jobs.items()}
 
     def tf_config(self, task):
         """The exact TF_CONFIG JSON string for ``task``."""
@@ -162,32 +194,42 @@ class Cluster:
         """Give the ports back (other notebooks may then use them)."""
         for r in self._reservations:
             r.release()
+        self._closed = True
 
     @property
     def closed(self):
-        return not any(r.held for r in self._reservations)
+        return self._closed
 
     # -- display -------------------------------------------------------------
     def _rows(self):
-        return [(str(t), self._ports[t], self.tf_config(t)) for t in self.tasks]
+        return [(str(t), self.host_of(t) or "this machine", self._ports[t], self.tf_config(t))
+                for t in self.tasks]
+
+    def _where(self):
+        if not self.remote:
+            return f"on {self.host}"
+        hosts = list(dict.fromkeys(p[0] for p in self._places.values()))
+        return f"over {self.kind} on {', '.join(hosts)}"
 
     def __repr__(self):
         parts = [f"{n} {job}" for job, n in self.jobs.items()]
-        lines = [f"Cluster({', '.join(parts)}) on {self.host}"]
+        lines = [f"Cluster({', '.join(parts)}) {self._where()}"]
         width = max(len(r[0]) for r in self._rows())
-        for task, port, cfg in self._rows():
-            lines.append(f"  {task:<{width}}  port {port}  TF_CONFIG={cfg}")
+        for task, host, port, cfg in self._rows():
+            where = f"  on {host}" if self.remote else ""
+            lines.append(f"  {task:<{width}}{where}  port {port}  TF_CONFIG={cfg}")
         return "\n".join(lines)
 
     def _repr_html_(self):
         rows = "".join(
-            f"<tr><td><b>{html.escape(t)}</b></td><td>{p}</td>"
+            f"<tr><td><b>{html.escape(t)}</b></td><td>{html.escape(h)}</td><td>{p}</td>"
             f"<td><code>{html.escape(c)}</code></td></tr>"
-            for t, p, c in self._rows()
+            for t, h, p, c in self._rows()
         )
+        title = "Local cluster" if not self.remote else "Cluster"
         return (
-            f"<p>Local cluster: {html.escape(', '.join(f'{n} {j}' for j, n in self.jobs.items()))}"
-            f" on <code>{html.escape(self.host)}</code></p>"
-            "<table><thead><tr><th>task</th><th>port</th><th>TF_CONFIG</th></tr></thead>"
-            f"<tbody>{rows}</tbody></table>"
+            f"<p>{title}: {html.escape(', '.join(f'{n} {j}' for j, n in self.jobs.items()))}"
+            f" {html.escape(self._where())}</p>"
+            "<table><thead><tr><th>task</th><th>host</th><th>port</th><th>TF_CONFIG</th></tr>"
+            f"</thead><tbody>{rows}</tbody></table>"
         )

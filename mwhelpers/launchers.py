@@ -33,7 +33,9 @@ class LaunchSpec:
 
     ``cell``: ``script`` holds a notebook cell's code (``sys.path[0]`` is
     then the working directory, as for ``python -c``).  ``env`` holds the
-    whole environment of the task.
+    whole environment of a task on this machine; ``forward_env`` what a task
+    on another host gets on top of its own login environment.  ``host`` and
+    ``port``: where it runs (None: here) and the port it will listen on.
     """
 
     script: str
@@ -42,10 +44,15 @@ class LaunchSpec:
     log_path: Path
     cell: bool = False
     cwd: str = field(default_factory=os.getcwd)
+    forward_env: dict = field(default_factory=dict)
+    host: str = None
+    port: int = None
 
 
 class Process:
     """A started process: its exit status, exit time and process tree."""
+
+    remote = False  # True: its processes live on another machine (commands, not psutil)
 
     def __init__(self, pid, started=None):
         self.pid = pid
@@ -103,6 +110,21 @@ class Process:
         procs = self.processes()
         proctree.send(procs, sig)
         return procs
+
+    def dump_stacks(self):
+        """Have the task's Python write every thread's stack to its log (SIGUSR1)."""
+        try:
+            os.kill(self.pid, signal.SIGUSR1)
+        except OSError:
+            pass
+
+    @property
+    def label(self):
+        """How the status table names it: its pid (``pid@host`` elsewhere)."""
+        return str(self.pid)
+
+    def describe(self):
+        return f"pid {self.pid}"
 
 
 class LocalProcess(Process):

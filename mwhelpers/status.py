@@ -22,7 +22,7 @@ def row(run):
         log = os.path.relpath(run.log_path)
     except ValueError:
         log = str(run.log_path)
-    return (str(run.task), run.pid, run.state, exit_text(run.returncode), f"{run.uptime:.1f}s",
+    return (str(run.task), run.process.label, run.state, exit_text(run.returncode), f"{run.uptime:.1f}s",
             run.port, log, run.last_line())
 
 

@@ -26,11 +26,13 @@ import psutil
 
 from . import failures as failure_records
 from . import proctree
-from .cluster import Cluster, parse_task
+from .cluster import Cluster, job_tasks, parse_task
 from .errors import UsageError, WorkerFailed, WorkerTimeout
+from .failures import describe_exit
 from .launchers import LaunchSpec, LocalLauncher
 from .logs import LogFollower
-from .ports import holder_of, port_in_use
+from .ports import holder_of, port_in_use, port_range
+from .remote import forwarded_env
 from .status import StatusTable
 from .taskrun import LaunchRequest, TaskRun, parse_timeout
 from .tfdata import STALL_FIX_ENV, stall_fix_wanted
@@ -87,12 +89,14 @@ class Runtime:
         self.history = []  # every TaskRun, oldest first
         self._launch_counts = {}
         self._lock = threading.RLock()
-        self.launcher = launcher or LocalLauncher()
+        self.launcher = launcher or LocalLauncher()  # tasks on this machine
+        self.remote_launcher = None  # the current cluster's, when it runs elsewhere
+        self._launchers = [self.launcher]
         self.session = claim_session()
         # The end-of-fit stall fix in every worker (tfdata.py); per launch: stall_fix=.
         self.stall_fix = stall_fix_wanted(os.environ)
-        # At exit (or when this object is collected) the launcher ends what still runs.
-        self._finalizer = weakref.finalize(self, self.launcher.close)
+        # At exit (or when this object is collected) the launchers end what still runs.
+        self._finalizer = weakref.finalize(self, _close_launchers, self._launchers)
 
     # -- life cycle ------------------------------------------------------------
     def close(self):
@@ -104,6 +108,7 @@ class Runtime:
             if self.cluster is not None:
                 self.cluster.close()
         self._finalizer()
+        self.remote_launcher = None
 
     @property
     def closed(self):
@@ -139,8 +144,19 @@ class Runtime:
     def running_runs(self):
         return [r for r in self.runs.values() if r.running]
 
-    def define_cluster(self, workers=2, chief=False, ps=0, evaluator=False, host="localhost"):
-        """Replace the current cluster (its ports are released)."""
+    def define_cluster(self, workers=2, chief=False, ps=0, evaluator=False, host="localhost",
+                       hosts=None, slurm=None, python=None, cwd=None, ssh=None):
+        """Replace the current cluster (its ports are released).
+
+        Local by default.  ``hosts=["node1", "me@node2", ...]``: tasks are
+        placed over these SSH hosts in turn (task i on host i mod len(hosts)),
+        ports are chosen free on each host, and TF_CONFIG names the address
+        each host was reached at.  ``slurm=True`` (or a job id): the same over
+        the nodes of the Slurm allocation this kernel is in.  ``python`` and
+        ``cwd`` (default: the kernel's) are the interpreter and folder of the
+        remote tasks; ``ssh`` replaces the ssh command (default ``ssh`` or
+        ``$MWHELPERS_SSH``).
+        """
         with self._lock:
             busy = self.running_runs()
             if busy:
@@ -149,12 +165,56 @@ class Runtime:
                     + ", ".join(str(r.task) for r in busy)
                     + "); end them first (%killbgscripts or %waitworkers)"
                 )
-            new = Cluster(workers=workers, chief=chief, ps=ps, evaluator=evaluator, host=host)
+            if hosts or slurm:
+                new, launcher = self._remote_cluster(workers, chief, ps, evaluator, hosts, slurm,
+                                                     python, cwd, ssh)
+            else:
+                if python or cwd or ssh:
+                    raise UsageError("python=, cwd= and ssh= are for clusters on other hosts "
+                                     "(hosts=[...] or slurm=True)")
+                new, launcher = Cluster(workers=workers, chief=chief, ps=ps, evaluator=evaluator,
+                                        host=host), None
             if self.cluster is not None:
                 self.cluster.close()
-            self.cluster = new
+            if self.remote_launcher is not None:
+                self.remote_launcher.close()
+                self._launchers.remove(self.remote_launcher)
+            self.cluster, self.remote_launcher = new, launcher
+            if launcher is not None:
+                self._launchers.append(launcher)
             self.runs = {}
             return new
+
+    def _remote_cluster(self, workers, chief, ps, evaluator, hosts, slurm, python, cwd, ssh):
+        from .remote import SSHLauncher
+        from .slurm import SlurmLauncher
+
+        tasks = job_tasks(workers, chief, ps, evaluator)
+        if hosts and slurm:
+            raise UsageError("give either hosts (SSH) or slurm, not both")
+        if hosts:
+            if isinstance(hosts, str):
+                hosts = [h for h in hosts.split(",")]
+            hosts = [str(h).strip() for h in hosts]
+            if not hosts or not all(hosts):
+                raise UsageError(f"hosts must name SSH destinations (host, user@host, an alias), "
+                                 f"got {hosts!r}")
+            launcher = SSHLauncher(python=python, cwd=cwd, ssh=ssh)
+        else:
+            launcher = SlurmLauncher(python=python, cwd=cwd, job=slurm)
+            hosts = launcher.nodes
+        place = {t: hosts[i % len(hosts)] for i, t in enumerate(tasks)}
+        wanted = {h: 2 * len(tasks) for h in dict.fromkeys(place.values())}
+        info = launcher.probe_all(list(wanted), wanted, port_range())
+        used, placement = set(), {}
+        for t in tasks:  # a port of its own for every task, even where hosts share an address
+            h = place[t]
+            port = next(p for p in info[h]["ports"] if p not in used)
+            used.add(port)
+            placement[t] = (h, info[h]["address"], port)
+        cluster = Cluster(workers=workers, chief=chief, ps=ps, evaluator=evaluator,
+                          placement=placement, kind=launcher.kind)
+        return cluster, launcher
 
     def ensure_cluster(self):
         if self.cluster is None:
@@ -203,7 +263,7 @@ class Runtime:
             try:
                 task = cluster.check_task(request.task)
                 self._check_not_running(task)
-                if task.type in SERVER_JOBS:
+                if task.type in SERVER_JOBS and not cluster.remote:
                     self._check_port_free(task)
             except UsageError:
                 if created:
@@ -242,11 +302,12 @@ class Runtime:
         suffix = "" if n == 1 else f".run{n}"
         return self.log_dir / f"{task.slug}{suffix}.log"
 
-    def child_env(self, task, extra=None, stall_fix=None, attempt=1):
-        """The environment a task's program gets."""
-        env = dict(os.environ)
+    def child_env(self, task, extra=None, stall_fix=None, attempt=1, base=None):
+        """The environment a task's program gets: ``base`` (default: the kernel's
+        whole environment), TF_CONFIG and mwhelpers' variables, then ``extra``."""
+        env = dict(os.environ if base is None else base)
         # The kernel's inline plotting backend means nothing in a worker.
-        if "inline" in env.get("MPLBACKEND", ""):
+        if "inline" in os.environ.get("MPLBACKEND", ""):
             env["MPLBACKEND"] = "Agg"
         env["TF_CONFIG"] = self.cluster.tf_config(task)
         env["MWHELPERS_TASK"] = str(task)
@@ -266,10 +327,17 @@ class Runtime:
         ready = request.ready
         if ready == "auto":
             ready = "port" if task.type in SERVER_JOBS else "start"
+        env_args = (task, request.env, request.stall_fix, attempt)
+        host = self.cluster.host_of(task)
         spec = LaunchSpec(script=str(Path(script).resolve()), args=list(request.args),
-                          env=self.child_env(task, request.env, request.stall_fix, attempt),
-                          log_path=Path(log_path), cell=request.code is not None)
-        process = self.launcher.start(spec)
+                          env=self.child_env(*env_args), log_path=Path(log_path),
+                          cell=request.code is not None, host=host, port=self.cluster.port(task))
+        if host is None:
+            process = self.launcher.start(spec)
+        else:  # another machine gets the variables that matter, not the kernel's whole env
+            spec.forward_env = self.child_env(*env_args, base=forwarded_env(os.environ))
+            spec.cwd = None
+            process = self.remote_launcher.start(spec)
         run = TaskRun(task, process, spec.log_path, self.cluster.port(task),
                       self.cluster.address(task), ready, spec.script, attempt=attempt)
         self.runs[task] = run
@@ -279,7 +347,7 @@ class Runtime:
     # -- readiness and following ----------------------------------------------
     def _probe(self, run):
         """True once ``run``'s server accepts connections where TF_CONFIG says it is."""
-        return port_accepts(run.port, self.cluster.host)
+        return port_accepts(run.port, self.cluster.connect_address(run.task))
 
     def _await_ready(self, run, timeout, default_timeout=120.0):
         timeout = default_timeout if timeout is None else timeout
@@ -396,6 +464,9 @@ class Runtime:
         with the owning task, and what even SIGKILL did not end.
         """
         owner, procs = {}, []
+        remote = [r for r in runs if r.process.remote and r.running]
+        for r in remote:  # their agents escalate on their hosts, meanwhile we do ours
+            r.process.request_end(escalation)
         for r in runs:
             for p in r.process.processes():
                 if p.pid not in owner:
@@ -407,9 +478,17 @@ class Runtime:
                 procs.append(p)
         labels = {p.pid: proctree.describe(p) for p in procs}
         ended, survivors = proctree.end_processes(procs, escalation)
+        remote_wait = time.monotonic() + sum(t for _, t in escalation) + 5
         for r in runs:
-            r.wait(2)
+            r.wait(max(2, remote_wait - time.monotonic()) if r in remote else 2)
         lines = [f"ended {owner[pid]}{labels[pid]} with {how}" for pid, how in ended.items()]
+        for r in remote:
+            if r.running:
+                lines.append(f"could NOT end {r.task} ({r.process.describe()}): its agent "
+                             "did not answer")
+            else:
+                how = r.process.ended_by or describe_exit(r.returncode)
+                lines.append(f"ended {r.task}: {r.process.describe()} with {how}")
         lines += [f"could NOT end {labels[p.pid]} (still alive after SIGKILL)" for p in survivors]
         return lines, survivors
 
@@ -426,10 +505,7 @@ class Runtime:
         for r in runs:
             if r.running:
                 size = r.log_path.stat().st_size if r.log_path.exists() else 0
-                try:
-                    os.kill(r.pid, signal.SIGUSR1)
-                except OSError:
-                    continue
+                r.process.dump_stacks()
                 deadline = time.monotonic() + 1.0
                 while time.monotonic() < deadline:  # until the dump lands in the log
                     time.sleep(0.05)
@@ -595,6 +671,11 @@ class Runtime:
                          max_restarts=max_restarts, timeout=timeout, env=env, inject=inject,
                          stream=stream, restartable_exit_codes=restartable_exit_codes,
                          stall_fix=stall_fix)
+
+
+def _close_launchers(launchers):
+    for launcher in list(launchers):
+        launcher.close()
 
 
 _RUNTIME = None

@@ -1,0 +1,205 @@
+"""The task agent: runs one task on another machine and ties its life to the kernel's.
+
+The kernel starts it as ``PYTHON -c <this file's text>`` through a transport
+that carries standard input and output, ``ssh HOST`` or ``srun``, so nothing
+of mwhelpers needs to be installed where it runs: only the Python that runs
+the task.  Standard library only.
+
+Protocol:
+
+* standard input, first line: a JSON header with ``argv`` (the task's
+  command, where ``{dir}`` stands for a private temporary folder), ``env``
+  (variables to set), ``cwd``, ``files`` (name -> text, written into that
+  folder: the worker bootstrap, a cell's code) and ``port`` (checked free
+  before starting, or null);
+* standard input, then: one command per line, ``signal N`` (to the task's
+  process group), ``dump`` (SIGUSR1 to the task: Python stacks into the log),
+  ``end SIG:SECONDS,...`` (escalate through those signals until the group is
+  gone), ``ping``.  End of file means the kernel or the connection is gone:
+  the group is killed at once.  SIGHUP, SIGTERM and SIGINT to the agent mean
+  the same;
+* the task's output (stdout and stderr together) is the agent's standard
+  output, so it reaches the kernel's log file as it is written;
+* the agent's own reports go to standard error, one per line, each starting
+  with ``@mwhelpers``: ``started PID HOSTNAME``, ``ended SIGNAME``,
+  ``exit CODE`` (negative: killed by that signal, as ``subprocess`` says).
+
+When the task's leader exits, what is left of its process group is killed,
+so nothing outlives the task on that machine.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+TAG = "@mwhelpers"
+
+
+def report(*words):
+    sys.stderr.write(" ".join([TAG, *map(str, words)]) + "\n")
+    sys.stderr.flush()
+
+
+def say(text):
+    """A line for the task's log (the agent's own explanation of a failure)."""
+    sys.stdout.write(f"[mwhelpers agent on {socket.gethostname()}] {text}\n")
+    sys.stdout.flush()
+
+
+def group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def kill_group(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except OSError:
+        pass
+
+
+def _die_with_parent():
+    # The task's leader gets SIGKILL should the agent itself die.
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def port_taken(port):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return True
+    return False
+
+
+class Agent:
+    def __init__(self, header):
+        self.header = header
+        self.child = None
+        self.lock = threading.Lock()
+        self.ending = False
+
+    def start(self):
+        h = self.header
+        folder = tempfile.mkdtemp(prefix="mwhelpers-task-")
+        self.folder = folder
+        for name, text in h.get("files", {}).items():
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(text)
+        argv = [a.replace("{dir}", folder) for a in h["argv"]]
+        env = dict(os.environ)
+        env.update(h.get("env", {}))
+        cwd = h.get("cwd") or os.getcwd()
+        if not os.path.isdir(cwd):
+            say(f"the working directory {cwd} does not exist here; create it on every host "
+                "(a shared home does this) or give the cluster another one (cwd=...)")
+            return 127
+        if not os.path.exists(argv[0]):
+            say(f"no Python at {argv[0]} on this host; install the same environment on every "
+                "host or name the interpreter for this cluster (python=...)")
+            return 127
+        port = h.get("port")
+        if port and port_taken(int(port)):
+            say(f"port {port} is already in use on this host; define the cluster again "
+                "to get new ports")
+            return 1
+        self.child = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                      stderr=subprocess.STDOUT, start_new_session=True,
+                                      preexec_fn=_die_with_parent)
+        report("started", self.child.pid, socket.gethostname())
+        return None
+
+    def end(self, steps, why=None):
+        """Escalate through ``steps`` [(signal, seconds)] until the group is gone."""
+        with self.lock:
+            if self.child is None:
+                return
+            pgid = self.child.pid
+            for sig, seconds in steps:
+                if not group_alive(pgid):
+                    return
+                kill_group(pgid, sig)
+                deadline = time.monotonic() + seconds
+                while time.monotonic() < deadline:
+                    if self.child.poll() is not None and not group_alive(pgid):
+                        report("ended", signal.Signals(sig).name)
+                        return
+                    time.sleep(0.02)
+            if self.child.poll() is not None:
+                report("ended", signal.Signals(steps[-1][0]).name)
+
+    def commands(self):
+        for line in sys.stdin:
+            words = line.split()
+            if not words:
+                continue
+            try:
+                if words[0] == "signal":
+                    kill_group(self.child.pid, int(words[1]))
+                elif words[0] == "dump":
+                    os.kill(self.child.pid, signal.SIGUSR1)
+                elif words[0] == "end":
+                    steps = [(int(s.split(":")[0]), float(s.split(":")[1]))
+                             for s in words[1].split(",")]
+                    threading.Thread(target=self.end, args=(steps,), daemon=True).start()
+            except (OSError, ValueError, IndexError):
+                pass
+        # End of input: the kernel, or the connection to it, is gone.
+        self.end([(signal.SIGKILL, 5.0)])
+
+    def run(self):
+        code = self.start()
+        if code is not None:
+            return code
+        threading.Thread(target=self.commands, daemon=True).start()
+        code = self.child.wait()
+        if group_alive(self.child.pid):  # helpers left behind by the task
+            kill_group(self.child.pid, signal.SIGKILL)
+        return code
+
+
+def main():
+    line = sys.stdin.readline()
+    try:
+        header = json.loads(line)
+    except ValueError:
+        sys.stderr.write(f"{TAG} bad header {line[:200]!r}\n")
+        return 2
+    agent = Agent(header)
+
+    def on_signal(signum, frame):
+        agent.end([(signal.SIGKILL, 5.0)])
+        report("exit", -signal.SIGKILL)
+        os._exit(128 + signum)
+
+    for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, on_signal)
+    try:
+        code = agent.run()
+    finally:
+        if getattr(agent, "folder", None):
+            shutil.rmtree(agent.folder, ignore_errors=True)
+    report("exit", code)
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

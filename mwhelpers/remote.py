@@ -1,0 +1,341 @@
+"""Tasks on other machines: the agent-based launchers for SSH hosts and Slurm nodes.
+
+Both start the same small agent (``_agent.py``, sent as ``python -c``) through a
+transport that carries standard input and output: ``ssh HOST`` or ``srun -w
+NODE``.  The agent starts the task under the worker bootstrap, in a process
+group of its own, and takes commands on its standard input (signal, dump
+stacks, end).  Its standard input is a pipe that only this process writes:
+when the kernel dies (even by SIGKILL) or the connection drops, the agent
+reads end of file and kills the task's whole group.  The task's output
+streams through the transport into the log file on the kernel's side.
+
+A launcher also *probes* its hosts before a cluster is defined: one short
+run of the same interpreter on each host that checks the interpreter and the
+working directory, and returns free ports there and the address the host
+is reached at.
+"""
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .errors import UsageError
+from .launchers import BOOTSTRAP, Launcher, Process
+
+AGENT_CODE = Path(__file__).with_name("_agent.py").read_text()
+TFDATA = str(Path(__file__).with_name("tfdata.py"))
+TAG = "@mwhelpers"
+
+# The kernel's variables that a remote task gets (besides TF_CONFIG, mwhelpers' own
+# and --env): the ones that change what TensorFlow, Keras or Python do.
+FORWARD_PREFIXES = ("TF_", "KERAS_", "PYTHON", "CUDA_", "OMP_", "MKL_", "XLA_", "MWHELPERS_")
+# Not these: this machine's paths and mwhelpers' own bookkeeping (the session mark
+# finds escaped orphans on this machine only).
+FORWARD_NEVER = ("PYTHONHOME", "PYTHONEXECUTABLE", "MWHELPERS_GUARD_FD", "MWHELPERS_SSH",
+                 "MWHELPERS_SESSION", "MWHELPERS_LOG_DIR")
+
+# Run on each host before the cluster is defined (argv: cwd, count, low, high).
+PROBE_CODE = r"""
+import json, os, random, socket, sys
+cwd, count, low, high = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+ports = []
+cands = list(range(low, high + 1)); random.shuffle(cands)
+for p in cands:
+    if len(ports) == count: break
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try: s.bind(("", p))
+        except OSError: continue
+    ports.append(p)
+conn = os.environ.get("SSH_CONNECTION", "").split()
+print(json.dumps({"hostname": socket.gethostname(), "ports": ports, "cwd_ok": os.path.isdir(cwd),
+                  "address": conn[2] if len(conn) == 4 else None, "python": sys.version.split()[0],
+                  "node": os.environ.get("SLURMD_NODENAME")}))
+"""
+
+
+def forwarded_env(environ):
+    """The part of ``environ`` that a task on another host should get."""
+    return {k: v for k, v in environ.items()
+            if k.startswith(FORWARD_PREFIXES) and k not in FORWARD_NEVER}
+
+
+class AgentProcess(Process):
+    """A task on another machine, seen through the transport process running its agent."""
+
+    remote = True
+
+    def __init__(self, popen, host, log_path):
+        super().__init__(popen.pid)
+        self.popen = popen
+        self.host = host
+        self.remote_pid = None
+        self.remote_hostname = None
+        self.ended_by = None  # signal name the agent reported ending it with
+        self._reported_exit = None
+        self._transport_lines = []  # what the transport (ssh, srun) itself said
+        self._started_evt = threading.Event()
+        self._log_path = Path(log_path)
+        self._send_lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read_reports, daemon=True,
+                                        name=f"mwhelpers-agent-{popen.pid}")
+        self._reader.start()
+        self._start_waiter(self._wait_transport)
+
+    # -- reports from the agent ---------------------------------------------------
+    def _read_reports(self):
+        for raw in self.popen.stderr:
+            line = raw.decode(errors="replace").rstrip("\n")
+            if line.startswith(TAG + " "):
+                words = line.split()
+                if words[1] == "started" and len(words) >= 3:
+                    self.remote_pid = int(words[2])
+                    self.remote_hostname = words[3] if len(words) > 3 else None
+                    self._started_evt.set()
+                elif words[1] == "ended" and len(words) >= 3:
+                    self.ended_by = words[2]
+                elif words[1] == "exit" and len(words) >= 3:
+                    self._reported_exit = int(words[2])
+            elif line.strip():
+                self._transport_lines.append(line)
+                with open(self._log_path, "a") as f:  # ssh's or srun's own words
+                    f.write(f"[{self.host}] {line}\n")
+
+    def _wait_transport(self):
+        code = self.popen.wait()
+        self._reader.join(10)
+        self._close_stdin()
+        if self._reported_exit is not None:
+            return self._reported_exit
+        return code if code != 0 else 255  # the transport ended without the task's status
+
+    @property
+    def transport_error(self):
+        """What the transport said, when the agent never reported an exit."""
+        if self._reported_exit is None and self._transport_lines:
+            return "\n".join(self._transport_lines[-5:])
+        return ""
+
+    # -- commands to the agent ------------------------------------------------------
+    def _command(self, text):
+        with self._send_lock:
+            try:
+                self.popen.stdin.write((text + "\n").encode())
+                self.popen.stdin.flush()
+                return True
+            except (OSError, ValueError):
+                return False
+
+    def _close_stdin(self):
+        with self._send_lock:
+            try:
+                self.popen.stdin.close()
+            except OSError:
+                pass
+
+    def processes(self):
+        return []  # they live on another machine: commands go through the agent
+
+    def send(self, sig):
+        self._command(f"signal {int(sig)}")
+        return []
+
+    def dump_stacks(self):
+        self._command("dump")
+
+    def request_end(self, escalation):
+        """Ask the agent to escalate through ``escalation``; returns at once."""
+        steps = ",".join(f"{int(s)}:{t:g}" for s, t in escalation)
+        if not self._command(f"end {steps}"):
+            self._close_stdin()
+
+    def disconnect(self):
+        """Close the lifeline: the agent kills the task."""
+        self._close_stdin()
+
+    @property
+    def label(self):
+        pid = self.remote_pid if self.remote_pid is not None else "?"
+        return f"{pid}@{self.host}"
+
+    def describe(self):
+        pid = self.remote_pid if self.remote_pid is not None else "?"
+        return f"pid {pid} on {self.host}"
+
+
+class AgentLauncher(Launcher):
+    """Runs tasks through an agent on hosts reached by a transport command."""
+
+    kind = "remote"
+
+    def __init__(self, python=None, cwd=None):
+        self.python = python or sys.executable
+        self.cwd = cwd or os.getcwd()
+        self.started = []
+        self.closed = False
+
+    # -- what subclasses give -------------------------------------------------------
+    def transport(self, host, argv):
+        """The local command that runs ``argv`` on ``host``."""
+        raise NotImplementedError
+
+    def address_of(self, host, probe):
+        """The address other hosts reach ``host`` at."""
+        raise NotImplementedError
+
+    def explain(self, host, code, err):
+        """A UsageError for a failed probe of ``host``."""
+        raise NotImplementedError
+
+    # -- probing ----------------------------------------------------------------------
+    def probe(self, host, count, port_range, timeout=60):
+        low, high = port_range
+        argv = [self.python, "-c", PROBE_CODE, self.cwd, str(count), str(low), str(high)]
+        try:
+            done = subprocess.run(self.transport(host, argv), stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=timeout)
+        except FileNotFoundError as e:
+            raise UsageError(f"{e.filename} is not installed on this machine") from None
+        except subprocess.TimeoutExpired:
+            raise UsageError(f"{host} did not answer within {timeout} s; check that "
+                             f"{self.describe_reach(host)} works from this machine") from None
+        out, err = done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+        info = None
+        for line in out.splitlines():
+            if line.startswith("{"):
+                info = json.loads(line)
+        if done.returncode != 0 or info is None:
+            raise self.explain(host, done.returncode, (err + out).strip())
+        if not info["cwd_ok"]:
+            raise UsageError(
+                f"the working directory {self.cwd} does not exist on {host}; tasks start there. "
+                "Use a folder every host has (a shared home), or give the cluster one (cwd=...)")
+        if len(info["ports"]) < count:
+            raise UsageError(f"{host} has fewer than {count} free ports in {low}-{high}; "
+                             "set MWHELPERS_PORT_RANGE to another range")
+        info["address"] = self.address_of(host, info)
+        return info
+
+    def probe_all(self, hosts, counts, port_range):
+        """Probe every host at once; {host: info}."""
+        with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+            futures = {h: pool.submit(self.probe, h, counts[h], port_range) for h in hosts}
+            return {h: f.result() for h, f in futures.items()}
+
+    def describe_reach(self, host):
+        return f"reaching {host}"
+
+    # -- starting ---------------------------------------------------------------------
+    def start(self, spec):
+        if self.closed:
+            raise RuntimeError("this launcher was closed; define the cluster again")
+        files = {"_bootstrap.py": Path(BOOTSTRAP).read_text(), "tfdata.py": Path(TFDATA).read_text()}
+        script = spec.script
+        if spec.cell:
+            files["cell.py"] = Path(spec.script).read_text()
+            script = "{dir}/cell.py"
+        argv = [self.python, "-u", "{dir}/_bootstrap.py", *(["--cell"] if spec.cell else []),
+                script, *spec.args]
+        header = {"argv": argv, "env": spec.forward_env, "cwd": spec.cwd or self.cwd,
+                  "files": files, "port": spec.port,
+                  "script": None if spec.cell else script}
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(spec.log_path, "wb") as logf:
+            popen = subprocess.Popen(
+                self.transport(spec.host, [self.python, "-c", AGENT_CODE]),
+                stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.PIPE,
+                start_new_session=True)
+        proc = AgentProcess(popen, spec.host, spec.log_path)
+        proc._command(json.dumps(header))
+        self.started = [p for p in self.started if p.running] + [proc]
+        return proc
+
+    def close(self):
+        """End what still runs (SIGKILL through each agent), then wait a little."""
+        self.closed = True
+        live = [p for p in self.started if p.running]
+        for p in live:
+            p.request_end(((signal.SIGKILL, 3.0),))
+        deadline = time.monotonic() + 8
+        for p in live:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        for p in live:
+            if p.running:  # the agent did not answer: drop the lifeline, then the transport
+                p.disconnect()
+                p.wait(3)
+            if p.running:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+
+def _ssh_words(text):
+    lowered = text.lower()
+    if "could not resolve hostname" in lowered or "name or service not known" in lowered:
+        return "its name does not resolve"
+    if "connection refused" in lowered:
+        return "nothing accepts SSH connections there (is sshd running?)"
+    if "no route to host" in lowered or "network is unreachable" in lowered:
+        return "there is no network route to it"
+    if "timed out" in lowered:
+        return "the connection timed out"
+    if "permission denied" in lowered:
+        return ("the login was refused; set up key-based login (ssh-copy-id HOST) or an "
+                "ssh-agent: mwhelpers never asks for a password")
+    if "host key verification failed" in lowered:
+        return "its host key is not known yet; run 'ssh HOST true' once in a terminal to accept it"
+    return ""
+
+
+class SSHLauncher(AgentLauncher):
+    """Tasks on SSH hosts.  A host is what ``ssh`` takes: an alias from
+    ``~/.ssh/config``, ``user@host`` or an address.
+
+    The ssh command is ``ssh`` or ``$MWHELPERS_SSH`` (``ssh -F my_config``,
+    say), with batch mode on: a host that wants a password fails at once
+    instead of waiting for a prompt nobody sees.
+    """
+
+    kind = "ssh"
+    OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
+               "-o", "ServerAliveCountMax=3", "-T")
+
+    def __init__(self, python=None, cwd=None, ssh=None):
+        super().__init__(python, cwd)
+        if ssh is None:
+            ssh = os.environ.get("MWHELPERS_SSH", "ssh")
+        self.ssh = shlex.split(ssh) if isinstance(ssh, str) else list(ssh)
+        if not self.ssh:
+            raise UsageError("the ssh command is empty; leave MWHELPERS_SSH unset or name one")
+
+    def transport(self, host, argv):
+        return [*self.ssh, *self.OPTIONS, host, shlex.join(argv)]
+
+    def describe_reach(self, host):
+        return f"'{shlex.join(self.ssh)} {host} true'"
+
+    def address_of(self, host, probe):
+        # The address the host was reached at (sshd's side of the connection):
+        # reachable by the others, whatever alias the user wrote.
+        return probe.get("address") or host.rsplit("@", 1)[-1]
+
+    def explain(self, host, code, err):
+        last = err.strip().splitlines()[-1] if err.strip() else ""
+        if code == 255:
+            why = _ssh_words(err) or "ssh failed"
+            return UsageError(f"cannot use host {host!r}: {why}.\n  ssh said: {last}\n"
+                              f"  Check that {self.describe_reach(host)} works from this machine.")
+        if code == 127 or "no such file" in err.lower():
+            return UsageError(
+                f"no Python at {self.python} on {host} (ssh said: {last}). Install the same "
+                "environment on every host, or name the interpreter for this cluster "
+                "(%cluster ... --python PATH, or define_cluster(..., python=PATH))")
+        return UsageError(f"probing {host} with {self.python} failed (exit {code}): {last}")

@@ -1,0 +1,185 @@
+"""Slurm: tasks on the nodes of an allocation, and a batch script for the same program.
+
+Inside an allocation (a kernel started under ``salloc`` or in an ``sbatch`` job,
+or any process with ``SLURM_JOB_ID`` naming a running job), :class:`SlurmLauncher`
+starts each task as a one-task job step on its node, ``srun --jobid J
+--nodelist NODE --overlap``, through the same agent the SSH launcher uses.  So
+each task can be killed, restarted and followed on its own, as locally.
+
+TF_CONFIG is ours, not TensorFlow's ``SlurmClusterResolver``: that one fails on
+CPU-only nodes (it runs ``nvidia-smi``, tensorflow/tensorflow#56894) and gives
+ports ``base + local index``, which collide when two node names share an address.
+Here every task of a cluster gets a port of its own.
+
+:func:`write_sbatch` writes a batch script that runs a program as N tasks of
+one ``srun`` step, each building TF_CONFIG from what Slurm tells it
+(``SLURM_PROCID``, the step's node list and tasks per node), with ports
+``base + SLURM_PROCID``: distinct even where nodes share an address.
+"""
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .errors import UsageError
+from .remote import AgentLauncher
+
+HOW_TO_ALLOCATE = (
+    "start the kernel inside an allocation (salloc -N 2 jupyter lab, or in an sbatch job), or "
+    "get one with 'salloc -N 2 --no-shell' and give its id: %cluster N --slurm --job ID "
+    "(define_cluster(..., slurm=ID))"
+)
+
+
+def _scontrol(*args):
+    if shutil.which("scontrol") is None:
+        raise UsageError("Slurm's client commands (scontrol, srun) are not installed on this machine")
+    done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise UsageError(f"scontrol {' '.join(args)} failed: {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout
+
+
+def hostnames(nodelist):
+    """Expand a Slurm node list (``n[1-3],gpu7``) into names, in Slurm's order."""
+    return _scontrol("show", "hostnames", nodelist).split()
+
+
+def _fields(record):
+    return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", record))
+
+
+def job_nodes(job):
+    """The nodes of running job ``job``, in Slurm's order."""
+    info = _fields(_scontrol("show", "job", "-o", str(job)))
+    if info.get("JobState") != "RUNNING":
+        raise UsageError(f"Slurm job {job} is {info.get('JobState', 'unknown').lower()}, not "
+                         f"running; {HOW_TO_ALLOCATE}")
+    return hostnames(info["NodeList"])
+
+
+def node_addresses(nodes):
+    """{node: NodeAddr}: the address other nodes reach each node at."""
+    out = {}
+    for node in nodes:
+        info = _fields(_scontrol("show", "node", "-o", node))
+        out[node] = info.get("NodeAddr") or node
+    return out
+
+
+class SlurmLauncher(AgentLauncher):
+    """Tasks as one-task job steps of a Slurm allocation."""
+
+    kind = "slurm"
+
+    def __init__(self, python=None, cwd=None, job=None, environ=None):
+        super().__init__(python, cwd)
+        environ = os.environ if environ is None else environ
+        job = job if job not in (None, True, "") else environ.get("SLURM_JOB_ID")
+        if not job:
+            raise UsageError("this kernel is not inside a Slurm allocation (SLURM_JOB_ID is not "
+                             f"set): {HOW_TO_ALLOCATE}")
+        if shutil.which("srun") is None:
+            raise UsageError("srun is not installed on this machine; Slurm clusters need "
+                             "Slurm's client commands where the kernel runs")
+        self.job = str(job)
+        self.nodes = job_nodes(self.job)
+        self.addresses = node_addresses(self.nodes)
+
+    def transport(self, host, argv):
+        return ["srun", f"--jobid={self.job}", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
+                "--overlap", "--kill-on-bad-exit=1", "--quiet", "--job-name=mwhelpers",
+                "--input=all", *argv]
+
+    def describe_reach(self, host):
+        return f"'srun --jobid={self.job} --nodelist={host} hostname'"
+
+    def address_of(self, host, probe):
+        return self.addresses.get(host, host)
+
+    def explain(self, host, code, err):
+        last = err.strip().splitlines()[-1] if err.strip() else ""
+        if code == 127 or "no such file" in err.lower() or "execve" in err.lower():
+            return UsageError(f"no Python at {self.python} on node {host} ({last}); install "
+                              "the same environment on every node or name one (python=...)")
+        return UsageError(f"cannot start a job step on node {host} of job {self.job} "
+                          f"(exit {code}): {last}")
+
+
+# The per-task start of the batch path: TF_CONFIG from what Slurm tells the task,
+# then the program in its place (os.execv).  Run as PYTHON -c RULE SCRIPT ARGS...
+TF_CONFIG_RULE = r'''
+import json, os, re, subprocess, sys
+
+def scontrol(*args):
+    return subprocess.run(["scontrol", *args], check=True, capture_output=True, text=True).stdout
+
+def per_node(spec):  # "2(x3),1" -> [2, 2, 2, 1]
+    out = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part)
+        out += [int(m.group(1))] * int(m.group(2) or 1)
+    return out
+
+env = os.environ
+nodes = scontrol("show", "hostnames", env["SLURM_STEP_NODELIST"]).split()
+counts = per_node(env["SLURM_STEP_TASKS_PER_NODE"])
+order = [n for n, k in zip(nodes, counts) for _ in range(k)]  # block distribution
+addr = {}
+for n in nodes:
+    m = re.search(r"NodeAddr=(\S+)", scontrol("show", "node", "-o", n))
+    addr[n] = m.group(1) if m else n
+base = int(env.get("MWHELPERS_PORT_BASE") or 20000 + int(env["SLURM_JOB_ID"]) % 190 * 64)
+rank = int(env["SLURM_PROCID"])
+workers = [f"{addr[n]}:{base + i}" for i, n in enumerate(order)]
+env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
+                               "task": {"type": "worker", "index": rank}})
+print(f"[{env['SLURMD_NODENAME']} task {rank}] TF_CONFIG={env['TF_CONFIG']}", flush=True)
+os.execv(sys.executable, [sys.executable, "-u", *sys.argv[1:]])
+'''
+
+
+def write_sbatch(path, script, *, tasks=2, nodes=None, args=(), python=None, env=None,
+                 job_name="tf-multiworker", output="slurm-%j.out", time_limit=None,
+                 partition=None, port_base=None, cwd=None):
+    """Write a batch script that runs ``script`` as ``tasks`` MultiWorkerMirroredStrategy
+    workers (one srun step, ``--kill-on-bad-exit``: one failed worker ends the job).
+
+    ``env``: variables to export first (``{"TF_USE_LEGACY_KERAS": "1"}``).
+    Returns the path.  Submit with ``sbatch PATH``; watch with ``squeue``;
+    cancel with ``scancel JOBID``.
+    """
+    if not isinstance(tasks, int) or tasks < 1:
+        raise UsageError(f"tasks must be a whole number >= 1, got {tasks!r}")
+    python = python or sys.executable
+    script = str(Path(script).resolve())
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}", f"#SBATCH --ntasks={tasks}",
+             f"#SBATCH --output={output}"]
+    if nodes:
+        lines.append(f"#SBATCH --nodes={nodes}")
+    if time_limit:
+        lines.append(f"#SBATCH --time={time_limit}")
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    lines += ["# Written by mwhelpers.slurm.write_sbatch: each task builds its TF_CONFIG from",
+              "# SLURM_PROCID, the step's nodes and tasks per node; worker i listens on",
+              "# PORT_BASE + i (distinct even where nodes share an address).",
+              "set -euo pipefail"]
+    if cwd:
+        lines.append(f"cd {shlex.quote(str(cwd))}")
+    for k, v in (env or {}).items():
+        lines.append(f"export {k}={shlex.quote(str(v))}")
+    if port_base:
+        lines.append(f"export MWHELPERS_PORT_BASE={int(port_base)}")
+    lines += ["read -r -d '' TF_CONFIG_RULE <<'RULE' || true", TF_CONFIG_RULE.strip(), "RULE",
+              "srun --kill-on-bad-exit=1 --distribution=block "
+              + shlex.join([python, "-c"]) + ' "$TF_CONFIG_RULE" '
+              + shlex.join([script, *map(str, args)]), ""]
+    path = Path(path)
+    path.write_text("\n".join(lines))
+    path.chmod(0o755)
+    return path

@@ -1,0 +1,345 @@
+#!/usr/bin/env python3
+"""Test hosts on this machine: network namespaces with their own address and sshd,
+and optionally a one-box Slurm cluster whose nodes are those namespaces.
+
+    python3 tests/testhosts.py up [--hosts 2] [--slurm] [--dir DIR]   # by hand; prints what to export
+    python3 tests/testhosts.py down --dir DIR
+
+The tests use :class:`TestHosts` as a context manager.  It needs root, iproute2,
+OpenSSH's server and, for Slurm, munge and slurm-wlm (``.ci/run`` installs them);
+it installs nothing.  Everything it starts it ends by PID, and it removes the
+namespaces, the bridge and the files it made.  Traffic stays between this machine
+and the namespaces: no route leads anywhere else.
+
+Layout (N hosts, a /24 chosen free among 10.251.0.0/16):
+
+* bridge ``<prefix>br`` in the root namespace at ``10.251.S.1``;
+* namespace ``<prefix>hI`` (I = 1..N) with ``eth0`` at ``10.251.S.(10+I)`` and
+  sshd on port 22 there, root login with a key made for this run only;
+* an ssh client config (``ssh_config``) naming each host ``<prefix>hI``;
+* with Slurm: munged, slurmctld (on the bridge address) and one slurmd per
+  namespace, node name = host name, and ``slurm.conf`` for the clients.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+NEEDED = {"ssh": ["ip", "ssh", "ssh-keygen", "/usr/sbin/sshd"],
+          "slurm": ["munged", "slurmctld", "slurmd", "srun", "sbatch", "scontrol", "nsenter",
+                    "unshare"]}
+
+
+def missing(slurm=False):
+    """Why test hosts cannot be made here ('' when they can)."""
+    if os.geteuid() != 0:
+        return "test hosts need root (network namespaces, sshd)"
+    wanted = NEEDED["ssh"] + (NEEDED["slurm"] if slurm else [])
+    absent = [c for c in wanted if not (shutil.which(c) or Path(c).exists())]
+    pkgs = "openssh-server" + (" slurm-wlm munge" if slurm else "")
+    if absent:
+        return f"{', '.join(absent)} not installed (apt-get install {pkgs})"
+    return ""
+
+
+def _run(*cmd, check=True, **kw):
+    return subprocess.run(list(cmd), check=check, capture_output=True, text=True, **kw)
+
+
+def _wait_port(addr, port, timeout, what, proc=None, log=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((addr, port), timeout=0.5):
+                return
+        except OSError:
+            pass
+        if proc is not None and proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    detail = Path(log).read_text(errors="replace")[-2000:] if log and Path(log).exists() else ""
+    raise RuntimeError(f"{what} did not come up on {addr}:{port}\n{detail}")
+
+
+def _free_subnet():
+    used = _run("ip", "-o", "-4", "addr").stdout
+    for s in range(10, 250):
+        if f" 10.251.{s}." not in used:
+            return s
+    raise RuntimeError("no free 10.251.S.0/24 subnet for test hosts")
+
+
+class TestHosts:
+    """Network-namespace hosts with sshd (and Slurm with ``slurm=True``)."""
+
+    def __init__(self, n=2, slurm=False, workdir=None):
+        self.n = n
+        self.slurm = slurm
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix="mwh-hosts-"))
+        self.prefix = f"mw{os.getpid() % 10000}"
+        self.bridge = f"{self.prefix}br"
+        self.subnet = None
+        self.names = [f"{self.prefix}h{i}" for i in range(1, n + 1)]
+        self.addresses = {}
+        self.procs = {}  # name -> Popen of each daemon we started
+        self._made_run_sshd = False
+        self._made_netns = []
+        self.ssh_config = self.dir / "ssh_config"
+        self.slurm_conf = self.dir / "slurm" / "slurm.conf"
+
+    # -- what users of the hosts need ------------------------------------------------
+    @property
+    def gateway(self):
+        return f"10.251.{self.subnet}.1"
+
+    def env(self):
+        """Environment for the clients: ssh through our config, Slurm through our conf."""
+        out = {"MWHELPERS_SSH": f"ssh -F {self.ssh_config}"}
+        if self.slurm:
+            out["SLURM_CONF"] = str(self.slurm_conf)
+        return out
+
+    def ssh(self, host, *cmd, timeout=30):
+        return _run("ssh", "-F", str(self.ssh_config), host, *cmd, check=False, timeout=timeout)
+
+    def netns_pids(self, name):
+        """PIDs of the processes in namespace ``name`` (``ip netns pids``)."""
+        out = _run("ip", "netns", "pids", name, check=False).stdout.split()
+        return [int(p) for p in out]
+
+    # -- bring up ------------------------------------------------------------------------
+    def __enter__(self):
+        try:
+            self.up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.down()
+
+    def up(self):
+        why = missing(self.slurm)
+        if why:
+            raise RuntimeError(why)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.subnet = _free_subnet()
+        self._network()
+        self._sshd()
+        if self.slurm:
+            self._slurm()
+        (self.dir / "hosts.json").write_text(json.dumps(self.describe(), indent=1))
+
+    def describe(self):
+        return {"prefix": self.prefix, "subnet": self.subnet, "hosts": self.names,
+                "addresses": self.addresses, "env": self.env(),
+                "pids": {k: p.pid for k, p in self.procs.items()},
+                "made_run_sshd": self._made_run_sshd}
+
+    def _network(self):
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+        _run("ip", "link", "set", self.bridge, "up")
+        for i, name in enumerate(self.names, start=1):
+            addr = f"10.251.{self.subnet}.{10 + i}"
+            outside = f"{self.prefix}v{i}"
+            _run("ip", "netns", "add", name)
+            self._made_netns.append(name)
+            _run("ip", "link", "add", outside, "type", "veth", "peer", "name", f"{outside}p")
+            _run("ip", "link", "set", f"{outside}p", "netns", name)
+            _run("ip", "link", "set", outside, "master", self.bridge, "up")
+            inside = ["ip", "netns", "exec", name, "ip"]
+            _run(*inside, "link", "set", f"{outside}p", "name", "eth0")
+            _run(*inside, "addr", "add", f"{addr}/24", "dev", "eth0")
+            _run(*inside, "link", "set", "eth0", "up")
+            _run(*inside, "link", "set", "lo", "up")
+            self.addresses[name] = addr
+
+    def _sshd(self):
+        d = self.dir / "ssh"
+        d.mkdir(exist_ok=True)
+        for key in ("host_key", "client_key"):
+            if not (d / key).exists():
+                _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key))
+        shutil.copy(d / "client_key.pub", d / "authorized_keys")
+        if not Path("/run/sshd").exists():  # sshd's privilege-separation directory
+            Path("/run/sshd").mkdir(mode=0o755)
+            self._made_run_sshd = True
+        lines = []
+        for name in self.names:
+            addr = self.addresses[name]
+            cfg = d / f"sshd_{name}.conf"
+            cfg.write_text("\n".join([
+                f"ListenAddress {addr}", f"HostKey {d / 'host_key'}",
+                f"PidFile {d / f'sshd_{name}.pid'}", f"AuthorizedKeysFile {d / 'authorized_keys'}",
+                "PermitRootLogin prohibit-password", "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
+                "PrintMotd no", "Subsystem sftp internal-sftp", "",
+            ]))
+            log = d / f"sshd_{name}.log"
+            self.procs[f"sshd-{name}"] = subprocess.Popen(
+                ["ip", "netns", "exec", name, "/usr/sbin/sshd", "-D", "-f", str(cfg), "-E", str(log)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                start_new_session=True)
+            lines += [f"Host {name}", f"  HostName {addr}", "  User root",
+                      f"  IdentityFile {d / 'client_key'}", "  IdentitiesOnly yes",
+                      "  StrictHostKeyChecking no", "  UserKnownHostsFile /dev/null",
+                      "  LogLevel ERROR", "  BatchMode yes", "  ConnectTimeout 10", ""]
+        self.ssh_config.write_text("\n".join(lines))
+        for name in self.names:
+            _wait_port(self.addresses[name], 22, 15, f"sshd of {name}", self.procs[f"sshd-{name}"],
+                       d / f"sshd_{name}.log")
+
+    def _slurm(self):
+        d = self.dir / "slurm"
+        m = self.dir / "munge"
+        for sub in (d, m, d / "state"):
+            sub.mkdir(parents=True, exist_ok=True)
+        m.chmod(0o755)  # munged insists that its socket folder is reachable by all
+        key = m / "munge.key"
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        sock = m / "munge.sock"
+        self.procs["munged"] = subprocess.Popen(
+            ["munged", "--foreground", f"--socket={sock}", f"--key-file={key}",
+             f"--pid-file={m / 'munged.pid'}", f"--log-file={m / 'munged.log'}",
+             f"--seed-file={m / 'munged.seed'}"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        deadline = time.monotonic() + 10
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        me = socket.gethostname()
+        base = 16800 + (self.subnet % 100) * 10
+        nodes = [f"NodeName={n} NodeAddr={self.addresses[n]} NodeHostname={n} CPUs=2 "
+                 f"Port={base + 2} State=UNKNOWN" for n in self.names]
+        self.slurm_conf.write_text("\n".join([
+            f"ClusterName={self.prefix}", f"SlurmctldHost={me}({self.gateway})",
+            f"SlurmctldPort={base}", "SlurmUser=root", "SlurmdUser=root",
+            "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={sock}",
+            f"StateSaveLocation={d / 'state'}", f"SlurmdSpoolDir={d}/spool-%n",
+            f"SlurmctldPidFile={d / 'slurmctld.pid'}", f"SlurmdPidFile={d}/slurmd-%n.pid",
+            f"SlurmctldLogFile={d / 'slurmctld.log'}", f"SlurmdLogFile={d}/slurmd-%n.log",
+            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+            "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
+            "AccountingStorageType=accounting_storage/none", "JobAcctGatherType=jobacct_gather/none",
+            "JobCompType=jobcomp/none", "MpiDefault=none", "ReturnToService=2", "KillWait=5",
+            "SchedulerType=sched/builtin", "MailProg=/bin/true", "SlurmdTimeout=30",
+            "InactiveLimit=0", "MinJobAge=30",
+            *nodes,
+            f"PartitionName=test Nodes={','.join(self.names)} Default=YES MaxTime=INFINITE State=UP",
+            "",
+        ]))
+        env = dict(os.environ, SLURM_CONF=str(self.slurm_conf))
+        self.procs["slurmctld"] = subprocess.Popen(
+            ["slurmctld", "-D", "-i", "-f", str(self.slurm_conf)], env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        _wait_port(self.gateway, base, 20, "slurmctld", self.procs["slurmctld"], d / "slurmctld.log")
+        for n in self.names:
+            hosts = d / f"hosts-{n}"
+            hosts.write_text(f"127.0.0.1 localhost\n{self.addresses[n]} {n}\n"
+                             f"{self.gateway} {me}\n"
+                             + "".join(f"{self.addresses[o]} {o}\n" for o in self.names if o != n))
+            inner = (f"hostname {n} && mount --bind {hosts} /etc/hosts && "
+                     f"exec slurmd -D -N {n} -f {self.slurm_conf}")
+            self.procs[f"slurmd-{n}"] = subprocess.Popen(
+                ["nsenter", f"--net=/run/netns/{n}", "unshare", "--uts", "--mount",
+                 "--propagation", "private", "sh", "-c", inner], env=env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        for n in self.names:
+            _wait_port(self.addresses[n], base + 2, 20, f"slurmd of {n}", self.procs[f"slurmd-{n}"],
+                       d / f"slurmd-{n}.log")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            out = _run("sinfo", "-h", "-o", "%t", env=env, check=False).stdout.split()
+            if out and all(s == "idle" for s in out):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"Slurm nodes did not become idle: {out}\n"
+                           + (d / "slurmctld.log").read_text(errors="replace")[-2000:])
+
+    # -- tear down ---------------------------------------------------------------------
+    def down(self):
+        """End every daemon we started (by PID), then remove namespaces, bridge and files."""
+        if self.slurm and self.slurm_conf.exists() and "slurmctld" in self.procs:
+            env = dict(os.environ, SLURM_CONF=str(self.slurm_conf))
+            _run("scancel", "--user=root", env=env, check=False, timeout=10)
+        for key in sorted(self.procs, key=lambda k: k.startswith("munged")):  # munge last
+            _stop(self.procs[key])
+        self.procs = {}
+        for name in self._made_netns:
+            for pid in self.netns_pids(name):  # stragglers of the tests: ours by construction
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            _run("ip", "netns", "del", name, check=False)
+        self._made_netns = []
+        _run("ip", "link", "del", self.bridge, check=False)
+        if self._made_run_sshd:
+            shutil.rmtree("/run/sshd", ignore_errors=True)
+            self._made_run_sshd = False
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _stop(proc, timeout=5):
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("action", choices=("up", "down"))
+    ap.add_argument("--hosts", type=int, default=2)
+    ap.add_argument("--slurm", action="store_true")
+    ap.add_argument("--dir", help="working folder (default: a new temporary one)")
+    a = ap.parse_args(argv)
+    if a.action == "up":
+        h = TestHosts(a.hosts, a.slurm, a.dir)
+        try:
+            h.up()
+        except BaseException:
+            h.down()
+            raise
+        # Leave the daemons running; 'down' ends them by the PIDs recorded in hosts.json.
+        print(f"test hosts up: {', '.join(f'{n}={h.addresses[n]}' for n in h.names)}")
+        for k, v in h.env().items():
+            print(f"export {k}={v!r}")
+        print(f"end them with: python3 {sys.argv[0]} down --dir {h.dir}")
+        return 0
+    state = json.loads((Path(a.dir) / "hosts.json").read_text())
+    h = TestHosts(len(state["hosts"]), "SLURM_CONF" in state["env"], a.dir)
+    h.prefix, h.subnet = state["prefix"], state["subnet"]
+    h.bridge, h.names = f"{h.prefix}br", state["hosts"]
+    h._made_netns, h._made_run_sshd = list(state["hosts"]), state["made_run_sshd"]
+    for key, pid in state["pids"].items():
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pid, sig)
+            except OSError:
+                break
+            time.sleep(1)
+    h.down()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
