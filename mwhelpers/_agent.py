@@ -94,8 +94,8 @@ class Agent:
     def __init__(self, header):
         self.header = header
         self.child = None
-        self.lock = threading.Lock()
-        self.ending = False
+        self.lock = threading.Lock()  # one ending at a time; the exit report waits for it
+        self.exited = threading.Event()
 
     def start(self):
         h = self.header
@@ -105,7 +105,9 @@ class Agent:
             with open(os.path.join(folder, name), "w") as f:
                 f.write(text)
         argv = [a.replace("{dir}", folder) for a in h["argv"]]
-        env = dict(os.environ)
+        # mwhelpers' own variables come from the header only (srun passes on the
+        # kernel's whole environment, including its session mark).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MWHELPERS_")}
         env.update(h.get("env", {}))
         cwd = h.get("cwd") or os.getcwd()
         if not os.path.isdir(cwd):
@@ -127,24 +129,21 @@ class Agent:
         report("started", self.child.pid, socket.gethostname())
         return None
 
-    def end(self, steps, why=None):
+    def end(self, steps):
         """Escalate through ``steps`` [(signal, seconds)] until the group is gone."""
         with self.lock:
             if self.child is None:
                 return
             pgid = self.child.pid
             for sig, seconds in steps:
-                if not group_alive(pgid):
+                if self.exited.is_set() and not group_alive(pgid):
                     return
                 kill_group(pgid, sig)
                 deadline = time.monotonic() + seconds
                 while time.monotonic() < deadline:
-                    if self.child.poll() is not None and not group_alive(pgid):
+                    if self.exited.wait(0.02) and not group_alive(pgid):
                         report("ended", signal.Signals(sig).name)
                         return
-                    time.sleep(0.02)
-            if self.child.poll() is not None:
-                report("ended", signal.Signals(steps[-1][0]).name)
 
     def commands(self):
         for line in sys.stdin:
@@ -171,8 +170,10 @@ class Agent:
             return code
         threading.Thread(target=self.commands, daemon=True).start()
         code = self.child.wait()
-        if group_alive(self.child.pid):  # helpers left behind by the task
-            kill_group(self.child.pid, signal.SIGKILL)
+        self.exited.set()
+        with self.lock:
+            if group_alive(self.child.pid):  # helpers left behind by the task
+                kill_group(self.child.pid, signal.SIGKILL)
         return code
 
 
@@ -185,8 +186,9 @@ def main():
         return 2
     agent = Agent(header)
 
-    def on_signal(signum, frame):
-        agent.end([(signal.SIGKILL, 5.0)])
+    def on_signal(signum, frame):  # the same as end of input, without waiting in a handler
+        if agent.child is not None:
+            kill_group(agent.child.pid, signal.SIGKILL)
         report("exit", -signal.SIGKILL)
         os._exit(128 + signum)
 

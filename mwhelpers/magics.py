@@ -1,6 +1,7 @@
 """The IPython magics: a thin layer over the public API of :class:`mwhelpers.workers.Runtime`.
 
-    %cluster [N] [--chief] [--ps K] [--evaluator]
+    %cluster [N] [--chief] [--ps K] [--evaluator] [--hosts H1,H2,... | --slurm [--job ID]]
+             [--python PATH] [--cwd DIR]
     %%worker [TASK] [--bg] [--timeout S] [--log PATH] [--ready port|start] [--env K=V ...]
              [--no-stall-fix]
     %worker  [TASK] [options] SCRIPT [ARGS...]
@@ -112,13 +113,26 @@ class WorkerMagics(Magics):
     @argument("--chief", action="store_true", help="add a chief task")
     @argument("--ps", type=int, default=0, metavar="K", help="add K parameter servers")
     @argument("--evaluator", action="store_true", help="add an evaluator task")
+    @argument("--hosts", default=None, metavar="H1,H2",
+              help="run the tasks on these SSH hosts, in turn (as ssh takes them: alias, "
+                   "user@host, address)")
+    @argument("--slurm", action="store_true",
+              help="run the tasks on the nodes of this kernel's Slurm allocation")
+    @argument("--job", default=None, metavar="ID", help="with --slurm: the allocation's job id "
+              "(default: $SLURM_JOB_ID)")
+    @argument("--python", default=None, metavar="PATH",
+              help="the Python of the remote tasks (default: the kernel's)")
+    @argument("--cwd", default=None, metavar="DIR",
+              help="the folder remote tasks start in (default: the kernel's)")
     def cluster(self, line):
-        """Define the local cluster, or show the current one.
+        """Define the cluster, or show the current one.
 
         N workers (default 2), optionally a chief job, K parameter servers
         and an evaluator, on free localhost ports reserved for this kernel.
-        Shows every task and the TF_CONFIG it gets.  With no arguments,
-        shows the current cluster.
+        With --hosts, the tasks are placed over SSH hosts in turn; with
+        --slurm, over the nodes of the Slurm allocation; ports are then
+        chosen free on each host.  Shows every task, where it runs and the
+        TF_CONFIG it gets.  With no arguments, shows the current cluster.
         """
         if not line.strip():
             if self.rt.cluster is None:
@@ -129,7 +143,11 @@ class WorkerMagics(Magics):
             return
         a = _parse(self.cluster, line)
         workers = 2 if a.workers is None else a.workers
-        display(self.rt.define_cluster(workers, chief=a.chief, ps=a.ps, evaluator=a.evaluator))
+        if a.job and not a.slurm:
+            raise UsageError("--job goes with --slurm")
+        slurm = (a.job or True) if a.slurm else None
+        display(self.rt.define_cluster(workers, chief=a.chief, ps=a.ps, evaluator=a.evaluator,
+                                       hosts=a.hosts, slurm=slurm, python=a.python, cwd=a.cwd))
 
     @line_cell_magic
     def worker(self, line, cell=None):
@@ -223,7 +241,7 @@ class WorkerMagics(Magics):
             print(f"{a.task} logged {matched!r}; sent {sig.name} to its process tree")
         else:
             run = self.rt.kill(a.task, sig, why=f"{sig.name} sent by %killworker")
-            print(f"sent {sig.name} to {run.task} (pid {run.pid}) and its descendants; "
+            print(f"sent {sig.name} to {run.task} ({run.process.describe()}) and its descendants; "
                   f"it is now {run.state}")
 
     @line_magic

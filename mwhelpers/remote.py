@@ -61,6 +61,13 @@ print(json.dumps({"hostname": socket.gethostname(), "ports": ports, "cwd_ok": os
 """
 
 
+def transport_env():
+    """The environment of ssh or srun: the kernel's, without mwhelpers' own marks
+    (srun passes its environment on to the agent)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("MWHELPERS_")
+            or k == "MWHELPERS_SSH"}
+
+
 def forwarded_env(environ):
     """The part of ``environ`` that a task on another host should get."""
     return {k: v for k, v in environ.items()
@@ -200,7 +207,7 @@ class AgentLauncher(Launcher):
         argv = [self.python, "-c", PROBE_CODE, self.cwd, str(count), str(low), str(high)]
         try:
             done = subprocess.run(self.transport(host, argv), stdin=subprocess.DEVNULL,
-                                  capture_output=True, timeout=timeout)
+                                  capture_output=True, timeout=timeout, env=transport_env())
         except FileNotFoundError as e:
             raise UsageError(f"{e.filename} is not installed on this machine") from None
         except subprocess.TimeoutExpired:
@@ -251,7 +258,7 @@ class AgentLauncher(Launcher):
             popen = subprocess.Popen(
                 self.transport(spec.host, [self.python, "-c", AGENT_CODE]),
                 stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.PIPE,
-                start_new_session=True)
+                start_new_session=True, env=transport_env())
         proc = AgentProcess(popen, spec.host, spec.log_path)
         proc._command(json.dumps(header))
         self.started = [p for p in self.started if p.running] + [proc]

@@ -80,6 +80,8 @@ def _free_subnet():
 class TestHosts:
     """Network-namespace hosts with sshd (and Slurm with ``slurm=True``)."""
 
+    __test__ = False  # not a pytest test class
+
     def __init__(self, n=2, slurm=False, workdir=None):
         self.n = n
         self.slurm = slurm
@@ -93,6 +95,7 @@ class TestHosts:
         self._made_run_sshd = False
         self._made_netns = []
         self.ssh_config = self.dir / "ssh_config"
+        self.munge_dir = None
         self.slurm_conf = self.dir / "slurm" / "slurm.conf"
 
     # -- what users of the hosts need ------------------------------------------------
@@ -143,6 +146,7 @@ class TestHosts:
         return {"prefix": self.prefix, "subnet": self.subnet, "hosts": self.names,
                 "addresses": self.addresses, "env": self.env(),
                 "pids": {k: p.pid for k, p in self.procs.items()},
+                "munge_dir": str(self.munge_dir) if self.munge_dir else None,
                 "made_run_sshd": self._made_run_sshd}
 
     def _network(self):
@@ -201,10 +205,12 @@ class TestHosts:
 
     def _slurm(self):
         d = self.dir / "slurm"
-        m = self.dir / "munge"
-        for sub in (d, m, d / "state"):
+        for sub in (d, d / "state"):
             sub.mkdir(parents=True, exist_ok=True)
-        m.chmod(0o755)  # munged insists that its socket folder is reachable by all
+        # munged insists that every folder above its socket is reachable by all, which a
+        # private working folder (pytest's is 0700) is not: its own folder in /tmp.
+        m = self.munge_dir = Path(tempfile.mkdtemp(prefix="mwh-munge-"))
+        m.chmod(0o755)
         key = m / "munge.key"
         if not key.exists():
             key.write_bytes(os.urandom(1024))
@@ -218,7 +224,13 @@ class TestHosts:
             start_new_session=True)
         deadline = time.monotonic() + 10
         while not sock.exists() and time.monotonic() < deadline:
+            if self.procs["munged"].poll() is not None:
+                break
             time.sleep(0.05)
+        if not sock.exists():
+            log = m / "munged.log"
+            raise RuntimeError("munged did not start:\n"
+                               + (log.read_text(errors="replace")[-2000:] if log.exists() else ""))
         me = socket.gethostname()
         base = 16800 + (self.subnet % 100) * 10
         nodes = [f"NodeName={n} NodeAddr={self.addresses[n]} NodeHostname={n} CPUs=2 "
@@ -292,6 +304,9 @@ class TestHosts:
             shutil.rmtree("/run/sshd", ignore_errors=True)
             self._made_run_sshd = False
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self.munge_dir is not None:
+            shutil.rmtree(self.munge_dir, ignore_errors=True)
+            self.munge_dir = None
 
 
 def _stop(proc, timeout=5):
@@ -330,6 +345,7 @@ def main(argv=None):
     h.prefix, h.subnet = state["prefix"], state["subnet"]
     h.bridge, h.names = f"{h.prefix}br", state["hosts"]
     h._made_netns, h._made_run_sshd = list(state["hosts"]), state["made_run_sshd"]
+    h.munge_dir = Path(state["munge_dir"]) if state.get("munge_dir") else None
     for key, pid in state["pids"].items():
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:

@@ -1,0 +1,336 @@
+"""Tasks on other machines: SSH hosts and a Slurm cluster, made real as network namespaces.
+
+The hosts (``testhosts.py``) are made once for this module: two namespaces with
+their own address and sshd, munged, slurmctld and one slurmd per namespace.
+Under CI=true they must be made; elsewhere the module skips with the reason.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import textwrap
+import time
+
+import pytest
+
+from conftest import ROOT, STUBBORN, TREE, pid_alive
+from mwhelpers.errors import UsageError, WorkerFailed
+from testhosts import TestHosts, missing
+from test_tf_workers import TRAIN, check_trained_together, results
+
+REASON = missing(slurm=True)
+if REASON and os.environ.get("CI") == "true":
+    raise RuntimeError(f"CI must run the multi-host tests, but: {REASON}")
+pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON)
+
+# Binds the exact address TF_CONFIG gives it: this works only on the host that owns it.
+WHERE = textwrap.dedent("""
+    import json, os, socket, sys
+    cfg = json.loads(os.environ["TF_CONFIG"])
+    me = cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]]
+    addr, port = me.rsplit(":", 1)
+    s = socket.socket(); s.bind((addr, int(port))); s.listen()
+    print("WHERE " + json.dumps({"bound": me, "cwd": os.getcwd(), "python": sys.executable,
+          "legacy": os.environ.get("TF_USE_LEGACY_KERAS"), "extra": os.environ.get("EXTRA"),
+          "local_only": os.environ.get("MWH_LOCAL_ONLY")}), flush=True)
+""")
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    with TestHosts(2, slurm=True, workdir=tmp_path_factory.mktemp("hosts")) as h:
+        yield h
+
+
+@pytest.fixture
+def env(hosts, monkeypatch):
+    for k, v in hosts.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    return hosts
+
+
+def task_pids(hosts):
+    """Python processes inside the test hosts: agents, tasks and their children (the
+    hosts' own daemons, sshd and slurmd, are not Python)."""
+    found = []
+    for name in hosts.names:
+        for pid in hosts.netns_pids(name):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv0 = f.read().split(b"\0")[0].decode(errors="replace")
+            except OSError:
+                continue
+            if os.path.basename(argv0).startswith("python"):
+                found.append(pid)
+    return found
+
+
+def gone_within(hosts, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not task_pids(hosts):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture
+def remote_rt(rt, env):
+    yield rt
+    rt.close()
+    assert gone_within(env, 10), f"left behind on the test hosts: {task_pids(env)}"
+
+
+@pytest.fixture
+def allocation(env, monkeypatch):
+    out = subprocess.run(["salloc", "-N2", "--no-shell"], capture_output=True, text=True,
+                         timeout=60)
+    m = re.search(r"Granted job allocation (\d+)", out.stderr + out.stdout)
+    assert m, out.stderr
+    job = m.group(1)
+    monkeypatch.setenv("SLURM_JOB_ID", job)
+    yield job
+    subprocess.run(["scancel", job], capture_output=True, timeout=30)
+
+
+def where(run):
+    line = next(ln for ln in run.lines() if ln.startswith("WHERE "))
+    return json.loads(line[len("WHERE "):])
+
+
+# -- SSH -------------------------------------------------------------------------------------
+
+def test_ssh_tasks_run_on_their_hosts_with_the_kernels_env(remote_rt, env, monkeypatch, tmp_path):
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    monkeypatch.setenv("MWH_LOCAL_ONLY", "not for other hosts")
+    h1, h2 = env.names
+    cluster = remote_rt.define_cluster(2, chief=True, hosts=[h1, h2])
+    assert [cluster.host_of(t) for t in cluster.tasks] == [h1, h2, h1]  # placed in turn
+    addrs = [cluster.address(t) for t in cluster.tasks]
+    assert [a.split(":")[0] for a in addrs] == [env.addresses[h] for h in (h1, h2, h1)]
+    assert len({a.split(":")[1] for a in addrs}) == 3
+    for t in cluster.tasks:
+        remote_rt.launch(t, code=WHERE, env={"EXTRA": "given with --env"}, background=True,
+                         ready="start")
+    remote_rt.wait(timeout=30)
+    for t, addr in zip(cluster.tasks, addrs):
+        w = where(remote_rt.get_run(t))
+        assert w["bound"] == addr  # only possible on the host that owns the address
+        assert w["cwd"] == str(tmp_path) and w["python"].startswith(str(ROOT / ".venv"))
+        assert w["legacy"] == "1" and w["extra"] == "given with --env"
+        assert w["local_only"] is None
+    assert re.search(rf"^chief:0\s+\d+@{h1}\s+done\s+0", repr(remote_rt.status()), re.M)
+
+
+def test_ssh_errors_say_what_to_do(remote_rt, env, tmp_path):
+    h1 = env.names[0]
+    cases = [
+        (dict(hosts=["no-such-host.invalid"]), "its name does not resolve"),
+        (dict(hosts=[f"root@{env.gateway}"]), "nothing accepts SSH connections there"),
+        (dict(hosts=[h1], python="/nonexistent/bin/python3"), "no Python at /nonexistent/bin/python3"),
+        (dict(hosts=[h1], cwd="/nonexistent/folder"), "the working directory /nonexistent/folder"),
+    ]
+    nokey = tmp_path / "ssh_config_nokey"
+    nokey.write_text(re.sub(r"\n\s*IdentityFile .*", "", env.ssh_config.read_text()))
+    cases.append((dict(hosts=[h1], ssh=f"ssh -F {nokey} -o IdentityFile=/dev/null"),
+                  "the login was refused"))
+    for kwargs, words in cases:
+        t = time.monotonic()
+        with pytest.raises(UsageError, match=re.escape(words)):
+            remote_rt.define_cluster(2, **kwargs)
+        assert time.monotonic() - t < 15
+    assert remote_rt.cluster is None
+
+
+def test_killing_a_remote_task_ends_its_whole_tree(remote_rt, env):
+    remote_rt.define_cluster(1, hosts=[env.names[1]])
+    run = remote_rt.launch("worker:0", code=TREE, background=True, ready="start")
+    deadline = time.monotonic() + 10
+    while not any(ln.startswith("grandchild") for ln in run.lines()):
+        assert time.monotonic() < deadline, run.lines()
+        time.sleep(0.05)
+    tree = [int(ln.split()[1]) for ln in run.lines() if ln.split()[0] in ("child", "grandchild")]
+    remote_rt.kill("worker:0")
+    assert run.state == "killed" and run.returncode == -signal.SIGKILL
+    assert all(not pid_alive(p) for p in tree)
+    assert gone_within(env, 5)
+
+
+def test_a_dropped_connection_ends_the_remote_program(remote_rt, env):
+    remote_rt.define_cluster(1, hosts=[env.names[0]])
+    run = remote_rt.launch("worker:0", code=STUBBORN, background=True, ready="start")
+    deadline = time.monotonic() + 10
+    while run.process.remote_pid is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    remote = run.process.remote_pid
+    os.kill(run.pid, signal.SIGKILL)  # the ssh client dies: the connection drops
+    assert run.wait(10) is not None and run.failed
+    t = time.monotonic()
+    assert gone_within(env, 5), task_pids(env)
+    assert not pid_alive(remote)
+    print(f"remote program gone {time.monotonic() - t:.2f} s after the drop was noticed")
+
+
+def test_a_killed_kernel_leaves_nothing_on_the_hosts(env, tmp_path):
+    from test_kernel import Kernel
+
+    k = Kernel(tmp_path)
+    try:
+        status, out = k.run("%load_ext mwhelpers\n"
+                            f"%cluster 2 --hosts {','.join(env.names)}\n", timeout=60)
+        assert status == "ok", out
+        for i in (0, 1):
+            status, out = k.run(f"%%worker {i} --bg --ready start\n" + STUBBORN, timeout=60)
+            assert status == "ok", out
+        deadline = time.monotonic() + 10
+        while len(task_pids(env)) < 4:  # an agent and a task on each host
+            assert time.monotonic() < deadline, task_pids(env)
+            time.sleep(0.05)
+        os.kill(k.pid, signal.SIGKILL)
+        assert gone_within(env, 5), task_pids(env)
+    finally:
+        k.close()
+
+
+@pytest.mark.tf
+def test_two_ssh_hosts_train_through_the_magics(env, tmp_path):
+    from test_kernel import Kernel
+
+    shutil.copy(TRAIN, tmp_path / "main.py")
+    k = Kernel(tmp_path)
+    try:
+        status, out = k.run("import os; os.environ['TF_USE_LEGACY_KERAS'] = '1'\n"
+                            "%load_ext mwhelpers\n"
+                            f"%cluster 2 --hosts {','.join(env.names)}\n"
+                            "import mwhelpers; print(mwhelpers.runtime().cluster)\n")
+        assert status == "ok" and env.addresses[env.names[1]] in out, out
+        status, out = k.run("%worker 0 --bg main.py --epochs 2 --steps 5", timeout=120)
+        assert status == "ok" and "ready after" in out, out
+        status, out = k.run("%worker 1 main.py --epochs 2 --steps 5", timeout=120)
+        assert status == "ok" and "[worker:1] Epoch 2/2" in out, out
+        status, out = k.run("%waitworkers --timeout 120\nprint(repr(mwhelpers.runtime().status()))",
+                            timeout=150)
+        assert status == "ok" and f"@{env.names[0]}" in out, out
+        res = {}
+        for i in (0, 1):
+            log = next((tmp_path / "worker_logs").glob(f"*/worker-{i}.log")).read_text()
+            res[f"worker:{i}"] = json.loads(re.search(r"^RESULT (.*)$", log, re.M).group(1))
+        check_trained_together(res, epochs=2)
+    finally:
+        k.close()
+    assert gone_within(env, 5)
+
+
+@pytest.mark.tf
+def test_a_killed_remote_worker_is_restarted_and_resumes_from_backup(remote_rt, env, tmp_path,
+                                                                      monkeypatch):
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    remote_rt.define_cluster(2, hosts=env.names)
+    attempts = remote_rt.supervise(
+        script=str(TRAIN), args=["--epochs", "4", "--steps", "5", "--backup", str(tmp_path / "bk")],
+        max_restarts=2, timeout=180, inject=[("worker:1", r"^Epoch 3/4")], stream=False)
+    assert len(attempts) == 2
+    assert attempts[0]["failed"][0] == ("worker:1", "killed by SIGKILL (fault injected by the supervisor)")
+    res = results(remote_rt)
+    for r in res.values():
+        assert 2 <= r["epochs_run"][0] < 4 and r["epochs_run"][-1] == 3  # resumed, not restarted
+        assert r["iterations"] == 20
+
+
+# -- Slurm -----------------------------------------------------------------------------------
+
+def test_slurm_outside_an_allocation_says_how_to_get_one(remote_rt, env):
+    with pytest.raises(UsageError, match=r"not inside a Slurm allocation.*salloc -N 2"):
+        remote_rt.define_cluster(2, slurm=True)
+
+
+def test_slurm_tasks_run_on_the_allocations_nodes(remote_rt, env, allocation):
+    cluster = remote_rt.define_cluster(2, slurm=True)
+    assert [cluster.host_of(t) for t in cluster.tasks] == env.names
+    for t in cluster.tasks:
+        remote_rt.launch(t, code=WHERE + "import time; time.sleep(60)\n", background=True)
+    for t in cluster.tasks:
+        assert where(remote_rt.get_run(t))["bound"] == cluster.address(t)
+    run = remote_rt.kill("worker:1")
+    assert run.state == "killed"
+    lines = remote_rt.end_all()
+    assert any(re.match(rf"ended worker:0: pid \d+ on {env.names[0]} with SIGINT", ln)
+               for ln in lines), lines
+    assert gone_within(env, 5)
+    with pytest.raises(WorkerFailed):
+        remote_rt.wait()
+
+
+@pytest.mark.tf
+def test_slurm_trains_through_the_api(remote_rt, env, allocation, monkeypatch):
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    remote_rt.define_cluster(2, slurm=allocation)
+    for t in ("worker:0", "worker:1"):
+        remote_rt.launch(t, script=str(TRAIN), args=["--epochs", "2", "--steps", "5"],
+                         background=True, timeout=120)
+    remote_rt.wait(timeout=120)
+    check_trained_together(results(remote_rt), epochs=2)
+
+
+def _squeue(job):
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                          text=True, timeout=30).stdout.strip()
+
+
+def _wait_job(job, until, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = _squeue(job)
+        if until(state):
+            return state
+        time.sleep(0.2)
+    raise AssertionError(f"job {job} is still {state!r}")
+
+
+@pytest.mark.tf
+def test_sbatch_script_runs_the_same_program_without_a_notebook(env, tmp_path):
+    from mwhelpers.slurm import write_sbatch
+
+    # Both tasks on one node: one address, so ports must differ by task, not by node.
+    script = write_sbatch(tmp_path / "train.sbatch", TRAIN, tasks=2, nodes=1,
+                          args=["--epochs", "2", "--steps", "5"], cwd=tmp_path,
+                          env={"TF_USE_LEGACY_KERAS": "1"}, output=str(tmp_path / "out-%j.txt"))
+    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=30)
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip().split(";")[0]
+    _wait_job(job, lambda s: s == "", 120)
+    out = (tmp_path / f"out-{job}.txt").read_text()
+    configs = [json.loads(m) for m in re.findall(r"TF_CONFIG=(\{.*\})$", out, re.M)]
+    assert len(configs) == 2 and configs[0]["cluster"] == configs[1]["cluster"]
+    workers = configs[0]["cluster"]["worker"]
+    assert len({w.split(":")[0] for w in workers}) == 1 and len(set(workers)) == 2
+    res = {}
+    for m in re.findall(r"^RESULT (.*)$", out, re.M):
+        r = json.loads(m)
+        res[r["task"]] = r
+    check_trained_together(res, epochs=2)
+
+
+def test_scancel_ends_a_batch_job_whose_workers_ignore_sigterm(env, tmp_path):
+    from mwhelpers.slurm import write_sbatch
+
+    prog = tmp_path / "stubborn.py"
+    prog.write_text(STUBBORN)
+    script = write_sbatch(tmp_path / "stuck.sbatch", prog, tasks=2, cwd=tmp_path,
+                          output=str(tmp_path / "out-%j.txt"))
+    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=30).stdout.strip().split(";")[0]
+    _wait_job(job, lambda s: s == "RUNNING", 60)
+    deadline = time.monotonic() + 20
+    while "waiting for peers" not in (tmp_path / f"out-{job}.txt").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    subprocess.run(["scancel", job], check=True, timeout=30)
+    _wait_job(job, lambda s: s == "", 30)  # KillWait=5 on the test cluster: SIGKILL follows
+    assert gone_within(env, 10)
