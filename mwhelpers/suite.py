@@ -9,6 +9,13 @@ otherwise.  Executed notebooks and an HTML rendering of each go to
 ``output/<name>.stderr.log``.  A summary table follows; the exit status is non-zero when any
 notebook failed.  Every process a notebook's kernel started is ended when
 the notebook is done, even when it failed half-way.
+
+Notebooks that take ``ssh_hosts`` (the multi-host one) run against test hosts
+that the suite makes for the run (``tests/testhosts.py``: network namespaces
+with sshd and a one-box Slurm; root and Debian's openssh-server, slurm-wlm and
+munge needed), unless ``-p ssh_hosts H1,H2`` names real ones.  Where test
+hosts cannot be made, the suite says why and those notebooks run their local
+part only.
 """
 
 import argparse
@@ -88,12 +95,56 @@ def stderr_to(path):
         os.close(saved)
 
 
-def run_notebook(path, out_dir, params, run_id):
+@contextlib.contextmanager
+def test_hosts(paths, params):
+    """Parameters for the notebooks that take ``ssh_hosts``: test hosts made for this
+    run (ended afterwards), or nothing when the user named hosts or none can be made."""
+    takers = [p for p in paths if _takes_hosts(p)]
+    if not takers or "ssh_hosts" in params:
+        yield {}
+        return
+    names = ", ".join(p.name for p in takers)
+    tool = ROOT / "tests" / "testhosts.py"
+    if not tool.is_file():
+        print(f"note: no tests/testhosts.py in this checkout; {names} run(s) the local part only")
+        yield {}
+        return
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_mwhelpers_testhosts", tool)
+    hosts_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hosts_mod)
+    why = hosts_mod.missing(slurm=True)
+    if why:
+        print(f"note: no test hosts ({why}); {names} run(s) the local part only")
+        yield {}
+        return
+    saved = dict(os.environ)
+    with hosts_mod.TestHosts(2, slurm=True) as h:
+        print(f"test hosts for {names}: " + ", ".join(f"{n} ({h.addresses[n]})" for n in h.names),
+              flush=True)
+        os.environ.update(h.env())  # the kernels find the hosts' ssh config and slurm.conf
+        try:
+            yield {"ssh_hosts": ",".join(h.names), "use_slurm": True}
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+def _takes_hosts(path):
+    try:
+        return "ssh_hosts" in declared_parameters(path)
+    except SuiteError:
+        return False
+
+
+def run_notebook(path, out_dir, params, run_id, optional=None):
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
     declared = declared_parameters(path)
     unknown = sorted(set(params) - set(declared))
+    params = dict(params, **{k: v for k, v in (optional or {}).items() if k in declared})
     if unknown:
         raise SuiteError(f"{path.name} does not declare the parameter(s) {', '.join(unknown)}; "
                          f"it declares: {', '.join(declared) or 'none'}")
@@ -162,20 +213,21 @@ def main(argv=None):
 
     rows = []
     total = time.monotonic()
-    for i, path in enumerate(paths, 1):
-        print(f"[{i}/{len(paths)}] {path.name} ...", flush=True)
-        t0 = time.monotonic()
-        try:
-            error = run_notebook(path, out_dir, params, run_id)
-        except SuiteError as e:
-            error = str(e)
-        except Exception as e:  # papermill or the kernel broke: report it, run the rest
-            error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        dt = time.monotonic() - t0
-        status = "ok" if error is None else "FAILED"
-        print(f"[{i}/{len(paths)}] {path.name}: {status} in {dt:.1f} s"
-              + (f"\n    {error}" if error else ""), flush=True)
-        rows.append((path.name, status, f"{dt:.1f}", error or ""))
+    with test_hosts(paths, params) as host_params:
+        for i, path in enumerate(paths, 1):
+            print(f"[{i}/{len(paths)}] {path.name} ...", flush=True)
+            t0 = time.monotonic()
+            try:
+                error = run_notebook(path, out_dir, params, run_id, optional=host_params)
+            except SuiteError as e:
+                error = str(e)
+            except Exception as e:  # papermill or the kernel broke: report it, run the rest
+                error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            dt = time.monotonic() - t0
+            status = "ok" if error is None else "FAILED"
+            print(f"[{i}/{len(paths)}] {path.name}: {status} in {dt:.1f} s"
+                  + (f"\n    {error}" if error else ""), flush=True)
+            rows.append((path.name, status, f"{dt:.1f}", error or ""))
 
     width = max(len(r[0]) for r in rows)
     print(f"\n{'notebook'.ljust(width)}  status  seconds  error")

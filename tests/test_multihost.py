@@ -334,3 +334,31 @@ def test_scancel_ends_a_batch_job_whose_workers_ignore_sigterm(env, tmp_path):
     subprocess.run(["scancel", job], check=True, timeout=30)
     _wait_job(job, lambda s: s == "", 30)  # KillWait=5 on the test cluster: SIGKILL follows
     assert gone_within(env, 10)
+
+
+# -- the notebook ------------------------------------------------------------------------------
+
+@pytest.mark.tf
+def test_more_machines_notebook_runs_on_ssh_hosts_and_slurm(env, tmp_path, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    nb = nbformat.read(ROOT / "notebooks" / "10_more_machines.ipynb", as_version=4)
+    index = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    nb.cells.insert(index + 1, nbformat.v4.new_code_cell(
+        f"workdir = {str(tmp_path)!r}; ssh_hosts = {','.join(env.names)!r}; use_slurm = True"))
+    NotebookClient(nb, timeout=300, kernel_name="python3").execute()
+    text = "\n".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "SKIPPED" not in text
+    for name in env.names:  # the SSH part and the Slurm part ran on the test hosts
+        assert f"ran on {name}; TF_CONFIG named it {env.addresses[name]}:" in text
+    assert "listening on:      :::" in text or "listening on:      0.0.0.0:" in text
+    assert "submitted batch job" in text
+    assert text.count("RESULT {") == 5  # worker 1 of 3 runs streamed, then the batch job's 2
+    assert _squeue_all() == ""  # the notebook gave its allocation back
+    assert gone_within(env, 5)
+
+
+def _squeue_all():
+    return subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=30).stdout.strip()

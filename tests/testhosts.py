@@ -54,6 +54,14 @@ def _run(*cmd, check=True, **kw):
     return subprocess.run(list(cmd), check=check, capture_output=True, text=True, **kw)
 
 
+def _daemon_env(**extra):
+    """The daemons' environment: ours without mwhelpers' marks, which would make a
+    runtime (or the suite) count them as its own leftovers."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MWHELPERS_")}
+    env.update(extra)
+    return env
+
+
 def _wait_port(addr, port, timeout, what, proc=None, log=None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -192,7 +200,7 @@ class TestHosts:
             log = d / f"sshd_{name}.log"
             self.procs[f"sshd-{name}"] = subprocess.Popen(
                 ["ip", "netns", "exec", name, "/usr/sbin/sshd", "-D", "-f", str(cfg), "-E", str(log)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                env=_daemon_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                 start_new_session=True)
             lines += [f"Host {name}", f"  HostName {addr}", "  User root",
                       f"  IdentityFile {d / 'client_key'}", "  IdentitiesOnly yes",
@@ -220,7 +228,7 @@ class TestHosts:
             ["munged", "--foreground", f"--socket={sock}", f"--key-file={key}",
              f"--pid-file={m / 'munged.pid'}", f"--log-file={m / 'munged.log'}",
              f"--seed-file={m / 'munged.seed'}"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            env=_daemon_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
             start_new_session=True)
         deadline = time.monotonic() + 10
         while not sock.exists() and time.monotonic() < deadline:
@@ -252,7 +260,7 @@ class TestHosts:
             f"PartitionName=test Nodes={','.join(self.names)} Default=YES MaxTime=INFINITE State=UP",
             "",
         ]))
-        env = dict(os.environ, SLURM_CONF=str(self.slurm_conf))
+        env = _daemon_env(SLURM_CONF=str(self.slurm_conf))
         self.procs["slurmctld"] = subprocess.Popen(
             ["slurmctld", "-D", "-i", "-f", str(self.slurm_conf)], env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
@@ -286,8 +294,11 @@ class TestHosts:
     def down(self):
         """End every daemon we started (by PID), then remove namespaces, bridge and files."""
         if self.slurm and self.slurm_conf.exists() and "slurmctld" in self.procs:
-            env = dict(os.environ, SLURM_CONF=str(self.slurm_conf))
-            _run("scancel", "--user=root", env=env, check=False, timeout=10)
+            try:  # jobs first, while slurmd can still end their steps
+                _run("scancel", "--user=root", env=_daemon_env(SLURM_CONF=str(self.slurm_conf)),
+                     check=False, timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
         for key in sorted(self.procs, key=lambda k: k.startswith("munged")):  # munge last
             _stop(self.procs[key])
         self.procs = {}
@@ -312,11 +323,13 @@ class TestHosts:
 def _stop(proc, timeout=5):
     if proc.poll() is not None:
         return
-    os.killpg(proc.pid, signal.SIGTERM)
     try:
+        os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+    except ProcessLookupError:
         proc.wait(5)
 
 
