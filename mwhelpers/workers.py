@@ -371,10 +371,15 @@ class Runtime:
                 return run
             if time.monotonic() >= deadline:
                 self._end_stuck([run], f"it did not become ready within {timeout:g} s")
+                where = ""
+                if self.cluster.remote:
+                    where = (f" from this machine at {run.address} (on {self.cluster.host_of(run.task)}"
+                             "). If its log shows the server started, a firewall blocks the port: "
+                             "every task's port must be open to the other hosts and to this kernel")
                 raise WorkerTimeout(
                     f"{run.task} did not become ready within {timeout:g} s: port {run.port} "
-                    f"never accepted connections. Its Python stacks were written to its log "
-                    f"before it was ended.\n"
+                    f"never accepted connections{where}. Its Python stacks were written to its "
+                    f"log before it was ended.\n"
                     + failure_records.tail_text(run.task, run.log_path, run.tail()),
                     not_ready=[run.task],
                 )

@@ -146,6 +146,20 @@ def test_ssh_errors_say_what_to_do(remote_rt, env, tmp_path):
     assert remote_rt.cluster is None
 
 
+def test_a_port_this_machine_cannot_reach_is_named(remote_rt, env):
+    """A server that listens where the kernel cannot reach it (here: loopback of its host,
+    as behind a firewall) fails readiness with the address and what to check."""
+    from mwhelpers.errors import WorkerTimeout
+
+    remote_rt.define_cluster(1, hosts=[env.names[0]])
+    hidden = WHERE.replace("s.bind((addr, int(port)))", "s.bind(('127.0.0.1', int(port)))")
+    with pytest.raises(WorkerTimeout, match=r"never accepted connections from this machine at "
+                       rf"{re.escape(remote_rt.cluster.address('worker:0'))} .*a firewall blocks"):
+        remote_rt.launch("worker:0", code=hidden + "import time; time.sleep(60)\n",
+                         background=True, timeout=3)
+    assert gone_within(env, 5)
+
+
 def test_killing_a_remote_task_ends_its_whole_tree(remote_rt, env):
     remote_rt.define_cluster(1, hosts=[env.names[1]])
     run = remote_rt.launch("worker:0", code=TREE, background=True, ready="start")
