@@ -37,8 +37,10 @@ def wanted_stamp():
 
 
 def ensure_env():
-    if sys.version_info[:2] < (3, 10):
-        sys.exit(f"dev.py needs Python 3.10 or newer (3.11 recommended); this is {sys.version.split()[0]}")
+    # dev.py may be started by an older system Python than the project supports.
+    if sys.version_info[:2] < (3, 10):  # noqa: UP036
+        sys.exit("dev.py needs Python 3.10 or newer (3.11 recommended); "
+                 f"this is {sys.version.split()[0]}")
     if not PY.exists():
         say(f"creating the virtual environment {VENV}")
         venv.EnvBuilder(with_pip=True, clear=VENV.exists()).create(VENV)

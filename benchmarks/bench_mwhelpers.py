@@ -47,8 +47,11 @@ def bench_load_ext(rounds):
         try:
             kc.wait_for_ready(timeout=60)
             out = []
-            kc.execute_interactive(code, timeout=60, output_hook=lambda m: out.append(
-                m["content"].get("text", "")) if m["msg_type"] == "stream" else None)
+            def keep_stream(m, out=out):
+                if m["msg_type"] == "stream":
+                    out.append(m["content"].get("text", ""))
+
+            kc.execute_interactive(code, timeout=60, output_hook=keep_stream)
             dt, loaded = "".join(out).split()
             times.append(float(dt))
             tf_loaded.append(loaded == "True")

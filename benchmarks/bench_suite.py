@@ -116,16 +116,18 @@ SIZES = {"smoke": "32 2 10 2", "upstream": "64 3 70 10"}  # batch per worker, ep
 def bench_ratio(rounds, sizes="upstream"):
     args = SIZES[sizes]
     ours, theirs = [], []
-    for i in range(rounds):
+    for _ in range(rounds):
         for name, fn, out in (("mwhelpers", mwhelpers_way, ours), ("upstream", upstream_way, theirs)):
             workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
             write_programs(workdir)
             out.append(fn(workdir, args))
     m_ours, m_theirs = statistics.median(ours), statistics.median(theirs)
     ratio = m_ours / m_theirs
-    print(f"notebook 03 multi-worker part, {sizes} sizes ({args}; {rounds} rounds): mwhelpers median {m_ours:.1f} s, "
+    print(f"notebook 03 multi-worker part, {sizes} sizes ({args}; {rounds} rounds): "
+          f"mwhelpers median {m_ours:.1f} s, "
           f"upstream %%bash --bg + sleep(10) median {m_theirs:.1f} s")
-    print(f"  ratio mwhelpers / upstream = {ratio:.2f}; goal <= 0.75: {'met' if ratio <= 0.75 else 'NOT met'}")
+    verdict = "met" if ratio <= 0.75 else "NOT met"
+    print(f"  ratio mwhelpers / upstream = {ratio:.2f}; goal <= 0.75: {verdict}")
     print(f"  mwhelpers rounds: {', '.join(f'{t:.1f}' for t in ours)}; "
           f"upstream rounds: {', '.join(f'{t:.1f}' for t in theirs)}")
 

@@ -114,7 +114,7 @@ class Cluster:
         self._closed = False
         if placement is None:
             self._reservations = reserve_ports(len(self.tasks))
-            self._ports = {t: r.port for t, r in zip(self.tasks, self._reservations)}
+            self._ports = {t: r.port for t, r in zip(self.tasks, self._reservations, strict=True)}
             self._places = {t: (None, host, self._ports[t]) for t in self.tasks}
         else:
             self._reservations = []

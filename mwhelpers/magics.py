@@ -63,18 +63,14 @@ def parse_worker_line(line):
     i = 0
     while i < len(words):
         w = words[i]
-
-        def value(name):
-            if i + 1 >= len(words) or words[i + 1].startswith("--"):
-                raise UsageError(f"{name} needs a value")
-            return words[i + 1]
-
         if w == "--bg":
             opts["bg"] = True
         elif w == "--no-stall-fix":
             opts["stall_fix"] = False
         elif w in ("--timeout", "--log", "--ready"):
-            opts[w[2:]] = value(w)
+            if i + 1 >= len(words) or words[i + 1].startswith("--"):
+                raise UsageError(f"{w} needs a value")
+            opts[w[2:]] = words[i + 1]
             i += 1
         elif w.startswith(("--timeout=", "--log=", "--ready=")):
             key, val = w[2:].split("=", 1)

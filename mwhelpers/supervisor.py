@@ -25,7 +25,7 @@ def _start_all(rt, requests, attempt):
     """Start every task of an attempt; if one cannot start, end the others and re-raise."""
     runs = []
     try:
-        for request in requests:
+        for request in requests:  # one by one: on failure, runs holds the started ones
             runs.append(rt.start(request, attempt=attempt))
     except BaseException:
         ended = rt.end(runs, f"ended by the supervisor: attempt {attempt} could not start "
@@ -85,9 +85,10 @@ def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3
                     rt.echo(f"[mwhelpers] {events[-1]}")
 
         workers = [r for r in runs if r.task.type != "ps"]
-        rt._follow(runs, timeout, stream=stream, on_line=on_line,
-                   stop_when=lambda: any(r.failed for r in runs)
-                   or all(not r.running for r in workers))
+        def attempt_over(runs=runs, workers=workers):
+            return any(r.failed for r in runs) or all(not r.running for r in workers)
+
+        rt._follow(runs, timeout, stream=stream, on_line=on_line, stop_when=attempt_over)
         rt.end(runs, "ended by the supervisor")
         failed = rt.failures(runs, codes)
         record = {"attempt": attempt, "runs": runs, "events": events,

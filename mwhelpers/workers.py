@@ -194,7 +194,7 @@ class Runtime:
             raise UsageError("give either hosts (SSH) or slurm, not both")
         if hosts:
             if isinstance(hosts, str):
-                hosts = [h for h in hosts.split(",")]
+                hosts = hosts.split(",")
             hosts = [str(h).strip() for h in hosts]
             if not hosts or not all(hosts):
                 raise UsageError(f"hosts must name SSH destinations (host, user@host, an alias), "

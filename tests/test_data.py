@@ -48,7 +48,8 @@ def test_auto_uses_keras_cached_file_when_present(offline, tmp_path, monkeypatch
     (x2, y2), (xt2, _) = data
     assert x2.shape == (100, 28, 28) and (x2 == x[:100]).all()
     assert str(cache) in data.source
-    assert capsys.readouterr().out.startswith("MNIST: 100 training and 10 test images from Keras' cached MNIST")
+    assert capsys.readouterr().out.startswith(
+        "MNIST: 100 training and 10 test images from Keras' cached MNIST")
 
 
 def test_auto_falls_back_when_keras_cannot_download(tmp_path, monkeypatch, capsys):

@@ -5,12 +5,13 @@ import os
 import time
 
 import pytest
-
 from conftest import LISTENER, pid_alive, squatting
+
 from mwhelpers.errors import UsageError, WorkerFailed
 from mwhelpers.failures import FAULT, PROGRAM_ERROR, classify, last_exception
 
-EXIT_AFTER = "import os, sys, time\ntime.sleep(float(os.environ['AFTER']))\nsys.exit(int(os.environ['CODE']))\n"
+EXIT_AFTER = ("import os, sys, time\ntime.sleep(float(os.environ['AFTER']))\n"
+              "sys.exit(int(os.environ['CODE']))\n")
 
 
 def test_the_first_task_to_die_is_the_root_cause_whenever_wait_is_called(rt):

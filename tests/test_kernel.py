@@ -7,9 +7,9 @@ import time
 
 import nbformat
 import pytest
+from conftest import ROOT, TREE, pid_alive
 from jupyter_client import KernelManager
 
-from conftest import ROOT, TREE, pid_alive
 
 def kernel_env():
     env = dict(os.environ)

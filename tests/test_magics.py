@@ -4,8 +4,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import LISTENER, pid_alive
+
 from mwhelpers.errors import UsageError, WorkerFailed
 from mwhelpers.magics import parse_worker_line
 
@@ -179,7 +179,8 @@ def test_worker_magic_argument_errors(ip, rt):
 
 
 def test_killworker_when_takes_a_quoted_pattern(ip, rt, capsys):
-    code = "import time\nfor i in range(200):\n    print('step', i, 'of 200', flush=True)\n    time.sleep(0.05)\n"
+    code = ("import time\nfor i in range(200):\n    print('step', i, 'of 200', flush=True)\n"
+            "    time.sleep(0.05)\n")
     assert cell(ip, "%%worker 0 --bg --ready start\n" + code).success
     ip.run_line_magic("killworker", 'worker:0 --when "^step 3 of"')
     assert "worker:0 logged 'step 3 of 200'; sent SIGKILL" in capsys.readouterr().out

@@ -15,11 +15,11 @@ import textwrap
 import time
 
 import pytest
-
 from conftest import ROOT, STUBBORN, TREE, pid_alive
-from mwhelpers.errors import UsageError, WorkerFailed
-from testhosts import TestHosts, missing
 from test_tf_workers import TRAIN, check_trained_together, results
+from testhosts import TestHosts, missing
+
+from mwhelpers.errors import UsageError, WorkerFailed
 
 REASON = missing(slurm=True)
 if REASON and os.environ.get("CI") == "true":
@@ -117,7 +117,7 @@ def test_ssh_tasks_run_on_their_hosts_with_the_kernels_env(remote_rt, env, monke
         remote_rt.launch(t, code=WHERE, env={"EXTRA": "given with --env"}, background=True,
                          ready="start")
     remote_rt.wait(timeout=30)
-    for t, addr in zip(cluster.tasks, addrs):
+    for t, addr in zip(cluster.tasks, addrs, strict=True):
         w = where(remote_rt.get_run(t))
         assert w["bound"] == addr  # only possible on the host that owns the address
         assert w["cwd"] == str(tmp_path) and w["python"].startswith(str(ROOT / ".venv"))

@@ -6,7 +6,6 @@ import sys
 
 import nbformat
 import pytest
-
 from conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -29,11 +28,8 @@ def test_committed_notebook_is_clean_valid_and_parameterised(path):
 
 
 def outputs_text(nb):
-    texts = []
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            texts.append(out.get("text") or out.get("data", {}).get("text/plain", ""))
-    return "".join(texts)
+    return "".join(out.get("text") or out.get("data", {}).get("text/plain", "")
+                   for cell in nb.cells for out in cell.get("outputs", []))
 
 
 @pytest.fixture

@@ -1,13 +1,13 @@
 """The pip path (pyproject.toml + constraints.txt) and environment.yml pin the same versions."""
 
 import re
-import tomllib
 
+import tomllib
 from conftest import ROOT
 
 
 def _name(req):
-    return re.split(r"[=<>!~;\s]", req, 1)[0].lower().replace("_", "-")
+    return re.split(r"[=<>!~;\s]", req, maxsplit=1)[0].lower().replace("_", "-")
 
 
 def pyproject_pins():

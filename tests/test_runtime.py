@@ -7,8 +7,8 @@ import threading
 import time
 
 import pytest
-
 from conftest import LISTENER, STUBBORN, TREE, pid_alive, squatting
+
 from mwhelpers.errors import UsageError, WorkerFailed, WorkerTimeout
 from mwhelpers.workers import port_accepts
 
@@ -186,7 +186,8 @@ def test_end_all_escalates_to_sigkill_for_processes_that_ignore_sigterm(rt):
     t0 = time.monotonic()
     report = rt.end_all()
     assert time.monotonic() - t0 < 6
-    assert report == [f"ended worker:0: pid {run.pid} ({report[0].split('(', 1)[1].split(')')[0]}) with SIGKILL"]
+    command = report[0].split("(", 1)[1].split(")")[0]
+    assert report == [f"ended worker:0: pid {run.pid} ({command}) with SIGKILL"]
     assert not pid_alive(run.pid)
 
 

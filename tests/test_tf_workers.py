@@ -6,7 +6,6 @@ import shutil
 import time
 
 import pytest
-
 from conftest import ROOT
 
 TRAIN = ROOT / "tests" / "programs" / "mwms_train.py"

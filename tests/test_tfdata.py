@@ -6,7 +6,6 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import ROOT
 
 pytestmark = pytest.mark.tf
@@ -25,7 +24,8 @@ PROBE = textwrap.dedent("""
         ds = avoid_teardown_stall(ds)
         first = mdi._create_device_dataset
         avoid_teardown_stall()
-        out["idempotent"] = mdi._create_device_dataset is first and first.__wrapped__.__name__ == "_create_device_dataset"
+        out["idempotent"] = (mdi._create_device_dataset is first
+                             and first.__wrapped__.__name__ == "_create_device_dataset")
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     it = iter(strategy.experimental_distribute_dataset(ds))
     values = [sorted(int(v) for t in strategy.experimental_local_results(b) for v in t.numpy()) for b in it]

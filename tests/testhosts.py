@@ -200,8 +200,8 @@ class TestHosts:
             log = d / f"sshd_{name}.log"
             self.procs[f"sshd-{name}"] = subprocess.Popen(
                 ["ip", "netns", "exec", name, "/usr/sbin/sshd", "-D", "-f", str(cfg), "-E", str(log)],
-                env=_daemon_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                env=_daemon_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT, start_new_session=True)
             lines += [f"Host {name}", f"  HostName {addr}", "  User root",
                       f"  IdentityFile {d / 'client_key'}", "  IdentitiesOnly yes",
                       "  StrictHostKeyChecking no", "  UserKnownHostsFile /dev/null",
@@ -359,7 +359,7 @@ def main(argv=None):
     h.bridge, h.names = f"{h.prefix}br", state["hosts"]
     h._made_netns, h._made_run_sshd = list(state["hosts"]), state["made_run_sshd"]
     h.munge_dir = Path(state["munge_dir"]) if state.get("munge_dir") else None
-    for key, pid in state["pids"].items():
+    for pid in state["pids"].values():
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(pid, sig)

@@ -13,7 +13,7 @@ import os
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
 # The strategy first: collective ops must be configured before any op runs.
 strategy = tf.distribute.MultiWorkerMirroredStrategy()

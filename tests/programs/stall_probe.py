@@ -5,6 +5,7 @@ distributed it, of the per-device datasets its iterator builds, and of a dataset
 ``distribute_datasets_from_function`` (null: TF's default, which is on).
 """
 import json
+
 import tensorflow as tf
 
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
