@@ -6,6 +6,7 @@ shows last, the way a terminal would.
 """
 
 import os
+import re
 
 TAIL = 15  # log lines quoted in errors and failure records
 _TAIL_WINDOW = 256 * 1024  # bytes read from the end for a short tail
@@ -58,3 +59,46 @@ class LogFollower:
             parts.append(self._partial)
             self._partial = b""
         return [p.decode("utf-8", "replace").rstrip("\r").rsplit("\r", 1)[-1] for p in parts]
+
+
+# TensorFlow's C++ log records (absl format): "I0000 00:00:1795362809.141083   26731 file.cc:467] ...".
+_TF_RECORD = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [\w./-]+:\d+\] ")
+# Warnings and errors that every CPU-only start prints; noise, not news.
+_START_UP_NOISE = re.compile(
+    r"cuInit|Could not find cuda drivers|Unable to register cu(DNN|FFT|BLAS) factory|"
+    r"TF-TRT Warning|computation placer already registered|oneDNN custom operations")
+_ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called"
+# Lines that continue a hidden record on the next line.
+_CONTINUATION = re.compile(r"^(To enable the following instructions|/job:\w+/replica:\d+/task:\d+$)")
+
+
+class QuietFilter:
+    """Decides, line by line, what a cell shows of a task's output.
+
+    Hidden: TensorFlow's informational C++ records (``I...`` lines, with the
+    lines that continue them), absl's start-up preamble, and the CUDA and
+    oneDNN start-up messages of CPU-only machines.  Shown: everything else,
+    the program's own output and TensorFlow's other warnings and errors.
+    The log file always keeps every line; this only filters what streams.
+    """
+
+    def __init__(self):
+        self.hidden = 0
+        self._after_hidden = False
+
+    def keep(self, line):
+        show = self._decide(line)
+        self.hidden += not show
+        return show
+
+    def _decide(self, line):
+        m = _TF_RECORD.match(line)
+        if m:
+            self._after_hidden = m.group(1) == "I" or bool(_START_UP_NOISE.search(line))
+            return not self._after_hidden
+        if line.startswith(_ABSL_PREAMBLE):
+            return False
+        if self._after_hidden and _CONTINUATION.match(line):
+            return False
+        self._after_hidden = False
+        return True

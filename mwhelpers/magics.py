@@ -3,7 +3,7 @@
     %cluster [N] [--chief] [--ps K] [--evaluator] [--hosts H1,H2,... | --slurm [--job ID]]
              [--python PATH] [--cwd DIR]
     %%worker [TASK] [--bg] [--timeout S] [--log PATH] [--ready port|start] [--env K=V ...]
-             [--no-stall-fix]
+             [--no-stall-fix] [--verbose]
     %worker  [TASK] [options] SCRIPT [ARGS...]
     %workers
     %workerlog [TASK] [-n N] [--follow]
@@ -25,7 +25,7 @@ from .proctree import parse_signal
 from .workers import runtime
 
 _WORKER_OPTIONS = ("--bg, --timeout S, --log PATH, --ready port|start, --env K=V, "
-                   "--no-stall-fix")
+                   "--no-stall-fix, --verbose")
 
 
 def _parse(magic, line):
@@ -59,7 +59,7 @@ def parse_worker_line(line):
     except ValueError as e:
         raise UsageError(f"cannot parse {line!r}: {e}") from None
     opts = {"task": None, "bg": False, "timeout": None, "log": None, "env": [],
-            "ready": "auto", "script": None, "args": [], "stall_fix": None}
+            "ready": "auto", "script": None, "args": [], "stall_fix": None, "verbose": None}
     i = 0
     while i < len(words):
         w = words[i]
@@ -67,6 +67,8 @@ def parse_worker_line(line):
             opts["bg"] = True
         elif w == "--no-stall-fix":
             opts["stall_fix"] = False
+        elif w == "--verbose":
+            opts["verbose"] = True
         elif w in ("--timeout", "--log", "--ready"):
             if i + 1 >= len(words) or words[i + 1].startswith("--"):
                 raise UsageError(f"{w} needs a value")
@@ -150,7 +152,7 @@ class WorkerMagics(Magics):
         """Run a worker task's Python program in its own process.
 
         %%worker [TASK] [--bg] [--timeout S] [--log PATH] [--ready port|start] [--env K=V ...]
-                 [--no-stall-fix]
+                 [--no-stall-fix] [--verbose]
         %worker  [TASK] [options] SCRIPT [ARGS...]
 
         TASK is worker:1, chief:0, ps:0, evaluator:0, or 1 for worker:1
@@ -162,6 +164,8 @@ class WorkerMagics(Magics):
         imports modules from the working directory, as ``python -c`` would.
         --no-stall-fix keeps tf.data autotuning in a MultiWorkerMirroredStrategy
         worker (by default it is switched off so that fit ends when training ends).
+        --verbose streams every line, TensorFlow's informational C++ start-up lines
+        included; by default the cell leaves those out (the log keeps them all).
         """
         o = parse_worker_line(line)
         if cell is None and o["script"] is None:
@@ -173,7 +177,7 @@ class WorkerMagics(Magics):
         self.rt.launch(
             o["task"], code=cell, script=o["script"], args=o["args"], background=o["bg"],
             timeout=o["timeout"], log=o["log"], env=o["env"], ready=o["ready"],
-            stall_fix=o["stall_fix"],
+            stall_fix=o["stall_fix"], verbose=o["verbose"],
         )
 
     @line_magic

@@ -88,7 +88,8 @@ def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3
         def attempt_over(runs=runs, workers=workers):
             return any(r.failed for r in runs) or all(not r.running for r in workers)
 
-        rt._follow(runs, timeout, stream=stream, on_line=on_line, stop_when=attempt_over)
+        rt._follow(runs, timeout, stream=stream, on_line=on_line, stop_when=attempt_over,
+                   quiet=not rt.verbose)
         rt.end(runs, "ended by the supervisor")
         failed = rt.failures(runs, codes)
         record = {"attempt": attempt, "runs": runs, "events": events,

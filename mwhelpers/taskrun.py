@@ -86,10 +86,11 @@ class LaunchRequest:
     env: dict = field(default_factory=dict)
     ready: str = "auto"
     stall_fix: bool = None  # None: the runtime's default
+    verbose: bool = None  # True: stream every line (None: the runtime's default)
 
     @classmethod
     def parse(cls, task="worker:0", *, code=None, script=None, args=(), background=False,
-              timeout=None, log=None, env=None, ready="auto", stall_fix=None):
+              timeout=None, log=None, env=None, ready="auto", stall_fix=None, verbose=None):
         if (code is None) == (script is None):
             raise UsageError("give either the program's code or a script path, not both or neither")
         if script is not None:
@@ -106,12 +107,13 @@ class LaunchRequest:
             raise UsageError("args must be a list of strings, not one string")
         if ready not in READY_MODES:
             raise UsageError(f"ready must be 'auto', 'port' or 'start', got {ready!r}")
-        if stall_fix not in (None, True, False):
-            raise UsageError(f"stall_fix must be True, False or None, got {stall_fix!r}")
+        for name, value in (("stall_fix", stall_fix), ("verbose", verbose)):
+            if value not in (None, True, False):
+                raise UsageError(f"{name} must be True, False or None, got {value!r}")
         return cls(task=parse_task(task), code=code, script=script,
                    args=tuple(str(a) for a in args), background=bool(background),
                    timeout=parse_timeout(timeout), log=Path(log) if log else None,
-                   env=parse_env(env), ready=ready, stall_fix=stall_fix)
+                   env=parse_env(env), ready=ready, stall_fix=stall_fix, verbose=verbose)
 
 
 class TaskRun:

@@ -30,7 +30,7 @@ from .cluster import Cluster, job_tasks, parse_task
 from .errors import UsageError, WorkerFailed, WorkerTimeout
 from .failures import describe_exit
 from .launchers import LaunchSpec, LocalLauncher
-from .logs import LogFollower
+from .logs import LogFollower, QuietFilter
 from .ports import holder_of, port_in_use, port_range
 from .remote import forwarded_env
 from .status import StatusTable
@@ -95,6 +95,8 @@ class Runtime:
         self.session = claim_session()
         # The end-of-fit stall fix in every worker (tfdata.py); per launch: stall_fix=.
         self.stall_fix = stall_fix_wanted(os.environ)
+        # Cells show a task's output without TF's informational C++ lines (logs keep them).
+        self.verbose = False
         # At exit (or when this object is collected) the launchers end what still runs.
         self._finalizer = weakref.finalize(self, _close_launchers, self._launchers)
 
@@ -236,7 +238,7 @@ class Runtime:
 
     # -- launching -----------------------------------------------------------
     def launch(self, task="worker:0", *, code=None, script=None, args=(), background=False,
-               timeout=None, log=None, env=None, ready="auto", stall_fix=None):
+               timeout=None, log=None, env=None, ready="auto", stall_fix=None, verbose=None):
         """Run a task's program: ``code`` (a string) or ``script`` (a .py file).
 
         Foreground (default): follow its output into the caller, each line
@@ -249,10 +251,14 @@ class Runtime:
 
         ``stall_fix=False`` keeps tf.data autotuning in a MultiWorkerMirroredStrategy
         worker (see :mod:`mwhelpers.tfdata`); the default is ``self.stall_fix``.
+
+        ``verbose=True`` streams every line of the output, TensorFlow's
+        informational C++ lines included (the default, ``self.verbose``, hides
+        them from the caller; the log file keeps everything).
         """
         request = LaunchRequest.parse(task, code=code, script=script, args=args,
                                       background=background, timeout=timeout, log=log, env=env,
-                                      ready=ready, stall_fix=stall_fix)
+                                      ready=ready, stall_fix=stall_fix, verbose=verbose)
         return self.start(request)
 
     def start(self, request, attempt=1):
@@ -274,7 +280,8 @@ class Runtime:
         if request.background:
             self._await_ready(run, request.timeout)
         else:
-            self._follow([run], request.timeout, stream=True)
+            verbose = self.verbose if request.verbose is None else request.verbose
+            self._follow([run], request.timeout, stream=True, quiet=not verbose)
             self._raise_failures([run])
         return run
 
@@ -386,15 +393,17 @@ class Runtime:
             time.sleep(_POLL)
 
     def _follow(self, runs, timeout, stream, deadline_msg="did not finish", on_line=None,
-                stop_when=None, end_on_interrupt=True):
+                stop_when=None, end_on_interrupt=True, quiet=False):
         """Watch ``runs`` until all end (or ``stop_when()`` is true).
 
-        Streams their new log lines with a task prefix when ``stream``; calls
+        Streams their new log lines with a task prefix when ``stream`` (without
+        TensorFlow's informational lines when ``quiet``: :class:`QuietFilter`); calls
         ``on_line(run, line)`` for each line.  On timeout, dumps the stacks of
         the survivors, ends them and raises WorkerTimeout.  On interrupt
         (Ctrl-C, the notebook's stop button) ends the runs and re-raises.
         """
         followers = {r.task: LogFollower(r.log_path) for r in runs}
+        filters = {r.task: QuietFilter() for r in runs}
         deadline = None if timeout is None else time.monotonic() + timeout
         next_probe = 0.0
         try:
@@ -402,7 +411,7 @@ class Runtime:
                 finished = all(not r.running for r in runs)
                 for r in runs:
                     for line in followers[r.task].poll(final=finished):
-                        if stream:
+                        if stream and (not quiet or filters[r.task].keep(line)):
                             self.echo(f"[{r.task}] {line}")
                         if on_line:
                             on_line(r, line)
