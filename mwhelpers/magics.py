@@ -21,6 +21,7 @@ from IPython.display import display
 
 from .cluster import looks_like_task
 from .errors import UsageError
+from .live import LiveViews
 from .proctree import parse_signal
 from .workers import runtime
 
@@ -101,9 +102,18 @@ def parse_worker_line(line):
 
 @magics_class
 class WorkerMagics(Magics):
+    def __init__(self, shell=None, **kwargs):
+        super().__init__(shell=shell, **kwargs)
+        self.live = LiveViews()
+
     @property
     def rt(self):
         return runtime()
+
+    @property
+    def in_kernel(self):
+        """A Jupyter kernel (displays can update); not a terminal IPython."""
+        return getattr(self.shell, "kernel", None) is not None
 
     @line_magic
     @magic_arguments()
@@ -160,7 +170,9 @@ class WorkerMagics(Magics):
         kernel's environment otherwise.  In the foreground its output streams
         into the cell, prefixed with the task, and a failure raises.  With
         --bg it returns once the task's port accepts connections (or it has
-        ended) and its output goes to its log (%workerlog).  A cell's program
+        ended) and its output goes to its log (%workerlog); in a notebook a
+        live view under the cell follows its state, Keras epoch and step and
+        latest line until it ends, while the kernel stays free.  A cell's program
         imports modules from the working directory, as ``python -c`` would.
         --no-stall-fix keeps tf.data autotuning in a MultiWorkerMirroredStrategy
         worker (by default it is switched off so that fit ends when training ends).
@@ -174,11 +186,13 @@ class WorkerMagics(Magics):
         if cell is not None and o["script"] is not None:
             raise UsageError(f"%%worker runs the cell's code; {o['script']!r} looks like a "
                              "script: use the line magic %worker ... SCRIPT for a file")
-        self.rt.launch(
+        run = self.rt.launch(
             o["task"], code=cell, script=o["script"], args=o["args"], background=o["bg"],
             timeout=o["timeout"], log=o["log"], env=o["env"], ready=o["ready"],
             stall_fix=o["stall_fix"], verbose=o["verbose"],
         )
+        if o["bg"] and self.in_kernel:
+            self.live.show(run)  # updates itself while the task runs
 
     @line_magic
     def workers(self, line):
@@ -218,7 +232,10 @@ class WorkerMagics(Magics):
         what was stuck.
         """
         a = _parse(self.waitworkers, line)
-        runs = self.rt.wait(timeout=a.timeout)
+        try:
+            runs = self.rt.wait(timeout=a.timeout)
+        finally:
+            self.live.refresh()  # the live views' final state, from this cell (headless too)
         done = [r for r in runs if r.returncode == 0]
         print(f"{len(done)} task(s) finished: " + ", ".join(
             f"{r.task} in {r.uptime:.1f} s" for r in done) if done else "no task was running")
@@ -257,6 +274,7 @@ class WorkerMagics(Magics):
         bg = list(getattr(script_magics, "bg_processes", []) or [])
         pids = [p.pid for p in bg if getattr(p, "returncode", None) is None and getattr(p, "pid", None)]
         report = self.rt.end_all(extra_pids=pids)
+        self.live.refresh()
         if script_magics is not None and bg:
             script_magics._gc_bg_processes()
         if report:

@@ -1,0 +1,119 @@
+"""Background tasks are followed live in the notebook: the view updates itself, then settles."""
+
+import threading
+import time
+
+import nbformat
+from conftest import ROOT
+
+from mwhelpers.live import LiveViews, TaskView, progress
+
+# Keras-like progress, about 2.5 s in all.
+PROGRESS = (
+    "import time\n"
+    "for e in range(1, 4):\n"
+    "    print(f'Epoch {e}/3', flush=True)\n"
+    "    for s in range(1, 6):\n"
+    "        print(f'{s}/5 - loss: 0.{s}', flush=True)\n"
+    "        time.sleep(0.15)\n"
+)
+
+
+def test_progress_reads_keras_epochs_and_steps():
+    assert progress(["Epoch 1/3", "3/10 [==>....] - loss: 1.0"]) == "epoch 1/3, step 3/10"
+    assert progress(["Epoch 1/3", "10/10 - 0s - loss: 1.0", "Epoch 2/3"]) == "epoch 2/3"
+    assert progress(["hello"]) == ""
+
+
+class Handle:
+    """Records what a display handle was updated with (the kernel's part is tested below)."""
+
+    def __init__(self, first):
+        self.shown = [repr(first)]
+
+    def update(self, obj):
+        self.shown.append(repr(obj))
+
+
+def test_views_update_until_the_task_ends_then_the_thread_stops(rt):
+    handles = []
+
+    def display(obj):
+        handles.append(Handle(obj))
+        return handles[-1]
+
+    views = LiveViews(display=display, interval=0.2)
+    rt.define_cluster(1)
+    run = rt.launch("worker:0", code=PROGRESS, background=True, ready="start")
+    views.show(run)
+    run.wait(10)
+    deadline = time.monotonic() + 5
+    while views.following and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert views.following == 0 and views._thread is None
+    shown = handles[0].shown
+    assert any("running" in s and "epoch" in s for s in shown[1:-1]), shown
+    assert shown[-1].startswith("[worker:0] done (exit 0) after") and "epoch 3/3, step 5/5" in shown[-1]
+    assert not any(t.name == "mwhelpers-live" for t in threading.enumerate())
+
+
+def test_the_html_view_names_state_exit_and_progress(rt):
+    rt.define_cluster(1)
+    run = rt.launch("worker:0", code="print('Epoch 1/1')\nprint('1/1 - loss: 0.1')\nraise SystemExit(3)",
+                    background=True, ready="start")
+    run.wait(10)
+    page = TaskView(run)._repr_html_()
+    assert "worker:0" in page and "failed" in page and "exit 3" in page
+    assert "epoch 1/1, step 1/1" in page
+
+
+def test_in_a_kernel_the_view_updates_while_the_kernel_is_idle(tmp_path):
+    from test_kernel import Kernel
+
+    k = Kernel(tmp_path)
+    try:
+        status, out = k.run("%load_ext mwhelpers\n%cluster 1")
+        assert status == "ok", out
+        first = []
+        reply = k.kc.execute_interactive("%%worker 0 --bg --ready start\n" + PROGRESS,
+                                         output_hook=first.append, timeout=30)
+        assert reply["content"]["status"] == "ok"
+        shown = [m for m in first if m["msg_type"] == "display_data"]
+        assert len(shown) == 1
+        display_id = shown[0]["content"]["transient"]["display_id"]
+        updates = []
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:  # no cell runs now: the kernel is idle
+            try:
+                m = k.kc.get_iopub_msg(timeout=0.5)
+            except Exception:
+                continue
+            if m["msg_type"] == "update_display_data":
+                assert m["content"]["transient"]["display_id"] == display_id
+                updates.append((time.monotonic(), m["content"]["data"]["text/plain"]))
+                html = m["content"]["data"].get("text/html", "")
+        texts = [t for _, t in updates]
+        assert any("running" in t for t in texts), texts
+        assert texts[-1].startswith("[worker:0] done (exit 0)"), texts
+        assert "<table" in html and "done" in html  # JupyterLab renders the HTML
+        done_at = next(t for t, text in updates if "done" in text)
+        assert updates[-1][0] - done_at < 0.1  # settled: nothing after the final state
+    finally:
+        k.close()
+
+
+def test_headless_runs_save_the_final_state(tmp_path, monkeypatch):
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("%load_ext mwhelpers\n%cluster 1"),
+        nbformat.v4.new_code_cell("%%worker 0 --bg --ready start\n" + PROGRESS),
+        nbformat.v4.new_code_cell("%waitworkers --timeout 60"),
+    ])
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    view = [o for o in nb.cells[1].outputs if o.output_type == "display_data"]
+    assert len(view) == 1
+    assert view[0].data["text/plain"].startswith("[worker:0] done (exit 0) after")
+    assert "<table" in view[0].data["text/html"]
