@@ -280,17 +280,6 @@ def test_slurm_tasks_run_on_the_allocations_nodes(remote_rt, env, allocation):
         remote_rt.wait()
 
 
-@pytest.mark.tf
-def test_slurm_trains_through_the_api(remote_rt, env, allocation, monkeypatch):
-    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
-    remote_rt.define_cluster(2, slurm=allocation)
-    for t in ("worker:0", "worker:1"):
-        remote_rt.launch(t, script=str(TRAIN), args=["--epochs", "2", "--steps", "5"],
-                         background=True, timeout=120)
-    remote_rt.wait(timeout=120)
-    check_trained_together(results(remote_rt), epochs=2)
-
-
 def _squeue(job):
     return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
                           text=True, timeout=30).stdout.strip()
