@@ -71,9 +71,30 @@ import json, os, sys
 task = json.loads(os.environ["TF_CONFIG"])["task"]
 with open(os.path.join(os.environ["MARKER_DIR"], "starts"), "a") as f:
     f.write("%s attempt=%s\\n" % (task["index"], os.environ["MWHELPERS_ATTEMPT"]))
+import time
 if task["index"] == 1:
+    while "0 attempt" not in open(os.path.join(os.environ["MARKER_DIR"], "starts")).read():
+        time.sleep(0.01)  # once worker 0 runs: a slow start must not look like no start
     raise ValueError("bad shapes")
-import time; time.sleep(60)
+time.sleep(60)
+"""
+
+
+# Worker 1 dies of a fault (SIGKILL) in attempt 1, once worker 0 has started: a slow start
+# of worker 0 must not become an attempt in which it never ran. Worker 0 then waits forever.
+FAULTY = """
+import json, os, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+attempt = os.environ["MWHELPERS_ATTEMPT"]
+starts = os.path.join(os.environ["MARKER_DIR"], "starts")
+with open(starts, "a") as f:
+    f.write("%s attempt=%s\\n" % (task["index"], attempt))
+if attempt == "1":
+    if task["index"] == 1:
+        while "0 attempt=1" not in open(starts).read():
+            time.sleep(0.01)
+        os.kill(os.getpid(), 9)
+    time.sleep(60)
 """
 
 
@@ -98,11 +119,7 @@ def test_supervise_does_not_restart_a_program_error(rt, tmp_path):
 
 
 def test_supervise_restarts_a_fault_says_why_and_numbers_attempts(rt, tmp_path):
-    code = BUGGY.replace('raise ValueError("bad shapes")',
-                         'os.environ["MWHELPERS_ATTEMPT"] == "1" and os.kill(os.getpid(), 9)')
-    code = code.replace("import time; time.sleep(60)",
-                        'import time\nos.environ["MWHELPERS_ATTEMPT"] == "1" and time.sleep(60)')
-    attempts = rt.supervise(code=code, env={"MARKER_DIR": str(tmp_path)}, max_restarts=2,
+    attempts = rt.supervise(code=FAULTY, env={"MARKER_DIR": str(tmp_path)}, max_restarts=2,
                             timeout=60, stream=False)
     assert [a["attempt"] for a in attempts] == [1, 2]
     assert attempts[0]["restarted"] and attempts[0]["why"].startswith("restarted: killed by SIGKILL")
