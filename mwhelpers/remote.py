@@ -236,6 +236,21 @@ class AgentLauncher(Launcher):
             futures = {h: pool.submit(self.probe, h, counts[h], port_range) for h in hosts}
             return {h: f.result() for h, f in futures.items()}
 
+    def place(self, tasks, hosts, port_range):
+        """``{task: (host, address, port)}``: task i on host i mod len(hosts), each with a
+        port free on its host and used by no other task of the cluster (so tasks cannot
+        collide even where two hosts share an address)."""
+        place = {t: hosts[i % len(hosts)] for i, t in enumerate(tasks)}
+        wanted = {h: 2 * len(tasks) for h in dict.fromkeys(place.values())}
+        info = self.probe_all(list(wanted), wanted, port_range)
+        used, placement = set(), {}
+        for t in tasks:
+            h = place[t]
+            port = next(p for p in info[h]["ports"] if p not in used)
+            used.add(port)
+            placement[t] = (h, info[h]["address"], port)
+        return placement
+
     def describe_reach(self, host):
         return f"reaching {host}"
 

@@ -205,15 +205,7 @@ class Runtime:
         else:
             launcher = SlurmLauncher(python=python, cwd=cwd, job=slurm)
             hosts = launcher.nodes
-        place = {t: hosts[i % len(hosts)] for i, t in enumerate(tasks)}
-        wanted = {h: 2 * len(tasks) for h in dict.fromkeys(place.values())}
-        info = launcher.probe_all(list(wanted), wanted, port_range())
-        used, placement = set(), {}
-        for t in tasks:  # a port of its own for every task, even where hosts share an address
-            h = place[t]
-            port = next(p for p in info[h]["ports"] if p not in used)
-            used.add(port)
-            placement[t] = (h, info[h]["address"], port)
+        placement = launcher.place(tasks, hosts, port_range())
         cluster = Cluster(workers=workers, chief=chief, ps=ps, evaluator=evaluator,
                           placement=placement, kind=launcher.kind)
         return cluster, launcher

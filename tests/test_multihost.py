@@ -126,6 +126,22 @@ def test_ssh_tasks_run_on_their_hosts_with_the_kernels_env(remote_rt, env, monke
     assert re.search(rf"^chief:0\s+\d+@{h1}\s+done\s+0", repr(remote_rt.status()), re.M)
 
 
+def test_two_names_for_one_host_never_share_a_port(remote_rt, env, tmp_path):
+    """Two SSH names that reach the same machine (an alias): each probe finds free ports on
+    it, and the cluster still gives every task a port of its own."""
+    h1 = env.names[0]
+    config = tmp_path / "ssh_config"
+    text = env.ssh_config.read_text()
+    config.write_text(text + text.split(f"Host {h1}\n", 1)[1].split("\nHost ")[0].join(
+        ["Host same-as-h1\n", "\n"]))
+    cluster = remote_rt.define_cluster(4, hosts=[h1, "same-as-h1"], ssh=f"ssh -F {config}")
+    addrs = [cluster.address(t) for t in cluster.tasks]
+    assert {a.split(":")[0] for a in addrs} == {env.addresses[h1]} and len(set(addrs)) == 4
+    for t in cluster.tasks:
+        remote_rt.launch(t, code=WHERE + "import time; time.sleep(30)\n", background=True)
+    assert [where(remote_rt.get_run(t))["bound"] for t in cluster.tasks] == addrs
+
+
 def test_ssh_errors_say_what_to_do(remote_rt, env, tmp_path):
     h1 = env.names[0]
     cases = [
