@@ -118,6 +118,11 @@ class Agent:
             say(f"no Python at {argv[0]} on this host; install the same environment on every "
                 "host or name the interpreter for this cluster (python=...)")
             return 127
+        script = h.get("script")
+        if script and not os.path.isfile(os.path.join(cwd, script)):
+            say(f"the program {script} is not on this host; tasks run it by its path, so keep "
+                "it in a folder every host shares (a shared home) or copy it there first")
+            return 127
         port = h.get("port")
         if port and port_taken(int(port)):
             say(f"port {port} is already in use on this host; define the cluster again "

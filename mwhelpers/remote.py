@@ -84,11 +84,8 @@ class AgentProcess(Process):
         self.popen = popen
         self.host = host
         self.remote_pid = None
-        self.remote_hostname = None
         self.ended_by = None  # signal name the agent reported ending it with
         self._reported_exit = None
-        self._transport_lines = []  # what the transport (ssh, srun) itself said
-        self._started_evt = threading.Event()
         self._log_path = Path(log_path)
         self._send_lock = threading.Lock()
         self._reader = threading.Thread(target=self._read_reports, daemon=True,
@@ -104,14 +101,11 @@ class AgentProcess(Process):
                 words = line.split()
                 if words[1] == "started" and len(words) >= 3:
                     self.remote_pid = int(words[2])
-                    self.remote_hostname = words[3] if len(words) > 3 else None
-                    self._started_evt.set()
                 elif words[1] == "ended" and len(words) >= 3:
                     self.ended_by = words[2]
                 elif words[1] == "exit" and len(words) >= 3:
                     self._reported_exit = int(words[2])
             elif line.strip():
-                self._transport_lines.append(line)
                 with open(self._log_path, "a") as f:  # ssh's or srun's own words
                     f.write(f"[{self.host}] {line}\n")
 
@@ -122,13 +116,6 @@ class AgentProcess(Process):
         if self._reported_exit is not None:
             return self._reported_exit
         return code if code != 0 else 255  # the transport ended without the task's status
-
-    @property
-    def transport_error(self):
-        """What the transport said, when the agent never reported an exit."""
-        if self._reported_exit is None and self._transport_lines:
-            return "\n".join(self._transport_lines[-5:])
-        return ""
 
     # -- commands to the agent ------------------------------------------------------
     def _command(self, text):
