@@ -97,9 +97,15 @@ def allocation(env, monkeypatch):
     subprocess.run(["scancel", job], capture_output=True, timeout=30)
 
 
-def where(run):
-    line = next(ln for ln in run.lines() if ln.startswith("WHERE "))
-    return json.loads(line[len("WHERE "):])
+def where(run, timeout=10):
+    """The WHERE report of ``run``: its port may open before the line crosses ssh or srun."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [ln for ln in run.lines() if ln.startswith("WHERE ")]
+        if found:
+            return json.loads(found[0][len("WHERE "):])
+        assert time.monotonic() < deadline, run.lines()
+        time.sleep(0.05)
 
 
 # -- SSH -------------------------------------------------------------------------------------
@@ -347,7 +353,8 @@ def test_scancel_ends_a_batch_job_whose_workers_ignore_sigterm(env, tmp_path):
                          cwd=tmp_path, timeout=30).stdout.strip().split(";")[0]
     _wait_job(job, lambda s: s == "RUNNING", 60)
     deadline = time.monotonic() + 20
-    while "waiting for peers" not in (tmp_path / f"out-{job}.txt").read_text():
+    out = tmp_path / f"out-{job}.txt"  # slurmd creates it as the batch step starts
+    while not out.exists() or "waiting for peers" not in out.read_text():
         assert time.monotonic() < deadline
         time.sleep(0.1)
     subprocess.run(["scancel", job], check=True, timeout=30)
