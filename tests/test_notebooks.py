@@ -71,6 +71,9 @@ def test_strategies_guide_runs_under_nbclient(tmp_path, pythonpath):
     assert "examples per replica in the last step: [64, 64]" in text
     assert "tf.distribute.CentralStorageStrategy                     absent" in text
     assert '"type": "worker",' in text and '"index": 1' in text  # TF_CONFIG shown
+    assert "gradient norm, per-replica scaling / global scaling = 2.0000 (replicas: 2)" in text
+    assert "Keras 3, model.save('dir'): Invalid filepath extension" in text
+    assert "exported SavedModel serves: (1, 1)" in text
 
 
 def test_mirrored_strategy_notebook_runs_under_nbclient(tmp_path, pythonpath):
@@ -78,6 +81,8 @@ def test_mirrored_strategy_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert "number of devices: 2" in text
     assert "MirroredStrategy: 2 replica(s), global batch 128" in text
     assert "one device: 1 replica(s), global batch 128" in text
+    assert "epoch losses, 2 x 64:" in text  # asserted equal to 1 x 128 in the notebook
+    assert re.search(r"steps per epoch: (\d+) at global batch 128 \(2 x 64\), (\d+) at batch 64", text)
     assert "restoring ckpt-02.keras" in text and "Epoch 3/4" in text  # the second run resumed
     assert "cache() in memory" in text and "with prefetch" in text
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
