@@ -128,6 +128,8 @@ def test_saving_notebook_runs_under_nbclient(tmp_path, pythonpath):
 def test_backup_and_restore_notebook_runs_under_nbclient(tmp_path, pythonpath):
     nb = execute("06_backup_and_restore.ipynb", tmp_path)
     text = outputs_text(nb)
+    assert re.search(r"worker 0 failed \d+\.\d\d s after worker 1 was killed, noticed by the "
+                     r"(heartbeat timeout|closed connections)", text)
     assert "backup on disk: ['chief/checkpoint', 'chief/ckpt-1.data-00000-of-00001', " \
            "'chief/ckpt-1.index']" in text
     assert "restarted at step 20 = epoch 1, batch 0; finished at step 80" in text
