@@ -33,9 +33,10 @@ class LaunchSpec:
 
     ``cell``: ``script`` holds a notebook cell's code (``sys.path[0]`` is
     then the working directory, as for ``python -c``).  ``env`` holds the
-    whole environment of a task on this machine; ``forward_env`` what a task
-    on another host gets on top of its own login environment.  ``host`` and
-    ``port``: where it runs (None: here) and the port it will listen on.
+    whole environment of a task on this machine, or, for a task on another
+    host, what it gets on top of its login environment.  ``cwd`` None: the
+    launcher's folder.  ``host`` and ``port``: where it runs (None: here) and
+    the port it will listen on.
     """
 
     script: str
@@ -44,7 +45,6 @@ class LaunchSpec:
     log_path: Path
     cell: bool = False
     cwd: str = field(default_factory=os.getcwd)
-    forward_env: dict = field(default_factory=dict)
     host: str = None
     port: int = None
 

@@ -252,7 +252,7 @@ class AgentLauncher(Launcher):
             script = "{dir}/cell.py"
         argv = [self.python, "-u", "{dir}/_bootstrap.py", *(["--cell"] if spec.cell else []),
                 script, *spec.args]
-        header = {"argv": argv, "env": spec.forward_env, "cwd": spec.cwd or self.cwd,
+        header = {"argv": argv, "env": spec.env, "cwd": spec.cwd or self.cwd,
                   "files": files, "port": spec.port,
                   "script": None if spec.cell else script}
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -326,17 +326,16 @@ class Runtime:
         ready = request.ready
         if ready == "auto":
             ready = "port" if task.type in SERVER_JOBS else "start"
-        env_args = (task, request.env, request.stall_fix, attempt)
         host = self.cluster.host_of(task)
+        # Another machine gets the variables that matter, not the kernel's whole environment,
+        # and starts in the folder its launcher names.
+        base = None if host is None else forwarded_env(os.environ)
         spec = LaunchSpec(script=str(Path(script).resolve()), args=list(request.args),
-                          env=self.child_env(*env_args), log_path=Path(log_path),
-                          cell=request.code is not None, host=host, port=self.cluster.port(task))
-        if host is None:
-            process = self.launcher.start(spec)
-        else:  # another machine gets the variables that matter, not the kernel's whole env
-            spec.forward_env = self.child_env(*env_args, base=forwarded_env(os.environ))
-            spec.cwd = None
-            process = self.remote_launcher.start(spec)
+                          env=self.child_env(task, request.env, request.stall_fix, attempt, base),
+                          log_path=Path(log_path), cell=request.code is not None,
+                          cwd=os.getcwd() if host is None else None, host=host,
+                          port=self.cluster.port(task))
+        process = (self.launcher if host is None else self.remote_launcher).start(spec)
         run = TaskRun(task, process, spec.log_path, self.cluster.port(task),
                       self.cluster.address(task), ready, spec.script, attempt=attempt)
         self.runs[task] = run
