@@ -18,6 +18,7 @@ import signal
 
 from .errors import UsageError, WorkerFailed
 from .failures import report
+from .proctree import parse_signal
 from .taskrun import LaunchRequest
 
 
@@ -42,8 +43,9 @@ def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3
     """Run ``rt``'s cluster tasks together; after a fault, end all and restart all.
 
     ``tasks`` defaults to every task of the cluster.  ``inject`` is a list of
-    ``(task, regex)`` faults applied to the first attempt: the task is
-    killed with SIGKILL when its log first matches ``regex``.
+    ``(task, regex)`` or ``(task, regex, signal)`` faults applied to the
+    first attempt: the task's process tree gets ``signal`` (default SIGKILL;
+    SIGTERM for a preemption drill) when its log first matches ``regex``.
     ``restartable_exit_codes`` adds exit codes to restart on (besides
     signals and 128 + signal).  ``timeout`` bounds each attempt.
 
@@ -62,9 +64,12 @@ def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3
     cluster = rt.ensure_cluster()
     tasks = [cluster.check_task(t) for t in (tasks or cluster.tasks)]
     faults = []
-    for task, pattern in inject:
+    for fault in inject:
+        if not isinstance(fault, (tuple, list)) or len(fault) not in (2, 3):
+            raise UsageError(f"inject: each fault is (task, regex) or (task, regex, signal), got {fault!r}")
+        task, pattern, sig = (*fault, signal.SIGKILL)[:3]
         try:
-            faults.append((cluster.check_task(task), re.compile(pattern)))
+            faults.append((cluster.check_task(task), re.compile(pattern), parse_signal(sig)))
         except re.error as e:
             raise UsageError(f"inject: {pattern!r} is not a valid regular expression: {e}") from None
     requests = [LaunchRequest.parse(t, code=code, script=script, args=args, env=env,
@@ -80,8 +85,10 @@ def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3
             for fault in list(pending):
                 if fault[0] == run.task and fault[1].search(line) and run.running:
                     pending.remove(fault)
-                    rt.kill(run.task, signal.SIGKILL, why="fault injected by the supervisor")
-                    events.append(f"fault injected: killed {run.task} after it logged {line!r}")
+                    sig = fault[2]
+                    rt.kill(run.task, sig, why="fault injected by the supervisor")
+                    verb = "killed" if sig == signal.SIGKILL else f"sent {sig.name} to"
+                    events.append(f"fault injected: {verb} {run.task} after it logged {line!r}")
                     rt.echo(f"[mwhelpers] {events[-1]}")
 
         workers = [r for r in runs if r.task.type != "ps"]

@@ -94,7 +94,8 @@ def test_multi_worker_notebook_runs_under_nbclient(tmp_path, pythonpath):
     text = outputs_text(nb)
     assert "['hello from the kernel', '1']" in text  # the environment reaches a shell
     assert "Started server with target" in text and "Waiting for 1/2 tasks to connect" in text
-    assert re.search(r"after a 0\.5 s sleep: \d+ line\(s\) in job_0\.log, 'Started server' in it: False", text)
+    assert re.search(r"after a 0\.5 s sleep: \d+ line\(s\) in job_0\.log, 'Started server' in it: False",
+                     text)
     assert "2 s after SIGTERM, worker alive: True" in text and "after SIGKILL, worker alive: False" in text
     assert "bash alive: False | worker alive: True" in text  # IPython's %killbgscripts left it
     assert "float16 gradients send 50% fewer bytes" in text

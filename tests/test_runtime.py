@@ -373,9 +373,30 @@ def test_supervise_injects_faults_and_gives_up_after_max_restarts(rt, tmp_path):
     assert sum("restarting all 2 tasks" in ln for ln in rt.echo_lines) == 1
 
 
+def test_supervise_injects_a_sigterm_preemption_and_restarts_on_its_exit_code(rt, tmp_path):
+    """A preemption drill: SIGTERM (not SIGKILL) to worker 1; the program saves and exits 42, as
+    TensorFlow's PreemptionCheckpointHandler does, and 42 is declared restartable."""
+    code = ("import os, signal, sys, time\n"
+            "def saved(*_):\n    print('saved on SIGTERM', flush=True)\n    sys.exit(42)\n"
+            "signal.signal(signal.SIGTERM, saved)\n"
+            "for i in range(200 if os.environ['MWHELPERS_ATTEMPT'] == '1' else 5):\n"
+            "    print('step', i, flush=True)\n    time.sleep(0.05)\n")
+    attempts = rt.supervise(code=code, max_restarts=1, restartable_exit_codes=(42,), timeout=60,
+                            inject=[("worker:1", r"step 3\b", "TERM")], stream=False)
+    assert any("fault injected: sent SIGTERM to worker:1 after it logged 'step 3'" in ln
+               for ln in rt.echo_lines)
+    assert attempts[0]["failed"][0] == ("worker:1", "exit code 42 (fault injected by the supervisor)")
+    assert "saved on SIGTERM" in attempts[0]["runs"][1].lines()
+    assert attempts[0]["restarted"] and attempts[1]["failed"] == []
+
+
 def test_supervise_rejects_bad_arguments(rt):
     with pytest.raises(UsageError, match="max_restarts"):
         rt.supervise(code="print(1)", max_restarts=-1)
+    with pytest.raises(UsageError, match=r"\(task, regex\) or \(task, regex, signal\)"):
+        rt.supervise(code="print(1)", inject=["worker:1"])
+    with pytest.raises(UsageError, match="signal"):
+        rt.supervise(code="print(1)", inject=[("worker:1", "x", "NOPE")])
     with pytest.raises(UsageError, match="outside the cluster"):
         rt.supervise(code="print(1)", tasks=["worker:4"])
     assert rt.history == []
