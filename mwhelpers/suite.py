@@ -176,12 +176,72 @@ def run_notebook(path, out_dir, params, run_id, optional=None):
     return error
 
 
+def run_timed(path, out_dir, params, run_id, optional):
+    """Run one notebook with this run's mark; (path, error or None, seconds).
+
+    ``run_id`` is the notebook's own mark, so its leftovers are told apart
+    from those of a notebook running beside it.
+    """
+    os.environ[SUITE_ENV] = run_id  # inherited by the kernel and every worker it starts
+    t0 = time.monotonic()
+    try:
+        error = run_notebook(path, out_dir, params, run_id, optional=optional)
+    except SuiteError as e:
+        error = str(e)
+    except Exception as e:  # papermill or the kernel broke: report it, run the rest
+        error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return path, error, time.monotonic() - t0
+
+
+def run_all(jobs, parallel):
+    """Run ``jobs`` (run_timed's arguments), ``parallel`` at a time; yield results as they end.
+
+    With more than one at a time, each notebook runs in a process of its own
+    (kernel stderr goes to its file through this process's descriptor 2, and
+    that cannot be shared).
+    """
+    parallel = min(parallel, len(jobs))
+    if parallel <= 1:
+        for job in jobs:
+            print(f"{job[0].name} ...", flush=True)
+            yield run_timed(*job)
+        return
+    import concurrent.futures
+    import multiprocessing
+
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=parallel, mp_context=multiprocessing.get_context("spawn"))
+    with pool:
+        pending = {pool.submit(run_timed, *job): job for job in jobs}
+        print(f"running {len(jobs)} notebooks, {parallel} at a time ...", flush=True)
+        try:
+            for done in concurrent.futures.as_completed(pending):
+                path, _, _, run_id, _ = pending[done]
+                try:
+                    yield done.result()
+                except Exception as e:  # its process died: report it, end what it left
+                    end_leftovers(run_id)
+                    yield path, f"the process running it failed: {type(e).__name__}: {e}", 0.0
+        finally:
+            for future in pending:
+                future.cancel()
+            for *_, run_id, _ in pending.values():
+                end_leftovers(run_id)
+
+
 def write_html(nb_path):
     import nbformat
     from nbconvert import HTMLExporter
 
     body, _ = HTMLExporter().from_notebook_node(nbformat.read(nb_path, as_version=4))
     nb_path.with_suffix(".html").write_text(body, encoding="utf-8")
+
+
+def default_jobs():
+    """Two notebooks at a time per two CPUs, up to four: a notebook waits for
+    workers to start, for peers and for timeouts often enough that a second one
+    fills the idle CPU, while each worker is a TensorFlow process of its own."""
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 def main(argv=None):
@@ -192,7 +252,11 @@ def main(argv=None):
     p.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                    help="set a parameter in every notebook")
     p.add_argument("--output", default=str(ROOT / "output"), help="where results go (output/)")
+    p.add_argument("-j", "--jobs", type=int, default=default_jobs(),
+                   help="notebooks run at the same time (default: %(default)s, from the CPU count)")
     a = p.parse_args(argv)
+    if a.jobs < 1:
+        p.error(f"--jobs must be 1 or more, not {a.jobs}")
 
     paths = [Path(n).resolve() for n in a.notebooks] or sorted((ROOT / "notebooks").glob("*.ipynb"))
     for path in paths:
@@ -208,26 +272,19 @@ def main(argv=None):
     out_dir = Path(a.output).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     run_id = secrets.token_hex(6)
-    os.environ[SUITE_ENV] = run_id  # inherited by every kernel and worker
     os.environ["PYTHONPATH"] = with_root_on_path(os.environ.get("PYTHONPATH", ""))
 
     rows = []
     total = time.monotonic()
     with test_hosts(paths, params) as host_params:
-        for i, path in enumerate(paths, 1):
-            print(f"[{i}/{len(paths)}] {path.name} ...", flush=True)
-            t0 = time.monotonic()
-            try:
-                error = run_notebook(path, out_dir, params, run_id, optional=host_params)
-            except SuiteError as e:
-                error = str(e)
-            except Exception as e:  # papermill or the kernel broke: report it, run the rest
-                error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            dt = time.monotonic() - t0
+        jobs = [(path, out_dir, params, f"{run_id}.{i}", host_params)
+                for i, path in enumerate(paths, 1)]
+        for i, (path, error, dt) in enumerate(run_all(jobs, a.jobs), 1):
             status = "ok" if error is None else "FAILED"
             print(f"[{i}/{len(paths)}] {path.name}: {status} in {dt:.1f} s"
                   + (f"\n    {error}" if error else ""), flush=True)
             rows.append((path.name, status, f"{dt:.1f}", error or ""))
+    rows.sort()
 
     width = max(len(r[0]) for r in rows)
     print(f"\n{'notebook'.ljust(width)}  status  seconds  error")

@@ -195,6 +195,17 @@ def test_suite_runs_a_notebook_with_papermill_and_writes_outputs(tmp_path):
     assert (out / "work" / "00_mwhelpers_tour" / "main.py").exists()  # its own working dir
 
 
+def assert_no_suite_worker_left():
+    import psutil
+
+    for p in psutil.process_iter(["pid"]):
+        try:
+            assert p.environ().get("MWHELPERS_TASK") is None or \
+                p.environ().get("MWHELPERS_SUITE_RUN") is None, f"leaked worker {p.pid}"
+        except psutil.Error:
+            pass
+
+
 def make_nb(path, cells, params=True):
     nb = nbformat.v4.new_notebook()
     if params:
@@ -233,14 +244,35 @@ def test_suite_reports_the_failing_cell_and_leaves_no_worker(tmp_path):
     assert proc.returncode == 1
     assert "WorkerFailed: worker:1 failed: exit code 6" in proc.stdout
     assert "fails.ipynb: FAILED" in proc.stdout
-    import psutil
+    assert_no_suite_worker_left()
 
-    for p in psutil.process_iter(["pid"]):
-        try:
-            assert p.environ().get("MWHELPERS_TASK") is None or \
-                p.environ().get("MWHELPERS_SUITE_RUN") is None, f"leaked worker {p.pid}"
-        except psutil.Error:
-            pass
+
+def test_suite_runs_notebooks_side_by_side_and_ends_only_the_failed_ones_workers(tmp_path):
+    fails = make_nb(tmp_path / "a_fails.ipynb", [
+        "%load_ext mwhelpers",
+        "%%worker 0 --bg --ready start\nimport time\nprint('start', flush=True)\ntime.sleep(300)",
+        "raise SystemExit('a_fails gives up with its worker running')",
+    ])
+    # b's worker must outlive a's failure: a's leftovers are ended while b still runs
+    lives = make_nb(tmp_path / "b_lives.ipynb", [
+        "%load_ext mwhelpers",
+        "%%worker 0 --bg --ready start\nimport time\nprint('start', flush=True)\ntime.sleep(300)",
+        "import time, mwhelpers\nrun = mwhelpers.runtime().get_run('worker:0')\ntime.sleep(8)\n"
+        "assert run.running, 'my worker was ended by the other notebook'\n"
+        "mwhelpers.runtime().kill('worker:0')",
+    ])
+    proc = run_suite(str(fails), str(lives), "--output", str(tmp_path / "out"), "--jobs", "2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "running 2 notebooks, 2 at a time" in proc.stdout
+    assert "a_fails.ipynb: FAILED" in proc.stdout and "b_lives.ipynb: ok" in proc.stdout
+    assert "1 passed, 1 failed" in proc.stdout
+    spans = []
+    for name in ("a_fails", "b_lives"):
+        meta = nbformat.read(tmp_path / "out" / f"{name}.ipynb", as_version=4).metadata.papermill
+        spans.append((meta.start_time, meta.end_time))
+        assert (tmp_path / "out" / f"{name}.stderr.log").exists()
+    assert max(s for s, _ in spans) < min(e for _, e in spans), f"not side by side: {spans}"
+    assert_no_suite_worker_left()
 
 
 def test_suite_puts_the_checkout_first_on_a_pythonpath_that_was_already_set(tmp_path):
