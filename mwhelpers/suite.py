@@ -237,6 +237,22 @@ def write_html(nb_path):
     nb_path.with_suffix(".html").write_text(body, encoding="utf-8")
 
 
+def longest_first(paths, out_dir):
+    """``paths`` ordered by how long each took in the last run recorded in ``out_dir``,
+    longest first (unknown ones first of all, in name order), so that with several
+    at a time a long notebook does not start last and run alone."""
+    import json
+
+    def last_seconds(path):
+        try:
+            meta = json.loads((out_dir / path.name).read_text(encoding="utf-8"))["metadata"]
+            return float(meta["papermill"]["duration"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return float("inf")
+
+    return sorted(paths, key=lambda p: (-last_seconds(p), p.name))
+
+
 def default_jobs():
     """Two notebooks at a time per two CPUs, up to four: a notebook waits for
     workers to start, for peers and for timeouts often enough that a second one
@@ -277,8 +293,9 @@ def main(argv=None):
     rows = []
     total = time.monotonic()
     with test_hosts(paths, params) as host_params:
+        order = longest_first(paths, out_dir) if a.jobs > 1 else paths
         jobs = [(path, out_dir, params, f"{run_id}.{i}", host_params)
-                for i, path in enumerate(paths, 1)]
+                for i, path in enumerate(order, 1)]
         for i, (path, error, dt) in enumerate(run_all(jobs, a.jobs), 1):
             status = "ok" if error is None else "FAILED"
             print(f"[{i}/{len(paths)}] {path.name}: {status} in {dt:.1f} s"

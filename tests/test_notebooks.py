@@ -275,6 +275,19 @@ def test_suite_runs_notebooks_side_by_side_and_ends_only_the_failed_ones_workers
     assert_no_suite_worker_left()
 
 
+def test_suite_starts_the_notebooks_that_took_longest_last_time_first(tmp_path):
+    from mwhelpers.suite import longest_first
+
+    out = tmp_path / "out"
+    out.mkdir()
+    paths = [make_nb(tmp_path / f"{name}.ipynb", ["print(1)"]) for name in ("a", "b", "c", "d")]
+    for name, seconds in (("a", 3.0), ("b", 40.0), ("c", None)):  # c failed; d never ran
+        nb = nbformat.read(tmp_path / f"{name}.ipynb", as_version=4)
+        nb.metadata["papermill"] = {"duration": seconds}
+        nbformat.write(nb, out / f"{name}.ipynb")
+    assert [p.stem for p in longest_first(paths, out)] == ["c", "d", "b", "a"]
+
+
 def test_suite_puts_the_checkout_first_on_a_pythonpath_that_was_already_set(tmp_path):
     other = tmp_path / "site"
     other.mkdir()
