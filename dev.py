@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """One entry point for the project's two jobs, on a machine with only Python.
 
-    python3 dev.py suite [--full] [NOTEBOOK ...]   run the notebook suite headless
-    python3 dev.py test [PYTEST ARGS ...]          run the tests
+    python3 dev.py suite [--full] [-j N] [NOTEBOOK ...]   run the notebook suite headless
+    python3 dev.py test [PYTEST ARGS ...]                 run the tests
 
 Each creates (or reuses) the virtual environment ``.venv`` in this checkout
 and installs the pinned dependencies into it when pyproject.toml or

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmarks of the notebook suite (a script that prints figures, not a test).
 
-    .venv/bin/python benchmarks/bench_suite.py [--rounds N] [--stall-runs N] [--skip-suite]
+    .venv/bin/python benchmarks/bench_suite.py [--rounds N] [--stall-runs N] [--skip-suite | --suite-only]
 
 1. The multi-worker part of notebooks/03 (worker 0 in the background, worker 1 in
    the foreground, wait for both), done the mwhelpers way (the magics, defaults)
@@ -13,7 +13,8 @@
    on (the default): the seconds from the end of training (``on_train_end``) to the
    return of ``fit`` on each worker, at the upstream sizes (batch 64 per worker,
    3 epochs x 70 steps).
-3. The whole suite at smoke sizes (``python -m mwhelpers.suite``). Goal: <= 180 s.
+3. The whole suite at smoke sizes (``python -m mwhelpers.suite``), one notebook at a
+   time and then with the default ``--jobs``, with the CPU seconds it used. Goal: <= 150 s.
 """
 
 import argparse
@@ -160,18 +161,42 @@ def bench_stall(runs):
     return rows
 
 
-def bench_suite():
+def run_suite(out, jobs):
+    """One suite run into ``out``; (wall seconds, CPU seconds of everything it ran, exit, table)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    out = Path(tempfile.mkdtemp(prefix="bench-suite-"))
-    proc = subprocess.run([sys.executable, "-m", "mwhelpers.suite", "--output", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "mwhelpers.suite", "--output", str(out),
+                           "--jobs", str(jobs)],
                           cwd=ROOT, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     seconds = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     table = [ln for ln in proc.stdout.splitlines() if ".ipynb " in ln and ("ok" in ln or "FAILED" in ln)]
-    print(f"whole suite at smoke sizes: {seconds:.1f} s (exit {proc.returncode}); goal <= 180 s: "
-          f"{'met' if seconds <= 180 and proc.returncode == 0 else 'NOT met'}")
-    for ln in table:
-        print("  " + ln)
+    return seconds, cpu, proc.returncode, table
+
+
+def bench_suite():
+    """The suite one notebook at a time (the baseline), then side by side (the default
+    --jobs), into the same output folder so the second run can start the longest first."""
+    from mwhelpers.suite import default_jobs
+
+    out = Path(tempfile.mkdtemp(prefix="bench-suite-"))
+    cores = os.cpu_count()
+    runs = {}
+    for jobs in (1, default_jobs()):
+        seconds, cpu, code, table = run_suite(out, jobs)
+        runs[jobs] = seconds
+        print(f"whole suite at smoke sizes, --jobs {jobs}: {seconds:.1f} s (exit {code}); "
+              f"CPU {cpu:.0f} s, {cpu / seconds / cores:.0%} of {cores} cores busy; goal <= 150 s: "
+              f"{'met' if seconds <= 150 and code == 0 else 'NOT met'}")
+        for ln in table:
+            print("  " + ln)
+    if len(runs) == 2:
+        one, many = runs[1], runs[default_jobs()]
+        print(f"side by side / one at a time: {many / one:.2f}")
 
 
 def main():
@@ -181,10 +206,12 @@ def main():
     p.add_argument("--sizes", choices=sorted(SIZES), default="upstream",
                    help="sizes of the ratio benchmark (default: the upstream tutorial's)")
     p.add_argument("--skip-suite", action="store_true")
+    p.add_argument("--suite-only", action="store_true", help="only the whole-suite figures (3.)")
     a = p.parse_args()
-    bench_ratio(a.rounds, a.sizes)
-    if a.stall_runs:
-        bench_stall(a.stall_runs)
+    if not a.suite_only:
+        bench_ratio(a.rounds, a.sizes)
+        if a.stall_runs:
+            bench_stall(a.stall_runs)
     if not a.skip_suite:
         bench_suite()
 
