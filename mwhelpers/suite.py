@@ -303,11 +303,16 @@ def main(argv=None):
         order = longest_first(paths, out_dir) if a.jobs > 1 else paths
         jobs = [(path, out_dir, params, f"{run_id}.{i}", host_params)
                 for i, path in enumerate(order, 1)]
-        for i, (path, error, dt) in enumerate(run_all(jobs, a.jobs), 1):
-            status = "ok" if error is None else "FAILED"
-            print(f"[{i}/{len(paths)}] {path.name}: {status} in {dt:.1f} s"
-                  + (f"\n    {error}" if error else ""), flush=True)
-            rows.append((path.name, status, f"{dt:.1f}", error or ""))
+        try:
+            for i, (path, error, dt) in enumerate(run_all(jobs, a.jobs), 1):
+                status = "ok" if error is None else "FAILED"
+                print(f"[{i}/{len(paths)}] {path.name}: {status} in {dt:.1f} s"
+                      + (f"\n    {error}" if error else ""), flush=True)
+                rows.append((path.name, status, f"{dt:.1f}", error or ""))
+        except KeyboardInterrupt:
+            print(f"\ninterrupted after {len(rows)} of {len(paths)} notebook(s); every process "
+                  "the running ones had started was ended", flush=True)
+            return 130
     rows.sort()
 
     width = max(len(r[0]) for r in rows)

@@ -195,15 +195,18 @@ def test_suite_runs_a_notebook_with_papermill_and_writes_outputs(tmp_path):
     assert (out / "work" / "00_mwhelpers_tour" / "main.py").exists()  # its own working dir
 
 
-def assert_no_suite_worker_left():
+def suite_workers():
     import psutil
 
+    found = []
     for p in psutil.process_iter(["pid"]):
         try:
-            assert p.environ().get("MWHELPERS_TASK") is None or \
-                p.environ().get("MWHELPERS_SUITE_RUN") is None, f"leaked worker {p.pid}"
+            env = p.environ()
+            if env.get("MWHELPERS_TASK") and env.get("MWHELPERS_SUITE_RUN"):
+                found.append(p)
         except psutil.Error:
             pass
+    return found
 
 
 def make_nb(path, cells, params=True):
@@ -244,7 +247,7 @@ def test_suite_reports_the_failing_cell_and_leaves_no_worker(tmp_path):
     assert proc.returncode == 1
     assert "WorkerFailed: worker:1 failed: exit code 6" in proc.stdout
     assert "fails.ipynb: FAILED" in proc.stdout
-    assert_no_suite_worker_left()
+    assert suite_workers() == [], "a suite's worker was left running"
 
 
 def test_suite_runs_notebooks_side_by_side_and_ends_only_the_failed_ones_workers(tmp_path):
@@ -272,7 +275,37 @@ def test_suite_runs_notebooks_side_by_side_and_ends_only_the_failed_ones_workers
         spans.append((meta.start_time, meta.end_time))
         assert (tmp_path / "out" / f"{name}.stderr.log").exists()
     assert max(s for s, _ in spans) < min(e for _, e in spans), f"not side by side: {spans}"
-    assert_no_suite_worker_left()
+    assert suite_workers() == [], "a suite's worker was left running"
+
+
+def test_ctrl_c_stops_the_suite_and_ends_every_notebooks_workers(tmp_path):
+    import os
+    import signal
+    import time
+
+    cells = ["%load_ext mwhelpers",
+             "%%worker 0 --bg --ready start\nimport time\nprint('start', flush=True)\ntime.sleep(300)",
+             "import time\ntime.sleep(300)"]
+    nbs = [str(make_nb(tmp_path / f"{name}.ipynb", cells)) for name in ("one", "two")]
+    proc = subprocess.Popen(  # Ctrl-C in a terminal: SIGINT to the suite's process group
+        [sys.executable, "-m", "mwhelpers.suite", *nbs, "--output", str(tmp_path / "out"), "-j", "2"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        while len(suite_workers()) < 2:  # both notebooks have their worker running
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read()
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, out
+    assert "interrupted after 0 of 2 notebook(s)" in out and "Traceback" not in out
+    assert suite_workers() == []
 
 
 def test_suite_starts_the_notebooks_that_took_longest_last_time_first(tmp_path):
