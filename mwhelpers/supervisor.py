@@ -15,6 +15,7 @@ environment, and each failed attempt writes its root cause as JSON to
 
 import re
 import signal
+import time
 
 from .errors import UsageError, WorkerFailed
 from .failures import report
@@ -38,8 +39,22 @@ def _start_all(rt, requests, attempt):
     return runs
 
 
+def _let_peers_finish(runs, codes, grace):
+    """When a task exited with one of ``codes`` (it stopped on purpose, having saved, as
+    PreemptionCheckpointHandler makes every worker do), give the other workers up to
+    ``grace`` seconds to exit the same way before they are ended: ending them at once
+    would cut short the save they are finishing.  ps tasks never exit by themselves."""
+    if not any(r.returncode in codes for r in runs if not r.running):
+        return
+    deadline = time.monotonic() + grace
+    for r in runs:
+        if r.running and r.task.type != "ps":
+            r.wait(max(0.0, deadline - time.monotonic()))
+
+
 def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3, timeout=None,
-              env=None, inject=(), stream=True, restartable_exit_codes=(), stall_fix=None):
+              env=None, inject=(), stream=True, restartable_exit_codes=(), peer_grace=10.0,
+              stall_fix=None):
     """Run ``rt``'s cluster tasks together; after a fault, end all and restart all.
 
     ``tasks`` defaults to every task of the cluster.  ``inject`` is a list of
@@ -47,7 +62,9 @@ def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3
     first attempt: the task's process tree gets ``signal`` (default SIGKILL;
     SIGTERM for a preemption drill) when its log first matches ``regex``.
     ``restartable_exit_codes`` adds exit codes to restart on (besides
-    signals and 128 + signal).  ``timeout`` bounds each attempt.
+    signals and 128 + signal); when a task exits with one of them, the other
+    tasks get up to ``peer_grace`` seconds to exit by themselves before they
+    are ended.  ``timeout`` bounds each attempt.
 
     Returns the list of attempts, each a dict: ``attempt`` (1, 2...),
     ``runs``, ``events`` (faults injected), ``failed`` ((task, outcome)
@@ -61,6 +78,8 @@ def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3
     codes = tuple(restartable_exit_codes)
     if not all(isinstance(c, int) for c in codes):
         raise UsageError(f"restartable_exit_codes must be whole numbers, got {codes!r}")
+    if not isinstance(peer_grace, (int, float)) or isinstance(peer_grace, bool) or peer_grace < 0:
+        raise UsageError(f"peer_grace must be a number of seconds >= 0, got {peer_grace!r}")
     cluster = rt.ensure_cluster()
     tasks = [cluster.check_task(t) for t in (tasks or cluster.tasks)]
     faults = []
@@ -97,6 +116,8 @@ def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3
 
         rt._follow(runs, timeout, stream=stream, on_line=on_line, stop_when=attempt_over,
                    quiet=not rt.verbose)
+        if codes:
+            _let_peers_finish(runs, codes, peer_grace)
         rt.end(runs, "ended by the supervisor")
         failed = rt.failures(runs, codes)
         record = {"attempt": attempt, "runs": runs, "events": events,

@@ -665,7 +665,7 @@ class Runtime:
     # -- supervision -------------------------------------------------------------
     def supervise(self, script=None, *, code=None, args=(), tasks=None, max_restarts=3,
                   timeout=None, env=None, inject=(), stream=True, restartable_exit_codes=(),
-                  stall_fix=None):
+                  peer_grace=10.0, stall_fix=None):
         """Run the cluster's tasks together and restart them all after a fault.
 
         See :func:`mwhelpers.supervisor.supervise`.
@@ -675,7 +675,7 @@ class Runtime:
         return supervise(self, script=script, code=code, args=args, tasks=tasks,
                          max_restarts=max_restarts, timeout=timeout, env=env, inject=inject,
                          stream=stream, restartable_exit_codes=restartable_exit_codes,
-                         stall_fix=stall_fix)
+                         peer_grace=peer_grace, stall_fix=stall_fix)
 
 
 def _close_launchers(launchers):

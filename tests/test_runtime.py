@@ -382,12 +382,34 @@ def test_supervise_injects_a_sigterm_preemption_and_restarts_on_its_exit_code(rt
             "for i in range(200 if os.environ['MWHELPERS_ATTEMPT'] == '1' else 5):\n"
             "    print('step', i, flush=True)\n    time.sleep(0.05)\n")
     attempts = rt.supervise(code=code, max_restarts=1, restartable_exit_codes=(42,), timeout=60,
-                            inject=[("worker:1", r"step 3\b", "TERM")], stream=False)
+                            inject=[("worker:1", r"step 3\b", "TERM")], stream=False,
+                            peer_grace=0.5)  # worker 0 here never exits by itself
     assert any("fault injected: sent SIGTERM to worker:1 after it logged 'step 3'" in ln
                for ln in rt.echo_lines)
     assert attempts[0]["failed"][0] == ("worker:1", "exit code 42 (fault injected by the supervisor)")
     assert "saved on SIGTERM" in attempts[0]["runs"][1].lines()
     assert attempts[0]["restarted"] and attempts[1]["failed"] == []
+
+
+def test_supervise_lets_the_peers_of_a_preempted_task_finish_their_save(rt):
+    """PreemptionCheckpointHandler makes every worker save and exit 42, not only the one
+    that got SIGTERM. Here worker 0 learns of the preemption from a file worker 1 writes and
+    needs 1.5 s to "save": the supervisor waits for it instead of ending it."""
+    code = ("import os, signal, sys, time\n"
+            "def preempted(*_):\n    open('preempted', 'w').close()\n    sys.exit(42)\n"
+            "signal.signal(signal.SIGTERM, preempted)\n"
+            "for i in range(400 if os.environ['MWHELPERS_ATTEMPT'] == '1' else 3):\n"
+            "    if os.path.exists('preempted') and os.environ['MWHELPERS_ATTEMPT'] == '1':\n"
+            "        time.sleep(1.5)\n        print('saved', flush=True)\n        sys.exit(42)\n"
+            "    print('step', i, flush=True)\n    time.sleep(0.05)\n")
+    attempts = rt.supervise(code=code, max_restarts=1, restartable_exit_codes=(42,), timeout=60,
+                            inject=[("worker:1", r"step 3\b", "TERM")], stream=False)
+    assert attempts[0]["failed"] == [("worker:1", "exit code 42 (fault injected by the supervisor)"),
+                                     ("worker:0", "exit code 42")]
+    assert "saved" in attempts[0]["runs"][0].lines()
+    assert attempts[0]["restarted"] and attempts[1]["failed"] == []
+    with pytest.raises(UsageError, match="peer_grace"):
+        rt.supervise(code="print(1)", peer_grace=-1)
 
 
 def test_supervise_rejects_bad_arguments(rt):
