@@ -118,7 +118,7 @@ def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3
                    quiet=not rt.verbose)
         if codes:
             _let_peers_finish(runs, codes, peer_grace)
-        rt.end(runs, "ended by the supervisor")
+        ended = rt.end(runs, "ended by the supervisor")
         failed = rt.failures(runs, codes)
         record = {"attempt": attempt, "runs": runs, "events": events,
                   "failed": [(f.task, f.outcome) for f in failed],
@@ -144,6 +144,7 @@ def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3
                                + report(failed), failed)
         record["restarted"] = True
         record["why"] = f"restarted: {root.reason}"
-        rt.echo(f"{head}; ended the other tasks; restarting all {len(tasks)} tasks "
+        others = "ended the other tasks" if ended else "the other tasks had exited by themselves"
+        rt.echo(f"{head}; {others}; restarting all {len(tasks)} tasks "
                 f"(restart {attempt} of {max_restarts})")
     return attempts

@@ -407,6 +407,8 @@ def test_supervise_lets_the_peers_of_a_preempted_task_finish_their_save(rt):
     assert attempts[0]["failed"] == [("worker:1", "exit code 42 (fault injected by the supervisor)"),
                                      ("worker:0", "exit code 42")]
     assert "saved" in attempts[0]["runs"][0].lines()
+    assert any("the other tasks had exited by themselves; restarting all 2 tasks" in ln
+               for ln in rt.echo_lines)
     assert attempts[0]["restarted"] and attempts[1]["failed"] == []
     with pytest.raises(UsageError, match="peer_grace"):
         rt.supervise(code="print(1)", peer_grace=-1)
