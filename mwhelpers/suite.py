@@ -224,10 +224,11 @@ def run_all(jobs, parallel):
                 except Exception as e:  # its process died: report it, end what it left
                     end_leftovers(run_id)
                     yield path, f"the process running it failed: {type(e).__name__}: {e}", 0.0
-        finally:
+        finally:  # interrupted: the notebooks not done may have left processes
+            unfinished = [job for future, job in pending.items() if not future.done()]
             for future in pending:
                 future.cancel()
-            for *_, run_id, _ in pending.values():
+            for *_, run_id, _ in unfinished:
                 end_leftovers(run_id)
 
 

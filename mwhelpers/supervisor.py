@@ -116,8 +116,7 @@ def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3
 
         rt._follow(runs, timeout, stream=stream, on_line=on_line, stop_when=attempt_over,
                    quiet=not rt.verbose)
-        if codes:
-            _let_peers_finish(runs, codes, peer_grace)
+        _let_peers_finish(runs, codes, peer_grace)
         ended = rt.end(runs, "ended by the supervisor")
         failed = rt.failures(runs, codes)
         record = {"attempt": attempt, "runs": runs, "events": events,
