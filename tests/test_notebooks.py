@@ -195,6 +195,10 @@ def test_suite_runs_a_notebook_with_papermill_and_writes_outputs(tmp_path):
     assert (out / "work" / "00_mwhelpers_tour" / "main.py").exists()  # its own working dir
 
 
+# a cell that starts worker 0 in the background, doing nothing for 5 minutes
+SLEEPING_WORKER = "%%worker 0 --bg --ready start\nimport time\ntime.sleep(300)"
+
+
 def suite_workers():
     import psutil
 
@@ -240,7 +244,7 @@ def test_suite_keeps_kernel_stderr_out_of_the_console(tmp_path):
 def test_suite_reports_the_failing_cell_and_leaves_no_worker(tmp_path):
     nb = make_nb(tmp_path / "fails.ipynb", [
         "%load_ext mwhelpers",
-        "%%worker 0 --bg --ready start\nimport time\ntime.sleep(300)",
+        SLEEPING_WORKER,
         "%%worker 1\nraise SystemExit(6)",
     ])
     proc = run_suite(str(nb), "--output", str(tmp_path / "out"))
@@ -253,13 +257,13 @@ def test_suite_reports_the_failing_cell_and_leaves_no_worker(tmp_path):
 def test_suite_runs_notebooks_side_by_side_and_ends_only_the_failed_ones_workers(tmp_path):
     fails = make_nb(tmp_path / "a_fails.ipynb", [
         "%load_ext mwhelpers",
-        "%%worker 0 --bg --ready start\nimport time\nprint('start', flush=True)\ntime.sleep(300)",
+        SLEEPING_WORKER,
         "raise SystemExit('a_fails gives up with its worker running')",
     ])
     # b's worker must outlive a's failure: a's leftovers are ended while b still runs
     lives = make_nb(tmp_path / "b_lives.ipynb", [
         "%load_ext mwhelpers",
-        "%%worker 0 --bg --ready start\nimport time\nprint('start', flush=True)\ntime.sleep(300)",
+        SLEEPING_WORKER,
         "import time, mwhelpers\nrun = mwhelpers.runtime().get_run('worker:0')\ntime.sleep(8)\n"
         "assert run.running, 'my worker was ended by the other notebook'\n"
         "mwhelpers.runtime().kill('worker:0')",
@@ -284,7 +288,7 @@ def test_ctrl_c_stops_the_suite_and_ends_every_notebooks_workers(tmp_path):
     import time
 
     cells = ["%load_ext mwhelpers",
-             "%%worker 0 --bg --ready start\nimport time\nprint('start', flush=True)\ntime.sleep(300)",
+             SLEEPING_WORKER,
              "import time\ntime.sleep(300)"]
     nbs = [str(make_nb(tmp_path / f"{name}.ipynb", cells)) for name in ("one", "two")]
     proc = subprocess.Popen(  # Ctrl-C in a terminal: SIGINT to the suite's process group

@@ -410,8 +410,6 @@ def test_supervise_lets_the_peers_of_a_preempted_task_finish_their_save(rt):
     assert any("the other tasks had exited by themselves; restarting all 2 tasks" in ln
                for ln in rt.echo_lines)
     assert attempts[0]["restarted"] and attempts[1]["failed"] == []
-    with pytest.raises(UsageError, match="peer_grace"):
-        rt.supervise(code="print(1)", peer_grace=-1)
 
 
 def test_supervise_rejects_bad_arguments(rt):
@@ -423,6 +421,8 @@ def test_supervise_rejects_bad_arguments(rt):
         rt.supervise(code="print(1)", inject=[("worker:1", "x", "NOPE")])
     with pytest.raises(UsageError, match="outside the cluster"):
         rt.supervise(code="print(1)", tasks=["worker:4"])
+    with pytest.raises(UsageError, match="peer_grace"):
+        rt.supervise(code="print(1)", peer_grace=-1)
     assert rt.history == []
 
 
