@@ -24,6 +24,9 @@ for TensorFlow to load MultiWorkerMirroredStrategy and then makes every
 dataset that strategy distributes (``experimental_distribute_dataset``, which
 ``fit`` uses, and ``distribute_datasets_from_function``) and its per-device
 iterators run without autotuning.  The worker's log says so in one line.
+When this TensorFlow's private names are missing or take other arguments,
+nothing is changed and the log says that instead, in one line: the
+workaround never stops a program from running.
 ``MWHELPERS_STALL_FIX=0`` (or ``%%worker --no-stall-fix``,
 ``Runtime.stall_fix = False``) turns that off.
 
@@ -89,38 +92,97 @@ MWMS_MODULE = "tensorflow.python.distribute.collective_all_reduce_strategy"
 STALL_FIX_ENV = "MWHELPERS_STALL_FIX"
 NOTICE = ("[mwhelpers] tf.data autotuning is off for this MultiWorkerMirroredStrategy input "
           "pipeline so that fit ends when training ends (keep it: MWHELPERS_STALL_FIX=0)")
-_announced = []
+SKIPPED = ("[mwhelpers] the end-of-fit stall workaround is not applied, tf.data autotuning "
+           "stays on ({why}); the program runs unchanged, but fit may linger after its last step")
+# The private methods wrapped, with the name of the argument after ``self`` that each takes.
+WRAPPED = (("_experimental_distribute_dataset", "dataset"),
+           ("_distribute_datasets_from_function", "dataset_fn"))
+_said = set()
+
+
+def _say_once(key, line):
+    if key not in _said:
+        _said.add(key)
+        print(line, file=sys.stderr, flush=True)
+
+
+def _tf_version():
+    module = sys.modules.get("tensorflow")
+    version = getattr(module, "__version__", None) or getattr(
+        getattr(module, "version", None), "VERSION", None)
+    return f"TensorFlow {version}" if version else "this TensorFlow"
+
+
+def _why_not(ext):
+    """Why ``ext`` (CollectiveAllReduceExtended) cannot be wrapped safely, or None."""
+    import inspect
+
+    if ext is None:
+        return f"{_tf_version()} has no CollectiveAllReduceExtended"
+    for name, argument in WRAPPED:
+        method = getattr(ext, name, None)
+        if not callable(method):
+            return f"{_tf_version()} has no CollectiveAllReduceExtended.{name}"
+        try:
+            params = list(inspect.signature(method).parameters)
+        except (TypeError, ValueError):
+            params = []
+        if params[:2] != ["self", argument]:
+            return (f"{_tf_version()}'s CollectiveAllReduceExtended.{name} takes "
+                    f"({', '.join(params)}), not (self, {argument}, ...)")
+    return None
 
 
 def _without_autotune(dataset):
-    if hasattr(dataset, "with_options"):
+    """``dataset`` with autotuning off, or unchanged (and said why) when that cannot be done."""
+    if not _patch_device_datasets():
+        # Both iterators must stop autotuning; the user's alone does not end the stall.
+        _say_once("skipped", SKIPPED.format(
+            why=f"{_tf_version()} has no multi_device_iterator_ops._create_device_dataset"))
+        return dataset
+    try:
         dataset = dataset.with_options(_no_autotune_options())
-    if not _announced:
-        _announced.append(True)
-        print(NOTICE, file=sys.stderr, flush=True)
+    except Exception as e:  # never break the program for a workaround
+        _say_once("skipped", SKIPPED.format(why=f"with_options failed: {type(e).__name__}: {e}"))
+        return dataset
+    _say_once("notice", NOTICE)
     return dataset
 
 
 def patch_mwms(module):
-    """Make MWMS distribute datasets (and iterate per device) without autotuning."""
+    """Make MWMS distribute datasets (and iterate per device) without autotuning.
+
+    Returns True when patched.  When this TensorFlow's private methods are
+    missing or take other arguments, nothing is changed, the log says so in
+    one line, and False is returned: the program runs as without mwhelpers.
+    """
     ext = getattr(module, "CollectiveAllReduceExtended", None)
-    if ext is None or getattr(ext, _PATCHED, False):
+    if getattr(ext, _PATCHED, False):
+        return False
+    why = _why_not(ext)
+    if why:
+        _say_once("skipped", SKIPPED.format(why=why))
         return False
     distribute = ext._experimental_distribute_dataset
     from_function = ext._distribute_datasets_from_function
 
-    def _experimental_distribute_dataset(self, dataset, options):
-        _patch_device_datasets()
-        return distribute(self, _without_autotune(dataset), options)
+    def _experimental_distribute_dataset(self, dataset, *args, **kwargs):
+        return distribute(self, _without_autotune(dataset), *args, **kwargs)
 
-    def _distribute_datasets_from_function(self, dataset_fn, options):
-        _patch_device_datasets()
-        return from_function(self, lambda ctx: _without_autotune(dataset_fn(ctx)), options)
+    def _distribute_datasets_from_function(self, dataset_fn, *args, **kwargs):
+        return from_function(self, lambda ctx: _without_autotune(dataset_fn(ctx)), *args, **kwargs)
 
     ext._experimental_distribute_dataset = _experimental_distribute_dataset
     ext._distribute_datasets_from_function = _distribute_datasets_from_function
     setattr(ext, _PATCHED, True)
     return True
+
+
+def _patch_safely(module):
+    try:
+        patch_mwms(module)
+    except Exception as e:  # a TensorFlow we do not know: run the program unpatched
+        _say_once("skipped", SKIPPED.format(why=f"{type(e).__name__}: {e}"))
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -165,7 +227,8 @@ def install_import_hook():
     """Patch MultiWorkerMirroredStrategy as soon as TensorFlow loads it (or now)."""
     module = sys.modules.get(MWMS_MODULE)
     if module is not None:
-        return patch_mwms(module)
+        _patch_safely(module)
+        return True
     if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(MWMS_MODULE, patch_mwms))
+        sys.meta_path.insert(0, _AfterImport(MWMS_MODULE, _patch_safely))
     return True
