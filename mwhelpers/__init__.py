@@ -7,7 +7,7 @@ the same features are available from Python through :class:`Runtime`
 Importing this package is cheap: TensorFlow is never imported here.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _LAZY = {
     "Cluster": "cluster", "Task": "cluster", "parse_task": "cluster",
@@ -38,3 +38,9 @@ def load_ipython_extension(ipython):
     from .magics import load
 
     load(ipython)
+
+
+def unload_ipython_extension(ipython):
+    from .magics import unload
+
+    unload(ipython)

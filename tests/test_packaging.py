@@ -1,61 +1,114 @@
-"""The pip path (pyproject.toml + constraints.txt) and environment.yml pin the same versions."""
+"""The library declares ranges; the tutorials' lock pins one environment with one TensorFlow.
 
+The environment checked here is the one the tests run in (dev.py installs the lock into it).
+"""
+
+import importlib.metadata
 import re
+import subprocess
+import sys
 
 import tomllib
 from conftest import ROOT
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+TF_DISTRIBUTIONS = {"tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos",
+                    "tensorflow-cpu-aws", "tf-nightly", "tf-nightly-cpu"}
+# Installed by the lock without the dependencies they declare (see requirements/tutorials.txt).
+WITHOUT_DEPS = {"tf-keras", "mlxtend"}
 
 
-def _name(req):
-    return re.split(r"[=<>!~;\s]", req, maxsplit=1)[0].lower().replace("_", "-")
+def norm(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def pyproject_pins():
-    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    reqs = data["project"]["dependencies"] + data["project"]["optional-dependencies"]["test"]
-    return sorted(r.replace(" ", "") for r in reqs)
+def project():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
-def environment_pins():
-    text = (ROOT / "environment.yml").read_text()
-    block = text.split("- pip:", 1)[1]
-    pins = []
-    for line in block.splitlines():
-        m = re.match(r"\s+-\s+(.+)$", line)
-        if m and not m.group(1).startswith("-e"):
-            pins.append(m.group(1).strip().strip('"').replace(" ", ""))
-    return sorted(pins)
-
-
-def constraint_pins():
+def lock(name):
     pins = {}
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, version = line.split("==")
-            pins[name.lower().replace("_", "-")] = version.strip()
+    for line in (ROOT / "requirements" / name).read_text().splitlines():
+        if line.strip() and not line.startswith(("#", "-r")):
+            pkg, version = line.split("==")
+            pins[norm(pkg)] = version.strip()
     return pins
 
 
-def test_every_dependency_is_pinned_exactly():
-    for req in pyproject_pins():
-        assert "==" in req, f"{req} is not pinned to one version"
+def environment_yml_pins():
+    text = (ROOT / "environment.yml").read_text()
+    block = text.split("- pip:", 1)[1]
+    return {norm(m.group(1)): m.group(2) for m in re.finditer(r"^\s+-\s+([\w.-]+)==(\S+)$", block, re.M)}
 
 
-def test_environment_yml_names_the_same_versions_as_pyproject():
-    assert environment_pins() == pyproject_pins()
-    assert "python=3.11" in (ROOT / "environment.yml").read_text()
+def test_the_library_needs_only_what_the_kernel_side_imports_as_ranges():
+    reqs = [Requirement(r) for r in project()["dependencies"]]
+    assert sorted(norm(r.name) for r in reqs) == ["ipython", "numpy", "psutil"]
+    for r in reqs:
+        assert r.specifier and all(s.operator == ">=" for s in r.specifier), f"{r} is not a floor"
+    # TensorFlow is the environment's own, in no extra either
+    extras = project()["optional-dependencies"]
+    named = {norm(Requirement(r).name) for reqs in extras.values() for r in reqs}
+    assert not named & TF_DISTRIBUTIONS
 
 
-def test_constraints_agree_with_the_direct_pins():
-    locked = constraint_pins()
-    for req in pyproject_pins():
-        if "sys_platform!='linux'" in req:
-            continue  # not installed here, so not in the Linux freeze
-        name, version = _name(req), req.split("==")[1].split(";")[0]
-        assert locked.get(name) == version, f"{name}: pyproject {version}, constraints {locked.get(name)}"
+def test_the_lock_satisfies_the_library_ranges_and_has_one_tensorflow():
+    pins = lock("tutorials.txt")
+    for r in map(Requirement, project()["dependencies"]):
+        assert Version(pins[norm(r.name)]) in r.specifier, f"lock {pins[norm(r.name)]} outside {r}"
+    assert set(pins) & TF_DISTRIBUTIONS == {"tensorflow-cpu"}
+    assert pins["tf-keras"].rsplit(".", 1)[0] == pins["tensorflow-cpu"].rsplit(".", 1)[0]
+    assert not {"scipy", "scikit-learn", "pandas"} & set(pins)  # mlxtend without its stack
+    assert not set(pins) & set(lock("test.txt"))
+
+
+def test_the_installed_environment_is_the_lock_with_one_tensorflow():
+    installed = {norm(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
+    wanted = lock("tutorials.txt") | lock("test.txt")
+    differ = {n: (v, installed.get(n)) for n, v in wanted.items() if installed.get(n) != v}
+    assert not differ, f"lock vs installed: {differ}"
+    assert set(installed) & TF_DISTRIBUTIONS == {"tensorflow-cpu"}, sorted(set(installed) & TF_DISTRIBUTIONS)
+    # pip's own view: the only broken requirements are those the lock leaves out on purpose
+    out = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True).stdout
+    broken = sorted(ln for ln in out.splitlines() if ln.strip())
+    assert broken == sorted(
+        [f"mlxtend 0.25.0 requires {d}, which is not installed." for d in
+         ("joblib", "pandas", "scikit-learn", "scipy")]
+        + ["tf-keras 2.21.0 requires tensorflow, which is not installed."]), broken
+
+
+def test_the_tensorflow_that_runs_is_the_cpu_build():
+    code = ("import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
+            "import tensorflow as tf; print(tf.sysconfig.get_build_info().get('is_cuda_build'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_environment_yml_is_the_lock_less_what_needs_no_deps():
+    text = (ROOT / "environment.yml").read_text()
+    wanted = lock("tutorials.txt") | lock("test.txt")
+    assert environment_yml_pins() == {n: v for n, v in wanted.items() if n not in WITHOUT_DEPS}
+    apart = " ".join(f"{n.replace('-', '_') if n == 'tf-keras' else n}=={wanted[n]}"
+                     for n in sorted(WITHOUT_DEPS))
+    assert f"pip install --no-deps {apart} -e ." in text
+    assert "python=3.11" in text
+
+
+def test_one_version_source():
+    import mwhelpers
+
+    assert project()["dynamic"] == ["version"] and "version" not in project()
+    assert importlib.metadata.version("mwhelpers") == mwhelpers.__version__
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert f"## {mwhelpers.__version__}" in changelog
+    assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
+    assert (ROOT / "mwhelpers" / "py.typed").exists()
 
 
 def test_readme_commands_are_the_ones_ci_runs():
     readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
     assert "python3 dev.py suite" in readme and "python3 dev.py test" in readme
-    assert "python3 dev.py test" in (ROOT / ".ci" / "run").read_text()
+    assert "python3 dev.py matrix" in readme
+    assert "python3 dev.py test" in ci and "python3 dev.py matrix" in ci
