@@ -136,6 +136,15 @@ class LiveViews:
                 self._thread = None  # decided under the lock: a new show() starts a new thread
             return bool(self._views)
 
+    def stop(self):
+        """Update every view once more and stop following them (the extension is unloaded)."""
+        try:
+            self.refresh()
+        except Exception:  # a closed kernel channel: nothing to update
+            pass
+        with self._lock:
+            self._views = []
+
     def _loop(self):
         while True:
             time.sleep(self.interval)

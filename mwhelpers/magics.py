@@ -12,18 +12,20 @@
     %killbgscripts
 """
 
+import contextlib
+import os
+import re
 import shlex
 
 from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
-from IPython.display import display
 
 from .cluster import looks_like_task
 from .errors import UsageError
 from .live import LiveViews
 from .proctree import parse_signal
-from .workers import runtime
+from .workers import BG_ENV, runtime
 
 _WORKER_OPTIONS = ("--bg, --timeout S, --log PATH, --ready port|start, --env K=V, "
                    "--no-stall-fix, --verbose")
@@ -133,7 +135,7 @@ class WorkerMagics(Magics):
     @argument("--cwd", default=None, metavar="DIR",
               help="the folder remote tasks start in (default: the kernel's)")
     def cluster(self, line):
-        """Define the cluster, or show the current one.
+        """Define the cluster, or show the current one; returns it (``c = %cluster 2``).
 
         N workers (default 2), optionally a chief job, K parameter servers
         and an evaluator, on free localhost ports reserved for this kernel.
@@ -146,16 +148,15 @@ class WorkerMagics(Magics):
             if self.rt.cluster is None:
                 print("No cluster is defined yet; %cluster N defines one "
                       "(the first %%worker defines 2 workers).")
-            else:
-                display(self.rt.cluster)
-            return
+            return self.rt.cluster
         a = _parse(self.cluster, line)
         workers = 2 if a.workers is None else a.workers
         if a.job and not a.slurm:
             raise UsageError("--job goes with --slurm")
         slurm = (a.job or True) if a.slurm else None
-        display(self.rt.define_cluster(workers, chief=a.chief, ps=a.ps, evaluator=a.evaluator,
-                                       hosts=a.hosts, slurm=slurm, python=a.python, cwd=a.cwd))
+        # Returned, not displayed: shown as the cell's result, or kept by ``c = %cluster 2``.
+        return self.rt.define_cluster(workers, chief=a.chief, ps=a.ps, evaluator=a.evaluator,
+                                      hosts=a.hosts, slurm=slurm, python=a.python, cwd=a.cwd)
 
     @line_cell_magic
     def worker(self, line, cell=None):
@@ -196,8 +197,9 @@ class WorkerMagics(Magics):
 
     @line_magic
     def workers(self, line):
-        """Show a status table of every task launched in this kernel."""
-        display(self.rt.status())
+        """A status table of every task launched in this kernel (returned: shown as the
+        cell's result, or kept by ``table = %workers``)."""
+        return self.rt.status()
 
     @line_magic
     @magic_arguments()
@@ -267,12 +269,17 @@ class WorkerMagics(Magics):
 
         Unlike IPython's own %killbgscripts (which signals only the ``bash``
         of ``%%bash --bg`` and leaves its ``python main.py`` running), this
-        ends every descendant, plus processes started from this kernel that
-        were orphaned.  Escalates SIGINT -> SIGTERM -> SIGKILL.
+        ends every descendant, plus the orphans that escaped those trees (found
+        by the marks in their environment: a task's, or that of a ``%%script
+        --bg`` cell).  Other background commands of the kernel, such as
+        ``!nohup tensorboard ... &``, are left running.  Escalates SIGINT ->
+        SIGTERM -> SIGKILL.
         """
         script_magics = self.shell.magics_manager.registry.get("ScriptMagics")
         bg = list(getattr(script_magics, "bg_processes", []) or [])
         pids = [p.pid for p in bg if getattr(p, "returncode", None) is None and getattr(p, "pid", None)]
+        # Orphans count when a task or a %%script --bg cell started them (their marks);
+        # other background commands of the kernel (!nohup tensorboard ... &) are left alone.
         report = self.rt.end_all(extra_pids=pids)
         self.live.refresh()
         if script_magics is not None and bg:
@@ -285,6 +292,72 @@ class WorkerMagics(Magics):
             print("No background processes were running.")
 
 
+# Cell magics of IPython's ScriptMagics that can run a program in the background (--bg).
+_SCRIPT_MAGICS = re.compile(r"^\s*%%(bash|sh|script|python\d?|perl|ruby|pypy)\b(.*)$")
+
+
+class _BackgroundCellMark:
+    """While a ``%%bash --bg`` (or any ``%%script --bg``) cell runs, the kernel's environment
+    carries ``BG_ENV``: what the cell starts inherits it, and so do that program's
+    descendants after they are re-parented. ``%killbgscripts`` ends only marked orphans."""
+
+    def __init__(self, ipython):
+        self.ipython = ipython
+
+    def pre_run_cell(self, info=None):
+        first = (getattr(info, "raw_cell", "") or "").lstrip("\n").split("\n", 1)[0]
+        m = _SCRIPT_MAGICS.match(first)
+        if m and "--bg" in m.group(2).split():
+            os.environ[BG_ENV] = runtime().session
+
+    def post_run_cell(self, result=None):
+        os.environ.pop(BG_ENV, None)
+
+    def register(self):
+        self.ipython.events.register("pre_run_cell", self.pre_run_cell)
+        self.ipython.events.register("post_run_cell", self.post_run_cell)
+
+    def unregister(self):
+        for name in ("pre_run_cell", "post_run_cell"):
+            with contextlib.suppress(ValueError):
+                self.ipython.events.unregister(name, getattr(self, name))
+
+
+_LOADED = {}  # shell -> (WorkerMagics instance, _BackgroundCellMark)
+
+
 def load(ipython):
+    if ipython in _LOADED:
+        return
     runtime().use_session_name(ipython.user_ns.get("__session__"))
-    ipython.register_magics(WorkerMagics)
+    magics = WorkerMagics(shell=ipython)
+    ipython.register_magics(magics)
+    mark = _BackgroundCellMark(ipython)
+    mark.register()
+    _LOADED[ipython] = (magics, mark)
+
+
+def unload(ipython):
+    """Remove the magics (IPython's own %killbgscripts comes back).  Tasks keep running
+    (the runtime outlives the extension, so ``%reload_ext`` picks them up again); the
+    message says which, and how to end them."""
+    magics, mark = _LOADED.pop(ipython, (None, None))
+    if magics is None:
+        return
+    mark.unregister()
+    magics.live.stop()
+    table = ipython.magics_manager.magics
+    for kind in ("line", "cell"):
+        for name, func in list(table[kind].items()):
+            if getattr(func, "__self__", None) is magics:
+                del table[kind][name]
+    ipython.magics_manager.registry.pop(type(magics).__name__, None)
+    script_magics = ipython.magics_manager.registry.get("ScriptMagics")
+    if script_magics is not None and hasattr(script_magics, "killbgscripts"):
+        table["line"]["killbgscripts"] = script_magics.killbgscripts
+    running = runtime().running_runs()
+    if running:
+        names = ", ".join(str(r.task) for r in running)
+        print(f"mwhelpers unloaded; {len(running)} task(s) keep running: {names}. "
+              "%load_ext mwhelpers (or %reload_ext) takes them up again, and "
+              "mwhelpers.runtime().end_all() ends them.")

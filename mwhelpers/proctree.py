@@ -64,8 +64,9 @@ def group_members(pgid):
     return found
 
 
-def carrying(key, value, exclude=()):
-    """Live processes whose environment has ``key=value``, minus the pids in ``exclude``.
+def carrying(key, value, exclude=(), where=None):
+    """Live processes whose environment has ``key=value`` (and, with ``where``, for which
+    ``where(environ)`` is true), minus the pids in ``exclude``.
 
     A mark set in a process's environment is inherited by everything it
     starts, so this finds descendants even after they were re-parented.
@@ -75,7 +76,8 @@ def carrying(key, value, exclude=()):
         if p.pid in exclude:
             continue
         try:
-            if p.environ().get(key) == value and alive(p):
+            env = p.environ()
+            if env.get(key) == value and (where is None or where(env)) and alive(p):
                 found.append(p)
         except psutil.Error:
             pass

@@ -38,6 +38,9 @@ from .taskrun import LaunchRequest, TaskRun, parse_timeout
 from .tfdata import STALL_FIX_ENV, stall_fix_wanted
 
 SESSION_ENV = "MWHELPERS_SESSION"
+# Set (to the session mark) in what a %%script --bg cell starts: its escaped descendants are
+# ended by %killbgscripts, other background commands of the kernel are not.
+BG_ENV = "MWHELPERS_BG"
 SERVER_JOBS = ("chief", "worker", "ps")  # tasks that start a gRPC server on their port
 TRAINING_JOBS = ("chief", "worker")  # tasks that wait for each other (collectives)
 _POLL = 0.01  # seconds between readiness probes
@@ -621,12 +624,15 @@ class Runtime:
         return lines
 
     def escaped_orphans(self):
-        """Processes started from this session that lost their parent.
+        """Processes that a task or a ``%%script --bg`` cell of this session started
+        and that lost their parent.
 
         Every process started from here carries our session mark in its
         environment; one whose parent is gone has been re-parented away from
         us (the ``python main.py`` that IPython's own %killbgscripts leaves
-        behind when it kills ``bash``).
+        behind when it kills ``bash``).  Only those that also carry a task's
+        mark (``MWHELPERS_TASK``) or a background cell's (``MWHELPERS_BG``)
+        count: a ``!nohup tensorboard ... &`` of the user's is not ours to end.
         """
         me = os.getpid()
         mine = {p.pid for p in proctree.tree(me)}
@@ -634,7 +640,9 @@ class Runtime:
             mine |= {p.pid for p in psutil.Process(me).parents()}
         except psutil.Error:
             pass
-        return proctree.carrying(SESSION_ENV, self.session, exclude=mine)
+        return proctree.carrying(
+            SESSION_ENV, self.session, exclude=mine,
+            where=lambda env: "MWHELPERS_TASK" in env or env.get(BG_ENV) == self.session)
 
     # -- reporting -----------------------------------------------------------
     def status(self):

@@ -31,14 +31,18 @@ def test_load_ext_does_not_import_tensorflow():
         assert f"'{name}'" in out[1]
 
 
-def test_cluster_magic_defines_and_shows(ip, rt, capsys):
-    ip.run_line_magic("cluster", "3 --chief --ps 1 --evaluator")
-    shown = capsys.readouterr().out
+def test_cluster_magic_defines_shows_and_returns(ip, rt, capsys):
+    assert cell(ip, "%cluster 3 --chief --ps 1 --evaluator").success
+    shown = capsys.readouterr().out  # the cell's result, through IPython's displayhook
     assert rt.cluster.jobs == {"chief": 1, "worker": 3, "ps": 1, "evaluator": 1}
     for task in rt.cluster.tasks:
         assert rt.cluster.tf_config(task) in shown
-    ip.run_line_magic("cluster", "")
+    assert cell(ip, "%cluster").success
     assert rt.cluster.tf_config("evaluator:0") in capsys.readouterr().out
+    # c = %cluster 2 keeps the cluster and shows nothing
+    assert cell(ip, "c = %cluster 2").success
+    assert ip.user_ns["c"] is rt.cluster and rt.cluster.jobs == {"worker": 2}
+    assert capsys.readouterr().out == ""
 
 
 def test_cluster_magic_bad_arguments(ip, rt):
@@ -73,7 +77,10 @@ def test_background_worker_waitworkers_workers_and_workerlog(ip, rt, capsys):
     assert cell(ip, "%%worker 0 --bg --env LIFETIME=0.5\n" + LISTENER).success
     run = rt.get_run("worker:0")
     assert run.ready_after is not None and run.running
-    ip.run_line_magic("workers", "")
+    assert cell(ip, "table = %workers").success
+    assert capsys.readouterr().out == ""
+    assert ip.user_ns["table"].rows[0][0] == "worker:0"
+    assert cell(ip, "%workers").success
     table = capsys.readouterr().out
     assert "worker:0" in table and "ready" in table
     assert cell(ip, "%%worker 1 --bg --env LIFETIME=0.5\n" + LISTENER).success
@@ -187,3 +194,57 @@ def test_killworker_when_takes_a_quoted_pattern(ip, rt, capsys):
     assert rt.get_run("worker:0").outcome().startswith("killed by SIGKILL")
     with pytest.raises(UsageError, match="cannot parse"):
         ip.run_line_magic("killworker", "worker:0 --when 'unclosed")
+
+
+def test_killbgscripts_leaves_unrelated_background_commands_running(ip, rt, capsys, tmp_path):
+    """A user's `!nohup ... &` is re-parented like a worker's orphan, but it is not ours."""
+    import psutil
+
+    pidfile = tmp_path / "nohup.pid"
+    ip.system(f"nohup {sys.executable} -c 'import time; time.sleep(60)' >/dev/null 2>&1 & "
+              f"echo $! > {pidfile}")
+    unrelated = int(pidfile.read_text())
+    try:
+        assert psutil.Process(unrelated).ppid() != psutil.Process().pid  # escaped our tree
+        # a %%bash --bg cell's program, orphaned when its bash is killed: ours
+        script_magics = ip.magics_manager.registry["ScriptMagics"]
+        assert cell(ip, f"%%bash --bg\n{sys.executable} -c 'import time; time.sleep(120)'\n").success
+        bash = script_magics.bg_processes[-1]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not psutil.Process(bash.pid).children():
+            time.sleep(0.05)
+        orphan = psutil.Process(bash.pid).children()[0].pid
+        script_magics.kill_bg_processes()
+        time.sleep(0.3)
+        assert pid_alive(orphan)
+        assert "MWHELPERS_BG" not in __import__("os").environ  # only while the cell ran
+        ip.run_line_magic("killbgscripts", "")
+        out = capsys.readouterr().out
+        assert not pid_alive(orphan) and f"pid {orphan}" in out
+        assert pid_alive(unrelated) and f"pid {unrelated}" not in out
+    finally:
+        psutil.Process(unrelated).kill()
+
+
+def test_unload_and_reload_keep_running_tasks_and_say_so(ip, rt, capsys):
+    assert cell(ip, "%%worker 0 --bg\n" + LISTENER).success
+    run = rt.get_run("worker:0")
+    ip.run_line_magic("unload_ext", "mwhelpers")
+    out = capsys.readouterr().out
+    assert "mwhelpers unloaded; 1 task(s) keep running: worker:0" in out
+    assert run.running
+    line = ip.magics_manager.magics["line"]
+    assert "worker" not in ip.magics_manager.magics["cell"] and "cluster" not in line
+    # IPython's own %killbgscripts is back
+    assert type(line["killbgscripts"].__self__).__name__ == "ScriptMagics"
+    events = ip.events.callbacks["pre_run_cell"]
+    assert not any(type(getattr(cb, "__self__", None)).__name__ == "_BackgroundCellMark" for cb in events)
+    ip.run_line_magic("load_ext", "mwhelpers")
+    assert cell(ip, "%workers").success
+    assert "worker:0" in capsys.readouterr().out  # the same runtime, the same task
+    ip.run_line_magic("reload_ext", "mwhelpers")
+    assert run.running and "keep running: worker:0" in capsys.readouterr().out
+    ip.run_line_magic("killbgscripts", "")
+    assert not pid_alive(run.pid)
+    assert sum(type(getattr(cb, "__self__", None)).__name__ == "_BackgroundCellMark"
+               for cb in ip.events.callbacks["pre_run_cell"]) == 1
