@@ -1,4 +1,7 @@
-"""Run the notebook suite headless: ``python -m mwhelpers.suite [--full] [-j N] [NOTEBOOK ...]``.
+"""Run notebooks headless: ``python -m mwhelpers.suite [--full] [-j N] [NOTEBOOK | FOLDER ...]``.
+
+NOTEBOOK or FOLDER (its ``*.ipynb``); without any, the ``notebooks/`` folder of the
+current directory, or of this checkout when mwhelpers runs from one.
 
 Each notebook runs through papermill in a fresh kernel with its own empty
 working directory (``output/work/<name>/``, passed as the ``workdir``
@@ -31,6 +34,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# This checkout, when mwhelpers runs from one (not from an installed wheel).
+CHECKOUT = ROOT if (ROOT / "pyproject.toml").is_file() and (ROOT / "notebooks").is_dir() else None
 SUITE_ENV = "MWHELPERS_SUITE_RUN"
 
 
@@ -65,9 +70,39 @@ def parse_value(text):
 
 
 def with_root_on_path(pythonpath):
-    """``pythonpath`` with this checkout first (kernels must import this mwhelpers)."""
-    parts = [p for p in pythonpath.split(os.pathsep) if p and Path(p).resolve() != ROOT]
-    return os.pathsep.join([str(ROOT), *parts])
+    """``pythonpath`` with this checkout first (kernels must import this mwhelpers); as it
+    was when mwhelpers is installed."""
+    if CHECKOUT is None:
+        return pythonpath
+    parts = [p for p in pythonpath.split(os.pathsep) if p and Path(p).resolve() != CHECKOUT]
+    return os.pathsep.join([str(CHECKOUT), *parts])
+
+
+def find_notebooks(names):
+    """The notebooks named (files, or folders whose ``*.ipynb`` count); SuiteError with what
+    to do when a name is neither or nothing is found."""
+    if not names:
+        here = Path.cwd() / "notebooks"
+        folder = here if here.is_dir() else (CHECKOUT / "notebooks" if CHECKOUT else None)
+        if folder is None:
+            raise SuiteError("no notebook folder here: name the notebooks or their folder, "
+                             "e.g. python -m mwhelpers.suite path/to/notebooks")
+        names = [folder]
+    paths = []
+    for name in names:
+        path = Path(name).resolve()
+        if path.is_dir():
+            found = sorted(path.glob("*.ipynb"))
+            if not found:
+                raise SuiteError(f"{path} has no notebooks (*.ipynb) to run")
+            paths += found
+        elif path.is_file() and path.suffix == ".ipynb":
+            paths.append(path)
+        elif path.is_file():
+            raise SuiteError(f"{path} is not a notebook (.ipynb)")
+        else:
+            raise SuiteError(f"no notebook or folder {path}")
+    return paths
 
 
 def end_leftovers(run_id):
@@ -106,7 +141,7 @@ def test_hosts(paths, params):
         yield {}
         return
     names = ", ".join(p.name for p in takers)
-    tool = ROOT / "tests" / "testhosts.py"
+    tool = (CHECKOUT or ROOT) / "tests" / "testhosts.py"
     if not tool.is_file():
         print(f"note: no tests/testhosts.py in this checkout; {names} run(s) the local part only")
         yield {}
@@ -271,25 +306,26 @@ def default_jobs():
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python3 dev.py suite", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("notebooks", nargs="*", help="notebooks to run (default: notebooks/*.ipynb)")
+    p.add_argument("notebooks", nargs="*", metavar="NOTEBOOK_OR_FOLDER",
+                   help="notebooks, or folders of notebooks, to run (default: ./notebooks, or this "
+                        "checkout's notebooks/)")
     p.add_argument("--full", action="store_true", help="full-size runs (full_size=True)")
     p.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                    help="set a parameter in every notebook")
-    p.add_argument("--output", default=str(ROOT / "output"), help="where results go (output/)")
+    p.add_argument("--output", default=str((CHECKOUT or Path.cwd()) / "output"),
+                   help="where results go (default: output/ of this checkout, or of the current "
+                        "directory)")
     p.add_argument("-j", "--jobs", type=int, default=default_jobs(),
                    help="notebooks run at the same time (default: %(default)s, from the CPU count)")
     a = p.parse_args(argv)
     if a.jobs < 1:
         p.error(f"--jobs must be 1 or more, not {a.jobs}")
 
-    paths = [Path(n).resolve() for n in a.notebooks] or sorted((ROOT / "notebooks").glob("*.ipynb"))
-    for path in paths:
-        if not path.is_file():
-            print(f"error: no notebook {path}", file=sys.stderr)
-            return 2
-    if not paths:
-        print("no notebooks in notebooks/ yet: nothing to run")
-        return 0
+    try:
+        paths = find_notebooks(a.notebooks)
+    except SuiteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     params = {name: parse_value(value) for name, value in a.p}
     if a.full:
         params["full_size"] = True

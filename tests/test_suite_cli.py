@@ -1,0 +1,63 @@
+"""``python -m mwhelpers.suite`` from an installed copy (no checkout around it): it takes a
+notebook folder, and refuses clearly when there is nothing to run."""
+
+import shutil
+import subprocess
+import sys
+
+import nbformat
+import pytest
+from conftest import ROOT
+
+
+@pytest.fixture
+def installed(tmp_path):
+    """mwhelpers copied alone into a site folder, as a wheel installs it."""
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "mwhelpers", site / "mwhelpers",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return site
+
+
+def suite(site, cwd, *args):
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(cwd)}
+    return subprocess.run([sys.executable, "-m", "mwhelpers.suite", "-j", "1", *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=180)
+
+
+def tiny_notebook(path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("n = 2", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("import mwhelpers\nassert n == 3\nprint('ran', mwhelpers.__file__)")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.mark.parametrize("args, says", [
+    ((), "no notebook folder here: name the notebooks or their folder"),
+    (("missing",), "no notebook or folder"),
+    (("empty",), "has no notebooks (*.ipynb) to run"),
+    (("notes.txt",), "is not a notebook (.ipynb)"),
+])
+def test_nothing_to_run_is_refused_with_what_to_do(installed, tmp_path, args, says):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("hello")
+    out = suite(installed, tmp_path, *args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert says in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_folder_of_notebooks_runs_from_an_installed_copy(installed, tmp_path):
+    tiny_notebook(tmp_path / "lessons" / "one.ipynb")
+    out = suite(installed, tmp_path, "lessons", "-p", "n", "3")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 passed, 0 failed" in out.stdout
+    executed = nbformat.read(tmp_path / "output" / "one.ipynb", as_version=4)
+    text = "".join(o.get("text", "") for o in executed.cells[-1].outputs)
+    assert f"ran {installed}" in text  # the kernel imported the installed copy
+    # and ./notebooks is the default folder
+    tiny_notebook(tmp_path / "notebooks" / "two.ipynb")
+    out = suite(installed, tmp_path, "-p", "n", "3")
+    assert out.returncode == 0 and "two.ipynb: ok" in out.stdout, out.stdout + out.stderr
