@@ -104,8 +104,10 @@ class Cluster:
     """
 
     def __init__(self, workers=2, chief=False, ps=0, evaluator=False, host="localhost",
-                 placement=None, kind="local"):
+                 placement=None, kind="local", gpus=None):
         self.host = host
+        # {task: "0,1"}: each task's CUDA_VISIBLE_DEVICES (mwhelpers.gpus.assign); None: not set
+        self.gpus = dict(gpus) if gpus else None
         self.tasks = job_tasks(workers, chief, ps, evaluator)
         self.jobs = {}
         for t in self.tasks:
@@ -201,9 +203,16 @@ class Cluster:
         return self._closed
 
     # -- display -------------------------------------------------------------
+    def gpus_of(self, task):
+        """The GPU ids ``task`` gets (``"0,1"``), or None when the cluster assigns none."""
+        return None if self.gpus is None else self.gpus.get(self.check_task(task))
+
     def _rows(self):
         return [(str(t), self.host_of(t) or "this machine", self._ports[t], self.tf_config(t))
                 for t in self.tasks]
+
+    def _gpu_text(self, task):
+        return "" if self.gpus is None else f"  GPUs {self.gpus.get(task) or 'none'}"
 
     def _where(self):
         if not self.remote:
@@ -217,19 +226,25 @@ class Cluster:
         width = max(len(r[0]) for r in self._rows())
         for task, host, port, cfg in self._rows():
             where = f"  on {host}" if self.remote else ""
-            lines.append(f"  {task:<{width}}{where}  port {port}  TF_CONFIG={cfg}")
+            gpus = self._gpu_text(self.check_task(task))
+            lines.append(f"  {task:<{width}}{where}  port {port}{gpus}  TF_CONFIG={cfg}")
         return "\n".join(lines)
 
     def _repr_html_(self):
+        gpu_head = "<th>GPUs</th>" if self.gpus is not None else ""
+
+        def gpu_cell(task):
+            return "" if self.gpus is None else f"<td>{html.escape(self.gpus.get(task) or 'none')}</td>"
+
         rows = "".join(
             f"<tr><td><b>{html.escape(t)}</b></td><td>{html.escape(h)}</td><td>{p}</td>"
-            f"<td><code>{html.escape(c)}</code></td></tr>"
+            f"{gpu_cell(self.check_task(t))}<td><code>{html.escape(c)}</code></td></tr>"
             for t, h, p, c in self._rows()
         )
         title = "Local cluster" if not self.remote else "Cluster"
         return (
             f"<p>{title}: {html.escape(', '.join(f'{n} {j}' for j, n in self.jobs.items()))}"
             f" {html.escape(self._where())}</p>"
-            "<table><thead><tr><th>task</th><th>host</th><th>port</th><th>TF_CONFIG</th></tr>"
+            f"<table><thead><tr><th>task</th><th>host</th><th>port</th>{gpu_head}<th>TF_CONFIG</th></tr>"
             f"</thead><tbody>{rows}</tbody></table>"
         )

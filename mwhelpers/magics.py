@@ -1,7 +1,7 @@
 """The IPython magics: a thin layer over the public API of :class:`mwhelpers.workers.Runtime`.
 
     %cluster [N] [--chief] [--ps K] [--evaluator] [--hosts H1,H2,... | --slurm [--job ID]]
-             [--python PATH] [--cwd DIR]
+             [--python PATH] [--cwd DIR] [--gpus-per-task K]
     %%worker [TASK] [--bg] [--timeout S] [--log PATH] [--ready port|start] [--env K=V ...]
              [--no-stall-fix] [--verbose]
     %worker  [TASK] [options] SCRIPT [ARGS...]
@@ -134,6 +134,8 @@ class WorkerMagics(Magics):
               help="the Python of the remote tasks (default: the kernel's)")
     @argument("--cwd", default=None, metavar="DIR",
               help="the folder remote tasks start in (default: the kernel's)")
+    @argument("--gpus-per-task", type=int, default=None, metavar="K",
+              help="give each task K GPUs of its host of its own (CUDA_VISIBLE_DEVICES)")
     def cluster(self, line):
         """Define the cluster, or show the current one; returns it (``c = %cluster 2``).
 
@@ -156,7 +158,8 @@ class WorkerMagics(Magics):
         slurm = (a.job or True) if a.slurm else None
         # Returned, not displayed: shown as the cell's result, or kept by ``c = %cluster 2``.
         return self.rt.define_cluster(workers, chief=a.chief, ps=a.ps, evaluator=a.evaluator,
-                                      hosts=a.hosts, slurm=slurm, python=a.python, cwd=a.cwd)
+                                      hosts=a.hosts, slurm=slurm, python=a.python, cwd=a.cwd,
+                                      gpus_per_task=a.gpus_per_task)
 
     @line_cell_magic
     def worker(self, line, cell=None):

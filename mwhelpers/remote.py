@@ -15,6 +15,7 @@ working directory, and returns free ports there and the address the host
 is reached at.
 """
 
+import inspect
 import json
 import os
 import shlex
@@ -27,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .errors import UsageError
+from .gpus import visible_gpus
 from .launchers import BOOTSTRAP, Launcher, Process
 
 AGENT_CODE = Path(__file__).with_name("_agent.py").read_text()
@@ -41,8 +43,9 @@ FORWARD_PREFIXES = ("TF_", "KERAS_", "PYTHON", "CUDA_", "OMP_", "MKL_", "XLA_", 
 FORWARD_NEVER = ("PYTHONHOME", "PYTHONEXECUTABLE", "MWHELPERS_GUARD_FD", "MWHELPERS_SSH",
                  "MWHELPERS_SESSION", "MWHELPERS_LOG_DIR")
 
-# Run on each host before the cluster is defined (argv: cwd, count, low, high).
-PROBE_CODE = r"""
+# Run on each host before the cluster is defined (argv: cwd, count, low, high); it lists the
+# host's GPUs with the same function as this machine (its source goes with the probe).
+PROBE_CODE = inspect.getsource(visible_gpus) + r"""
 import json, os, random, socket, sys
 cwd, count, low, high = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 ports = []
@@ -57,7 +60,7 @@ for p in cands:
 conn = os.environ.get("SSH_CONNECTION", "").split()
 print(json.dumps({"hostname": socket.gethostname(), "ports": ports, "cwd_ok": os.path.isdir(cwd),
                   "address": conn[2] if len(conn) == 4 else None, "python": sys.version.split()[0],
-                  "node": os.environ.get("SLURMD_NODENAME")}))
+                  "node": os.environ.get("SLURMD_NODENAME"), "gpus": visible_gpus()}))
 """
 
 
@@ -174,6 +177,7 @@ class AgentLauncher(Launcher):
         self.cwd = cwd or os.getcwd()
         self.started = []
         self.closed = False
+        self.host_info = {}  # {host: what its probe found}, filled by place()
 
     # -- what subclasses give -------------------------------------------------------
     def transport(self, host, argv):
@@ -230,6 +234,7 @@ class AgentLauncher(Launcher):
         place = {t: hosts[i % len(hosts)] for i, t in enumerate(tasks)}
         wanted = {h: 2 * len(tasks) for h in dict.fromkeys(place.values())}
         info = self.probe_all(list(wanted), wanted, port_range)
+        self.host_info = info  # what each probe found (its GPUs among it)
         used, placement = set(), {}
         for t in tasks:
             h = place[t]

@@ -17,28 +17,35 @@ def exit_text(returncode):
     return sig.name if sig else str(returncode)
 
 
-def row(run):
+def row(run, gpus=False):
     try:  # short paths keep the table readable
         log = os.path.relpath(run.log_path)
     except ValueError:
         log = str(run.log_path)
-    return (str(run.task), run.process.label, run.state, exit_text(run.returncode), f"{run.uptime:.1f}s",
-            run.port, log, run.last_line())
+    cells = [str(run.task), run.process.label, run.state, exit_text(run.returncode),
+             f"{run.uptime:.1f}s", run.port, log, run.last_line()]
+    if gpus:
+        cells.insert(6, "none" if run.gpus == "" else (run.gpus or ""))
+    return tuple(cells)
 
 
 class StatusTable:
-    """One row per task: task, pid, state, exit, uptime, port, log, last log line."""
+    """One row per task: task, pid, state, exit, uptime, port, (gpus,) log, last log line.
+    The gpus column is there when the cluster gives tasks GPUs of their own."""
 
     COLUMNS = ("task", "pid", "state", "exit", "uptime", "port", "log", "last log line")
 
     def __init__(self, runs):
-        self.rows = [row(r) for r in runs]
+        runs = list(runs)
+        gpus = any(r.gpus is not None for r in runs)
+        self.columns = self.COLUMNS[:6] + ("gpus",) + self.COLUMNS[6:] if gpus else self.COLUMNS
+        self.rows = [row(r, gpus) for r in runs]
 
     def __repr__(self):
         if not self.rows:
             return "no tasks have been launched in this kernel"
-        table = [self.COLUMNS] + [tuple(str(c) for c in r) for r in self.rows]
-        widths = [max(len(r[i]) for r in table) for i in range(len(self.COLUMNS) - 1)]
+        table = [self.columns] + [tuple(str(c) for c in r) for r in self.rows]
+        widths = [max(len(r[i]) for r in table) for i in range(len(self.columns) - 1)]
         out = []
         for r in table:
             cells = [r[i].ljust(widths[i]) for i in range(len(widths))] + [r[-1][:80]]
@@ -48,13 +55,14 @@ class StatusTable:
     def _repr_html_(self):
         if not self.rows:
             return "<p>No tasks have been launched in this kernel.</p>"
-        head = "".join(f"<th>{c}</th>" for c in self.COLUMNS)
+        head = "".join(f"<th>{c}</th>" for c in self.columns)
+        log, last = self.columns.index("log"), self.columns.index("last log line")
         body = ""
         for r in self.rows:
             cells = [html.escape(str(c)) for c in r]
             cells[2] = f'<b style="color:{COLORS.get(r[2], "inherit")}">{cells[2]}</b>'
-            cells[6] = f"<code>{cells[6]}</code>"
-            cells[7] = f"<code>{cells[7][:120]}</code>"
+            cells[log] = f"<code>{cells[log]}</code>"
+            cells[last] = f"<code>{cells[last][:120]}</code>"
             body += "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 

@@ -128,6 +128,7 @@ class TaskRun:
         self.ready_mode = ready_mode
         self.script = script
         self.attempt = attempt
+        self.gpus = None  # its CUDA_VISIBLE_DEVICES when the cluster assigns GPUs
         self.ready_after = None  # seconds from start until ready
         self.note = ""  # who ended it, when not itself
         self._lock = threading.Lock()

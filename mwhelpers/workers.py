@@ -29,6 +29,7 @@ from . import proctree
 from .cluster import Cluster, job_tasks, parse_task
 from .errors import UsageError, WorkerFailed, WorkerTimeout
 from .failures import describe_exit
+from .gpus import assign, check_per_task, visible_gpus
 from .launchers import LaunchSpec, LocalLauncher
 from .logs import LogFollower, QuietFilter
 from .ports import holder_of, port_in_use, port_range
@@ -150,7 +151,7 @@ class Runtime:
         return [r for r in self.runs.values() if r.running]
 
     def define_cluster(self, workers=2, chief=False, ps=0, evaluator=False, host="localhost",
-                       hosts=None, slurm=None, python=None, cwd=None, ssh=None):
+                       hosts=None, slurm=None, python=None, cwd=None, ssh=None, gpus_per_task=None):
         """Replace the current cluster (its ports are released).
 
         Local by default.  ``hosts=["node1", "me@node2", ...]``: tasks are
@@ -160,8 +161,11 @@ class Runtime:
         the nodes of the Slurm allocation this kernel is in.  ``python`` and
         ``cwd`` (default: the kernel's) are the interpreter and folder of the
         remote tasks; ``ssh`` replaces the ssh command (default ``ssh`` or
-        ``$MWHELPERS_SSH``).
+        ``$MWHELPERS_SSH``).  ``gpus_per_task=K``: each task gets K GPUs of its host of its
+        own, as ``CUDA_VISIBLE_DEVICES`` (see :mod:`mwhelpers.gpus`); UsageError when a
+        host has too few.
         """
+        check_per_task(gpus_per_task)
         with self._lock:
             busy = self.running_runs()
             if busy:
@@ -172,13 +176,17 @@ class Runtime:
                 )
             if hosts or slurm:
                 new, launcher = self._remote_cluster(workers, chief, ps, evaluator, hosts, slurm,
-                                                     python, cwd, ssh)
+                                                     python, cwd, ssh, gpus_per_task)
             else:
                 if python or cwd or ssh:
                     raise UsageError("python=, cwd= and ssh= are for clusters on other hosts "
                                      "(hosts=[...] or slurm=True)")
+                gpus = None
+                if gpus_per_task:
+                    tasks = job_tasks(workers, chief, ps, evaluator)
+                    gpus = assign(dict.fromkeys(tasks), {None: visible_gpus()}, gpus_per_task)
                 new, launcher = Cluster(workers=workers, chief=chief, ps=ps, evaluator=evaluator,
-                                        host=host), None
+                                        host=host, gpus=gpus), None
             if self.cluster is not None:
                 self.cluster.close()
             if self.remote_launcher is not None:
@@ -190,7 +198,8 @@ class Runtime:
             self.runs = {}
             return new
 
-    def _remote_cluster(self, workers, chief, ps, evaluator, hosts, slurm, python, cwd, ssh):
+    def _remote_cluster(self, workers, chief, ps, evaluator, hosts, slurm, python, cwd, ssh,
+                        gpus_per_task=None):
         from .remote import SSHLauncher
         from .slurm import SlurmLauncher
 
@@ -209,8 +218,13 @@ class Runtime:
             launcher = SlurmLauncher(python=python, cwd=cwd, job=slurm)
             hosts = launcher.nodes
         placement = launcher.place(tasks, hosts, port_range())
+        gpus = None
+        if gpus_per_task:
+            gpus = assign({t: placement[t][0] for t in tasks},
+                          {h: info.get("gpus", []) for h, info in launcher.host_info.items()},
+                          gpus_per_task)
         cluster = Cluster(workers=workers, chief=chief, ps=ps, evaluator=evaluator,
-                          placement=placement, kind=launcher.kind)
+                          placement=placement, kind=launcher.kind, gpus=gpus)
         return cluster, launcher
 
     def ensure_cluster(self):
@@ -312,6 +326,8 @@ class Runtime:
         if "inline" in os.environ.get("MPLBACKEND", ""):
             env["MPLBACKEND"] = "Agg"
         env["TF_CONFIG"] = self.cluster.tf_config(task)
+        if self.cluster.gpus is not None:  # its own GPUs (a --env given at launch still wins)
+            env["CUDA_VISIBLE_DEVICES"] = self.cluster.gpus_of(task)
         env["MWHELPERS_TASK"] = str(task)
         env["MWHELPERS_ATTEMPT"] = str(attempt)
         env[STALL_FIX_ENV] = "1" if (self.stall_fix if stall_fix is None else stall_fix) else "0"
@@ -341,6 +357,8 @@ class Runtime:
         process = (self.launcher if host is None else self.remote_launcher).start(spec)
         run = TaskRun(task, process, spec.log_path, self.cluster.port(task),
                       self.cluster.address(task), ready, spec.script, attempt=attempt)
+        if self.cluster.gpus is not None:
+            run.gpus = spec.env.get("CUDA_VISIBLE_DEVICES", "")
         self.runs[task] = run
         self.history.append(run)
         return run
