@@ -3,6 +3,8 @@
 
     python3 dev.py suite [--full] [-j N] [NOTEBOOK ...]   run the notebook suite headless
     python3 dev.py test [PYTEST ARGS ...]                 run the tests
+    python3 dev.py matrix [ENV ...]                       the supported versions' ends, in
+                                                          clean environments (tests/matrix.py)
 
 Each creates (or reuses) the virtual environment ``.venv`` in this checkout
 and installs the locked environment into it (requirements/test.txt, which
@@ -91,7 +93,7 @@ def unexpected_pip_check(python=PY):
 
 
 def main(argv):
-    if not argv or argv[0] not in ("suite", "test"):
+    if not argv or argv[0] not in ("suite", "test", "matrix"):
         print(__doc__.strip())
         return 2
     job, rest = argv[0], argv[1:]
@@ -99,6 +101,8 @@ def main(argv):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     if job == "test":
         cmd = [str(PY), "-m", "pytest", *rest]
+    elif job == "matrix":
+        cmd = [str(PY), str(ROOT / "tests" / "matrix.py"), *rest]
     else:
         cmd = [str(PY), "-m", "mwhelpers.suite", *rest]
     return subprocess.call(cmd, cwd=ROOT, env=env)

