@@ -21,6 +21,9 @@ Environments:
   unset, the newest IPython and ipykernel, as on hosted notebook services. Keras 3 trains with a
   custom loop here; the tutorial's ``fit`` program is run too, and must fail the known way
   (keras-team/keras#20585) with the failure reported in the cell.
+* ``bare``: Python 3.12 with ipykernel alone, no mwhelpers: a notebook's first code cell,
+  run in a kernel there, says how to install mwhelpers when no checkout is around, and installs
+  it with ``%pip`` from the checkout the notebook sits in; then the magics work.
 * ``conda``: Python 3.11; environment.yml's pip packages installed the way conda's pip step
   does (a resolving ``pip install -r``), then the one ``--no-deps`` line its header gives; the
   result must be exactly the lock, with one TensorFlow.
@@ -46,6 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / "tests" / "programs" / "tutorial"
 
+OTHER_CHECKS = ("bare", "conda")
 ENVS = {
     "floor": {
         "python": "3.10",
@@ -168,6 +172,9 @@ def make_env(name, spec, work):
 # -- a real kernel in that environment, driven from here ------------------------------------------
 
 class Kernel:
+    """A kernel of ``python``; its own output (TensorFlow's C++ lines, ipykernel's warnings)
+    goes to ``cwd``/kernel.log."""
+
     def __init__(self, python, cwd, env):
         from jupyter_client import KernelManager
         from jupyter_client.kernelspec import KernelSpecManager
@@ -179,7 +186,8 @@ class Kernel:
             "display_name": "matrix", "language": "python"}))
         ksm = KernelSpecManager(kernel_dirs=[str(spec_dir.parent)])
         self.km = KernelManager(kernel_name="matrix", kernel_spec_manager=ksm)
-        self.km.start_kernel(cwd=str(cwd), env=env)
+        self.log = open(Path(cwd) / "kernel.log", "ab")
+        self.km.start_kernel(cwd=str(cwd), env=env, stdout=self.log, stderr=self.log)
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
@@ -212,6 +220,7 @@ class Kernel:
         self.kc.stop_channels()
         if self.km.is_alive():
             self.km.shutdown_kernel(now=True)
+        self.log.close()
 
 
 def kernel_env(py, legacy_keras):
@@ -253,7 +262,7 @@ def in_kernel(name, spec, py, work):
         check(f"IPython {spec['expect']['ipython']}" in out, out)
         check(f"TensorFlow {spec['expect']['tensorflow-cpu']}" in out, out)
         check(str(py.parent.parent) in out and str(ROOT) not in out.split("mwhelpers from", 1)[1], out)
-        facts.append(out.splitlines()[0])
+        facts.append(next(ln for ln in out.splitlines() if ln.startswith("python ")))
         k.ok("%load_ext mwhelpers")
         check("worker:1" in k.ok("%cluster 2"), "the cluster was not shown")
         if spec["legacy_keras"]:
@@ -322,6 +331,53 @@ def check_env(name, spec, wheel, work):
     return time.monotonic() - t0
 
 
+def first_code_cell(notebook):
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    return "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
+
+
+def check_bare(work):
+    """A notebook's first cell where mwhelpers is not installed."""
+    t0 = time.monotonic()
+    python = find_python("3.12")
+    check(python, "no Python 3.12 on this machine (looked on PATH and in ~/.pyenv)")
+    env_dir, log = work / "bare", work / "bare.log"
+    shutil.rmtree(env_dir, ignore_errors=True)
+    run([python, "-m", "venv", env_dir], log)
+    py = env_dir / "bin" / "python"
+    run([py, "-m", "pip", "install", "--disable-pip-version-check", "-q", "ipykernel==7.4.0"], log)
+    # a checkout as a user has it: the package, its metadata and the notebooks
+    checkout = work / "bare-checkout"
+    shutil.rmtree(checkout, ignore_errors=True)
+    checkout.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, checkout / name)
+    for name in ("mwhelpers", "notebooks"):
+        shutil.copytree(ROOT / name, checkout / name, ignore=shutil.ignore_patterns("__pycache__"))
+    cell = first_code_cell(ROOT / "notebooks" / "03_multi_worker_keras.ipynb")
+    elsewhere = work / "bare-elsewhere"
+    elsewhere.mkdir(exist_ok=True)
+    k = Kernel(py, elsewhere, kernel_env(py, legacy_keras=False))
+    try:
+        status, out = k.run(cell)
+        check(status == "error" and "ModuleNotFoundError" in out and "pip install mwhelpers" in out,
+              f"without a checkout the first cell should say how to install mwhelpers:\n{out}")
+    finally:
+        k.close()
+    say("bare: without mwhelpers or a checkout, the first cell says how to install it")
+    k = Kernel(py, checkout / "notebooks", kernel_env(py, legacy_keras=False))
+    try:
+        k.ok(cell, timeout=300)
+        out = k.ok("import mwhelpers\nprint(mwhelpers.__file__)\n%load_ext mwhelpers\n"
+                   "c = %cluster 2\nprint('workers', c.num_workers)")
+        check(str(env_dir) in out and "workers 2" in out, out)
+    finally:
+        k.close()
+    say("bare: from the checkout's notebooks folder the first cell installs mwhelpers with %pip, "
+        "and the magics work (c = %cluster 2 returns the cluster)")
+    return time.monotonic() - t0
+
+
 def check_conda(work):
     """environment.yml's pip step (resolving) + its --no-deps line give exactly the lock."""
     t0 = time.monotonic()
@@ -360,13 +416,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python3 dev.py matrix", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("envs", nargs="*", metavar="ENV",
-                   help=f"which to check (default: all of {', '.join([*ENVS, 'conda'])})")
+                   help=f"which to check (default: all of {', '.join([*ENVS, *OTHER_CHECKS])})")
     p.add_argument("--keep", action="store_true", help="keep the environments and logs")
     a = p.parse_args(argv)
-    names = a.envs or [*ENVS, "conda"]
-    unknown = [n for n in names if n not in ENVS and n != "conda"]
+    names = a.envs or [*ENVS, *OTHER_CHECKS]
+    unknown = [n for n in names if n not in ENVS and n not in OTHER_CHECKS]
     if unknown:
-        p.error(f"unknown environment(s) {', '.join(unknown)}; known: {', '.join([*ENVS, 'conda'])}")
+        p.error(f"unknown environment(s) {', '.join(unknown)}; "
+                f"known: {', '.join([*ENVS, *OTHER_CHECKS])}")
     base = os.environ.get("MWHELPERS_MATRIX_DIR")
     work = Path(base) if base else Path(tempfile.mkdtemp(prefix="mwhelpers-matrix-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -380,6 +437,8 @@ def main(argv=None):
             try:
                 if name == "conda":
                     secs = check_conda(work)
+                elif name == "bare":
+                    secs = check_bare(work)
                 else:
                     secs = check_env(name, ENVS[name], wheel, work)
                 results[name] = f"ok in {secs:.0f} s"
