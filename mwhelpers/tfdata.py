@@ -37,6 +37,7 @@ start-up can load it by path without the mwhelpers package.
 import importlib.abc
 import sys
 import warnings
+from typing import Any
 
 _PATCHED = "_mwhelpers_no_autotune"
 
@@ -67,7 +68,7 @@ def _patch_device_datasets():
     return True
 
 
-def avoid_teardown_stall(dataset=None):
+def avoid_teardown_stall(dataset: Any = None) -> Any:
     """Switch off tf.data autotuning in the strategy's per-device iterators and,
     when given, in ``dataset`` (returned with the option set).
 

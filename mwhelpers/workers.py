@@ -12,6 +12,8 @@ signalling and reaping a process), :mod:`.logs` (log files),
 status table) and :mod:`.supervisor` (restart on faults).
 """
 
+from __future__ import annotations
+
 import os
 import re
 import secrets
@@ -20,15 +22,17 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from . import failures as failure_records
 from . import proctree
-from .cluster import Cluster, job_tasks, parse_task
+from .cluster import Cluster, Task, job_tasks, parse_task
 from .errors import UsageError, WorkerFailed, WorkerTimeout
-from .failures import describe_exit
+from .failures import Failure, describe_exit
 from .gpus import assign, check_per_task, visible_gpus
 from .launchers import LaunchSpec, LocalLauncher
 from .logs import LogFollower, QuietFilter
@@ -37,6 +41,8 @@ from .remote import forwarded_env
 from .status import StatusTable
 from .taskrun import LaunchRequest, TaskRun, parse_timeout
 from .tfdata import STALL_FIX_ENV, stall_fix_wanted
+
+TaskSpec = str | int | Task  # "worker:1", 1 (worker:1), "chief", Task("worker", 1)
 
 SESSION_ENV = "MWHELPERS_SESSION"
 # Set (to the session mark) in what a %%script --bg cell starts: its escaped descendants are
@@ -85,7 +91,8 @@ def claim_session():
 class Runtime:
     """Launches and tracks the task processes of one kernel (or script)."""
 
-    def __init__(self, log_dir=None, echo=_print, launcher=None):
+    def __init__(self, log_dir: str | os.PathLike | None = None,
+                 echo: Callable[[str], None] = _print, launcher: Any = None) -> None:
         self._log_dir = Path(log_dir) if log_dir else None
         self.echo = echo
         self.cluster = None
@@ -105,7 +112,7 @@ class Runtime:
         self._finalizer = weakref.finalize(self, _close_launchers, self._launchers)
 
     # -- life cycle ------------------------------------------------------------
-    def close(self):
+    def close(self) -> None:
         """End every task, give the cluster's ports back and release the launcher."""
         if not self._finalizer.alive:
             return
@@ -147,11 +154,14 @@ class Runtime:
         """A task name checked against the cluster when there is one."""
         return self.cluster.check_task(spec) if self.cluster else parse_task(spec)
 
-    def running_runs(self):
+    def running_runs(self) -> list[TaskRun]:
         return [r for r in self.runs.values() if r.running]
 
-    def define_cluster(self, workers=2, chief=False, ps=0, evaluator=False, host="localhost",
-                       hosts=None, slurm=None, python=None, cwd=None, ssh=None, gpus_per_task=None):
+    def define_cluster(self, workers: int = 2, chief: bool = False, ps: int = 0,
+                       evaluator: bool = False, host: str = "localhost",
+                       hosts: str | Sequence[str] | None = None, slurm: bool | str | None = None,
+                       python: str | None = None, cwd: str | None = None, ssh: str | None = None,
+                       gpus_per_task: int | None = None) -> Cluster:
         """Replace the current cluster (its ports are released).
 
         Local by default.  ``hosts=["node1", "me@node2", ...]``: tasks are
@@ -233,7 +243,7 @@ class Runtime:
         return self.cluster
 
     # -- runs and their logs ---------------------------------------------------
-    def get_run(self, task):
+    def get_run(self, task: TaskSpec) -> TaskRun:
         """The latest run of ``task`` (``'worker:0'``, ``1``...)."""
         t = self._resolve(task)
         run = self.runs.get(t)
@@ -241,13 +251,17 @@ class Runtime:
             raise UsageError(f"{t} has not been launched; %workers shows the tasks")
         return run
 
-    def log_lines(self, task):
+    def log_lines(self, task: TaskSpec) -> list[str]:
         """Every line of the log of ``task``'s latest run."""
         return self.get_run(task).lines()
 
     # -- launching -----------------------------------------------------------
-    def launch(self, task="worker:0", *, code=None, script=None, args=(), background=False,
-               timeout=None, log=None, env=None, ready="auto", stall_fix=None, verbose=None):
+    def launch(self, task: TaskSpec = "worker:0", *, code: str | None = None,
+               script: str | os.PathLike | None = None, args: Sequence[str] = (),
+               background: bool = False, timeout: float | str | None = None,
+               log: str | os.PathLike | None = None,
+               env: Mapping[str, str] | Sequence[str] | None = None, ready: str = "auto",
+               stall_fix: bool | None = None, verbose: bool | None = None) -> TaskRun:
         """Run a task's program: ``code`` (a string) or ``script`` (a .py file).
 
         Foreground (default): follow its output into the caller, each line
@@ -541,7 +555,8 @@ class Runtime:
                 r.note = f"ended by mwhelpers: {why}"
         self._end_runs(runs, escalation=((signal.SIGKILL, 3.0),))
 
-    def kill(self, task, sig=signal.SIGKILL, wait=True, why=None):
+    def kill(self, task: TaskSpec, sig: int | str = signal.SIGKILL, wait: bool = True,
+             why: str | None = None) -> TaskRun:
         """Send ``sig`` to a task's whole process tree (fault injection).
 
         Returns the TaskRun.  With SIGKILL and ``wait``, returns once every
@@ -562,7 +577,8 @@ class Runtime:
                 run.wait(5)
         return run
 
-    def kill_when(self, task, pattern, sig=signal.SIGKILL, timeout=300.0):
+    def kill_when(self, task: TaskSpec, pattern: str, sig: int | str = signal.SIGKILL,
+                  timeout: float = 300.0) -> str:
         """Wait until ``task``'s log has a line matching ``pattern``, then kill it.
 
         Deterministic fault injection: kill worker 1 right after it logs,
@@ -589,7 +605,8 @@ class Runtime:
         self.kill(run.task, sig, why=f"{sig.name} sent when its log matched {pattern!r}")
         return found[0]
 
-    def wait(self, timeout=None, grace_after_failure=30.0):
+    def wait(self, timeout: float | str | None = None,
+             grace_after_failure: float = 30.0) -> list[TaskRun]:
         """Wait for every background task to end.
 
         Parameter servers never end by themselves and are not waited for.
@@ -618,7 +635,8 @@ class Runtime:
         self._raise_failures(runs)
         return runs
 
-    def failures(self, runs=None, restartable_exit_codes=()):
+    def failures(self, runs: Iterable[TaskRun] | None = None,
+                 restartable_exit_codes: Iterable[int] = ()) -> list[Failure]:
         """Failure records of the failed runs (default: the latest of each task),
         the first to die first."""
         runs = self.runs.values() if runs is None else runs
@@ -629,7 +647,9 @@ class Runtime:
         if found:
             raise WorkerFailed(failure_records.report(found), found)
 
-    def end_all(self, extra=(), escalation=proctree.DEFAULT_ESCALATION, extra_pids=()):
+    def end_all(self, extra: Iterable[psutil.Process] = (),
+                escalation: Sequence[tuple[int, float]] = proctree.DEFAULT_ESCALATION,
+                extra_pids: Iterable[int] = ()) -> list[str]:
         """End every task tree, plus ``extra`` psutil processes, the process trees
         of ``extra_pids``, and escaped orphans of this session.  Returns a list
         of lines saying what ended."""
@@ -663,10 +683,10 @@ class Runtime:
             where=lambda env: "MWHELPERS_TASK" in env or env.get(BG_ENV) == self.session)
 
     # -- reporting -----------------------------------------------------------
-    def status(self):
+    def status(self) -> StatusTable:
         return StatusTable(self.runs.values())
 
-    def log(self, task=None, n=20):
+    def log(self, task: TaskSpec | None = None, n: int = 20) -> list[str]:
         """The last ``n`` lines of one task's log, or of all, prefixed with the task."""
         if task is None or task == "":
             runs = list(self.runs.values())
@@ -676,7 +696,7 @@ class Runtime:
             runs = [self.get_run(task)]
         return [f"[{r.task}] {ln}" for r in runs for ln in r.tail(n)]
 
-    def follow(self, task, timeout=None):
+    def follow(self, task: TaskSpec, timeout: float | str | None = None) -> TaskRun:
         """Stream one task's log into the caller until it ends."""
         run = self.get_run(task)
         timeout = parse_timeout(timeout)
@@ -689,9 +709,13 @@ class Runtime:
         return run
 
     # -- supervision -------------------------------------------------------------
-    def supervise(self, script=None, *, code=None, args=(), tasks=None, max_restarts=3,
-                  timeout=None, env=None, inject=(), stream=True, restartable_exit_codes=(),
-                  peer_grace=10.0, stall_fix=None):
+    def supervise(self, script: str | os.PathLike | None = None, *, code: str | None = None,
+                  args: Sequence[str] = (), tasks: Iterable[TaskSpec] | None = None,
+                  max_restarts: int = 3, timeout: float | str | None = None,
+                  env: Mapping[str, str] | Sequence[str] | None = None,
+                  inject: Iterable[tuple] = (), stream: bool = True,
+                  restartable_exit_codes: Iterable[int] = (), peer_grace: float = 10.0,
+                  stall_fix: bool | None = None) -> list[dict[str, Any]]:
         """Run the cluster's tasks together and restart them all after a fault.
 
         See :func:`mwhelpers.supervisor.supervise`.
@@ -712,7 +736,7 @@ def _close_launchers(launchers):
 _RUNTIME = None
 
 
-def runtime():
+def runtime() -> Runtime:
     """The process-wide Runtime (created on first use, and again after close())."""
     global _RUNTIME
     if _RUNTIME is None or _RUNTIME.closed:

@@ -112,3 +112,29 @@ def test_readme_commands_are_the_ones_ci_runs():
     assert "python3 dev.py suite" in readme and "python3 dev.py test" in readme
     assert "python3 dev.py matrix" in readme
     assert "python3 dev.py test" in ci and "python3 dev.py matrix" in ci
+
+
+PUBLIC_METHODS = {
+    "Runtime": ["__init__", "define_cluster", "launch", "wait", "status", "log", "log_lines",
+                "get_run", "kill", "kill_when", "end_all", "supervise", "follow", "failures",
+                "close"],
+    "Cluster": ["__init__", "check_task", "port", "address", "host_of", "gpus_of", "cluster_spec",
+                "tf_config", "close"],
+}
+
+
+def test_the_public_api_has_type_hints_that_resolve():
+    import inspect
+    import typing
+
+    import mwhelpers
+
+    functions = [getattr(mwhelpers, name) for name in ("runtime", "load_mnist", "parse_task",
+                                                        "avoid_teardown_stall")]
+    for cls, methods in PUBLIC_METHODS.items():
+        functions += [getattr(getattr(mwhelpers, cls), m) for m in methods]
+    for fn in functions:
+        hints = typing.get_type_hints(fn)  # raises if an annotation does not resolve
+        params = [n for n in inspect.signature(fn).parameters if n != "self"]
+        missing = [n for n in params if n not in hints] + ([] if "return" in hints else ["return"])
+        assert not missing, f"{fn.__qualname__} lacks hints for {missing}"
