@@ -16,6 +16,7 @@ _LAZY = {
     "Failure": "failures", "LaunchRequest": "taskrun",
     "MWHelpersError": "errors", "UsageError": "errors", "WorkerError": "errors",
     "WorkerFailed": "errors", "WorkerTimeout": "errors",
+    "versions": "versions", "tensorflow_distributions": "versions",
 }
 
 

@@ -105,19 +105,26 @@ def test_killworker_magic_and_bad_signal(ip, rt, capsys):
     assert run.outcome() == "killed by SIGKILL (SIGKILL sent by %killworker)"
 
 
-def test_killbgscripts_ends_what_ipython_leaves_behind(ip, rt, capsys):
-    """IPython's own %killbgscripts signals bash and leaves `python` running."""
+def orphan_of_a_bash_bg_cell(ip):
+    """A %%bash --bg cell's `python`, left running by IPython's own %killbgscripts (which
+    signals only bash); its pid."""
+    import psutil
+
     script_magics = ip.magics_manager.registry["ScriptMagics"]
     assert cell(ip, f"%%bash --bg\n{sys.executable} -c 'import time; time.sleep(120)'\n").success
     bash = script_magics.bg_processes[-1]
     deadline = time.monotonic() + 10
-    import psutil
-
     while time.monotonic() < deadline and not psutil.Process(bash.pid).children():
         time.sleep(0.05)
     python_pid = psutil.Process(bash.pid).children()[0].pid
     script_magics.kill_bg_processes()  # IPython's own implementation
     time.sleep(0.3)
+    return python_pid
+
+
+def test_killbgscripts_ends_what_ipython_leaves_behind(ip, rt, capsys):
+    """IPython's own %killbgscripts signals bash and leaves `python` running."""
+    python_pid = orphan_of_a_bash_bg_cell(ip)
     assert pid_alive(python_pid), "IPython's %killbgscripts now ends the child itself"
     # Ours finds the orphan through the session mark in its environment.
     assert cell(ip, "%%worker 0 --bg\n" + LISTENER).success
@@ -207,15 +214,7 @@ def test_killbgscripts_leaves_unrelated_background_commands_running(ip, rt, caps
     try:
         assert psutil.Process(unrelated).ppid() != psutil.Process().pid  # escaped our tree
         # a %%bash --bg cell's program, orphaned when its bash is killed: ours
-        script_magics = ip.magics_manager.registry["ScriptMagics"]
-        assert cell(ip, f"%%bash --bg\n{sys.executable} -c 'import time; time.sleep(120)'\n").success
-        bash = script_magics.bg_processes[-1]
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not psutil.Process(bash.pid).children():
-            time.sleep(0.05)
-        orphan = psutil.Process(bash.pid).children()[0].pid
-        script_magics.kill_bg_processes()
-        time.sleep(0.3)
+        orphan = orphan_of_a_bash_bg_cell(ip)
         assert pid_alive(orphan)
         assert "MWHELPERS_BG" not in __import__("os").environ  # only while the cell ran
         ip.run_line_magic("killbgscripts", "")

@@ -388,3 +388,28 @@ def test_more_machines_notebook_runs_on_ssh_hosts_and_slurm(env, tmp_path, monke
 
 def _squeue_all():
     return subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=30).stdout.strip()
+
+
+# -- GPUs per task, from what each host's probe finds ---------------------------------------------
+
+SEES_GPUS = "import os\nprint('GPUS', os.environ.get('CUDA_VISIBLE_DEVICES'), flush=True)\n"
+
+
+def test_gpus_per_task_come_from_each_slurm_nodes_probe(remote_rt, env, allocation, monkeypatch):
+    # srun passes this to the probe on each node, as Slurm's own GPU allocation would set it
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    cluster = remote_rt.define_cluster(3, slurm=True, gpus_per_task=1)
+    assert [cluster.host_of(t) for t in cluster.tasks] == [env.names[0], env.names[1], env.names[0]]
+    assert [cluster.gpus_of(t) for t in cluster.tasks] == ["0", "0", "1"]  # per node, in order
+    for t in cluster.tasks:
+        run = remote_rt.launch(t, code=SEES_GPUS)
+        assert f"GPUS {cluster.gpus_of(t)}" in run.lines(), run.lines()
+    with pytest.raises(UsageError, match=rf"{env.names[0]} has GPUs 0, 1, 2, 3 .* need 3 each"):
+        remote_rt.define_cluster(3, slurm=True, gpus_per_task=3)
+
+
+def test_gpus_per_task_over_ssh_are_refused_where_the_probe_finds_none(remote_rt, env):
+    # sshd passes no CUDA_VISIBLE_DEVICES and the test hosts have no nvidia-smi
+    with pytest.raises(UsageError, match=rf"{env.names[0]} has no GPU .* need 1 each"):
+        remote_rt.define_cluster(2, hosts=env.names, gpus_per_task=1)
+    assert remote_rt.cluster is None

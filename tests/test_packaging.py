@@ -138,3 +138,13 @@ def test_the_public_api_has_type_hints_that_resolve():
         params = [n for n in inspect.signature(fn).parameters if n != "self"]
         missing = [n for n in params if n not in hints] + ([] if "return" in hints else ["return"])
         assert not missing, f"{fn.__qualname__} lacks hints for {missing}"
+
+
+def test_versions_name_the_tensorflow_distribution_without_importing_it():
+    code = ("import sys, mwhelpers\n"
+            "print(mwhelpers.versions('tensorflow', 'tf_keras', 'no-such-package'))\n"
+            "print(mwhelpers.tensorflow_distributions(), 'tensorflow' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT).stdout.splitlines()
+    assert out[0] == "TensorFlow 2.21.0 (tensorflow-cpu) | tf_keras 2.21.0 | no-such-package not installed"
+    assert out[1] == "[('tensorflow-cpu', '2.21.0')] False"
