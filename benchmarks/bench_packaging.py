@@ -49,8 +49,10 @@ def make(venv, install_cmds):
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
     for cmd in install_cmds:
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *cmd],
-                       check=True, cwd=ROOT)
+        done = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                               *cmd], cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"pip install into {venv} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     return py
 
 
