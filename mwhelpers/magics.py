@@ -281,8 +281,6 @@ class WorkerMagics(Magics):
         script_magics = self.shell.magics_manager.registry.get("ScriptMagics")
         bg = list(getattr(script_magics, "bg_processes", []) or [])
         pids = [p.pid for p in bg if getattr(p, "returncode", None) is None and getattr(p, "pid", None)]
-        # Orphans count when a task or a %%script --bg cell started them (their marks);
-        # other background commands of the kernel (!nohup tensorboard ... &) are left alone.
         report = self.rt.end_all(extra_pids=pids)
         self.live.refresh()
         if script_magics is not None and bg:

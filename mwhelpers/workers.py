@@ -230,9 +230,13 @@ class Runtime:
         placement = launcher.place(tasks, hosts, port_range())
         gpus = None
         if gpus_per_task:
-            gpus = assign({t: placement[t][0] for t in tasks},
-                          {h: info.get("gpus", []) for h, info in launcher.host_info.items()},
-                          gpus_per_task)
+            try:
+                gpus = assign({t: placement[t][0] for t in tasks},
+                              {h: info.get("gpus", []) for h, info in launcher.host_info.items()},
+                              gpus_per_task)
+            except UsageError:
+                launcher.close()
+                raise
         cluster = Cluster(workers=workers, chief=chief, ps=ps, evaluator=evaluator,
                           placement=placement, kind=launcher.kind, gpus=gpus)
         return cluster, launcher

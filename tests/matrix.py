@@ -210,6 +210,8 @@ class Kernel:
     def ok(self, code, timeout=600):
         status, out = self.run(code, timeout)
         check(status == "ok", f"cell failed:\n{code}\n--- output ---\n{out[-4000:]}")
+        # IPython prints, and does not raise, what an event callback (the extension's) raised
+        check("Error in callback" not in out, f"an IPython event callback failed:\n{out[-4000:]}")
         return out
 
     def close(self):
