@@ -28,7 +28,8 @@ def suite(site, cwd, *args):
 def tiny_notebook(path):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("n = 2", metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell("import mwhelpers\nassert n == 3\nprint('ran', mwhelpers.__file__)")]
+                nbformat.v4.new_code_cell(
+                    "import mwhelpers\nassert n == 3\nprint('ran', mwhelpers.__file__)")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, path)
