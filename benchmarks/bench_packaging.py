@@ -25,6 +25,9 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from mwhelpers.versions import TF_DISTRIBUTIONS  # noqa: E402
+
 LAST_010 = "c7d097c"  # the last commit with 0.1.0's packaging
 
 IMPORT = {
@@ -64,7 +67,7 @@ def tf_distributions(py):
     out = subprocess.run([str(py), "-m", "pip", "list", "--format=json"], capture_output=True, text=True,
                          check=True).stdout
     return sorted(f"{p['name']} {p['version']}" for p in json.loads(out)
-                  if p["name"].lower().replace("_", "-") in ("tensorflow", "tensorflow-cpu"))
+                  if p["name"].lower().replace("_", "-") in TF_DISTRIBUTIONS)
 
 
 def cpu_of(py, code):

@@ -47,6 +47,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from mwhelpers.versions import TF_DISTRIBUTIONS  # noqa: E402
+
 PROGRAMS = ROOT / "tests" / "programs" / "tutorial"
 
 OTHER_CHECKS = ("bare", "conda")
@@ -134,8 +137,7 @@ def freeze(python):
 
 
 def tf_distributions(installed):
-    return sorted(n for n in installed if n in ("tensorflow", "tensorflow-cpu", "tensorflow-intel",
-                                                 "tf-nightly", "tf-nightly-cpu"))
+    return sorted(n for n in installed if n in TF_DISTRIBUTIONS)
 
 
 def build_wheel(work):

@@ -13,8 +13,9 @@ from conftest import ROOT
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-TF_DISTRIBUTIONS = {"tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos",
-                    "tensorflow-cpu-aws", "tf-nightly", "tf-nightly-cpu"}
+import mwhelpers.versions
+
+TF_DISTRIBUTIONS = set(mwhelpers.versions.TF_DISTRIBUTIONS)
 # Installed by the lock without the dependencies they declare (see requirements/tutorials.txt).
 WITHOUT_DEPS = {"tf-keras", "mlxtend"}
 
