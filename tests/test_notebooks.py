@@ -62,6 +62,11 @@ def test_tour_runs_under_nbclient(tmp_path, pythonpath):
                if re.match(r"^\[worker:\d\] RESULT ", line)]  # streamed, not a live view's
     assert results and results[0]["replicas"] == 2
     assert (tmp_path / "main.py").exists()
+    # the reference part: a fault, its report, a supervised restart that resumes, GPUs refused
+    assert "worker:1 logged 'STEP 3'; sent SIGKILL to its process tree" in text
+    assert "worker:1 failed: killed by SIGKILL (SIGKILL sent when its log matched '^STEP 3$')" in text
+    assert "attempt 2: every task finished" in text
+    assert "this machine has no GPU" in text
 
 
 def test_strategies_guide_runs_under_nbclient(tmp_path, pythonpath):
