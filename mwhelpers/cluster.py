@@ -212,11 +212,10 @@ class Cluster:
         return None if self.gpus is None else self.gpus.get(self.check_task(task))
 
     def _rows(self):
-        return [(str(t), self.host_of(t) or "this machine", self._ports[t], self.tf_config(t))
+        """(task, host, port, GPUs or None when the cluster assigns none, TF_CONFIG)."""
+        return [(str(t), self.host_of(t) or "this machine", self._ports[t],
+                 None if self.gpus is None else self.gpus.get(t) or "none", self.tf_config(t))
                 for t in self.tasks]
-
-    def _gpu_text(self, task):
-        return "" if self.gpus is None else f"  GPUs {self.gpus.get(task) or 'none'}"
 
     def _where(self):
         if not self.remote:
@@ -227,23 +226,21 @@ class Cluster:
     def __repr__(self):
         parts = [f"{n} {job}" for job, n in self.jobs.items()]
         lines = [f"Cluster({', '.join(parts)}) {self._where()}"]
-        width = max(len(r[0]) for r in self._rows())
-        for task, host, port, cfg in self._rows():
+        rows = self._rows()
+        width = max(len(r[0]) for r in rows)
+        for task, host, port, gpus, cfg in rows:
             where = f"  on {host}" if self.remote else ""
-            gpus = self._gpu_text(self.check_task(task))
+            gpus = "" if gpus is None else f"  GPUs {gpus}"
             lines.append(f"  {task:<{width}}{where}  port {port}{gpus}  TF_CONFIG={cfg}")
         return "\n".join(lines)
 
     def _repr_html_(self):
         gpu_head = "<th>GPUs</th>" if self.gpus is not None else ""
-
-        def gpu_cell(task):
-            return "" if self.gpus is None else f"<td>{html.escape(self.gpus.get(task) or 'none')}</td>"
-
         rows = "".join(
             f"<tr><td><b>{html.escape(t)}</b></td><td>{html.escape(h)}</td><td>{p}</td>"
-            f"{gpu_cell(self.check_task(t))}<td><code>{html.escape(c)}</code></td></tr>"
-            for t, h, p, c in self._rows()
+            + ("" if g is None else f"<td>{html.escape(g)}</td>")
+            + f"<td><code>{html.escape(c)}</code></td></tr>"
+            for t, h, p, g, c in self._rows()
         )
         title = "Local cluster" if not self.remote else "Cluster"
         return (
