@@ -143,12 +143,8 @@ def tf_distributions(installed):
 def build_wheel(work):
     """The wheel, built from a copy of what it is made of (the build leaves nothing here)."""
     src, out = work / "source", work / "wheel"
-    shutil.rmtree(src, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
-    src.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "mwhelpers", src / "mwhelpers", ignore=shutil.ignore_patterns("__pycache__"))
+    copy_package(src)
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-w", out, src],
         work / "wheel.log")
     wheels = sorted(out.glob("mwhelpers-*.whl"))
@@ -156,14 +152,28 @@ def build_wheel(work):
     return wheels[0]
 
 
-def make_env(name, spec, work):
-    python = find_python(spec["python"])
-    check(python, f"no Python {spec['python']} on this machine (looked on PATH and in ~/.pyenv)")
-    env_dir = work / name
-    log = work / f"{name}.log"
+def fresh_venv(name, version, work):
+    """A new virtual environment ``work/name`` of Python ``version``; (its python, its log)."""
+    python = find_python(version)
+    check(python, f"no Python {version} on this machine (looked on PATH and in ~/.pyenv)")
+    env_dir, log = work / name, work / f"{name}.log"
     shutil.rmtree(env_dir, ignore_errors=True)
     run([python, "-m", "venv", env_dir], log)
-    py = env_dir / "bin" / "python"
+    return env_dir / "bin" / "python", log
+
+
+def copy_package(dest, *extra):
+    """What a checkout's package is made of (and ``extra`` folders of it), copied to ``dest``."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, dest / name)
+    for name in ("mwhelpers", *extra):
+        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def make_env(name, spec, work):
+    py, log = fresh_venv(name, spec["python"], work)
     pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     run(pip + spec["user"], log)
     if spec["user_no_deps"]:
@@ -343,21 +353,11 @@ def first_code_cell(notebook):
 def check_bare(work):
     """A notebook's first cell where mwhelpers is not installed."""
     t0 = time.monotonic()
-    python = find_python("3.12")
-    check(python, "no Python 3.12 on this machine (looked on PATH and in ~/.pyenv)")
-    env_dir, log = work / "bare", work / "bare.log"
-    shutil.rmtree(env_dir, ignore_errors=True)
-    run([python, "-m", "venv", env_dir], log)
-    py = env_dir / "bin" / "python"
+    py, log = fresh_venv("bare", "3.12", work)
     run([py, "-m", "pip", "install", "--disable-pip-version-check", "-q", "ipykernel==7.4.0"], log)
     # a checkout as a user has it: the package, its metadata and the notebooks
     checkout = work / "bare-checkout"
-    shutil.rmtree(checkout, ignore_errors=True)
-    checkout.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(ROOT / name, checkout / name)
-    for name in ("mwhelpers", "notebooks"):
-        shutil.copytree(ROOT / name, checkout / name, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_package(checkout, "notebooks")
     cell = first_code_cell(ROOT / "notebooks" / "03_multi_worker_keras.ipynb")
     elsewhere = work / "bare-elsewhere"
     elsewhere.mkdir(exist_ok=True)
@@ -374,7 +374,7 @@ def check_bare(work):
         k.ok(cell, timeout=300)
         out = k.ok("import mwhelpers\nprint(mwhelpers.__file__)\n%load_ext mwhelpers\n"
                    "c = %cluster 2\nprint('workers', c.num_workers)")
-        check(str(env_dir) in out and "workers 2" in out, out)
+        check(str(py.parent.parent) in out and "workers 2" in out, out)
     finally:
         k.close()
     say("bare: from the checkout's notebooks folder the first cell installs mwhelpers with %pip, "
@@ -390,12 +390,7 @@ def check_conda(work):
     block = text.split("- pip:", 1)[1]
     reqs = [m.group(1) for m in re.finditer(r"^\s+-\s+(\S+==\S+)$", block, re.M)]
     no_deps = re.search(r"pip install --no-deps (.+?) -e \.", text).group(1).split()
-    python = find_python(python_version)
-    check(python, f"no Python {python_version}")
-    env_dir, log = work / "conda", work / "conda.log"
-    shutil.rmtree(env_dir, ignore_errors=True)
-    run([python, "-m", "venv", env_dir], log)
-    py = env_dir / "bin" / "python"
+    py, log = fresh_venv("conda", python_version, work)
     req_file = work / "conda-pip-requirements.txt"
     req_file.write_text("\n".join(reqs) + "\n")
     # what conda runs for the pip: section
