@@ -13,6 +13,8 @@ extra process, and imports nothing heavy.  It:
   input pipelines to run without tf.data autotuning, so that ``fit`` ends when
   training ends (``tfdata.py`` beside this file; nothing is imported until
   the program imports TensorFlow itself);
+* once the program has imported TensorFlow, writes one line saying which
+  TensorFlow and Keras it got (``taskfacts.py``), for the failure diagnosis;
 * runs SCRIPT as ``__main__`` with ``sys.argv`` and ``sys.path[0]`` set the way
   ``python SCRIPT ARGS`` would set them.  With ``--cell``, SCRIPT holds the
   code of a ``%%worker`` cell and ``sys.path[0]`` is the working directory,
@@ -54,13 +56,19 @@ def _arm_guard():
     threading.Thread(target=watch, name="mwhelpers-parent-guard", daemon=True).start()
 
 
-def _arm_stall_fix():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tfdata.py")
-    spec = importlib.util.spec_from_file_location("_mwhelpers_tfdata", path)
+def _load(name):
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_mwhelpers_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    if module.stall_fix_wanted(os.environ):
-        module.install_import_hook()
+    return module
+
+
+def _arm_import_hooks():
+    tfdata = _load("tfdata")
+    if tfdata.stall_fix_wanted(os.environ):
+        tfdata.install_import_hook()
+    tfdata.after_import("tensorflow", _load("taskfacts").say)
 
 
 def main():
@@ -72,7 +80,7 @@ def main():
         return 2
     _arm_guard()
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    _arm_stall_fix()
+    _arm_import_hooks()
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     # python SCRIPT puts the script's folder first on sys.path; python -c puts ''.

@@ -28,7 +28,9 @@ class WorkerFailed(WorkerError):
 
     ``failures`` lists :class:`mwhelpers.failures.Failure` records (task,
     pid, exit, time, log path, log tail, kind) in the order the tasks died;
-    the first one, ``root_cause``, is the root cause.
+    the first one, ``root_cause``, is the root cause.  ``diagnosis`` is what the
+    report explains: dicts with ``key``, ``cause`` and ``advice`` (see
+    :mod:`mwhelpers.diagnosis`), empty when the failure was not recognised.
     """
 
     def __init__(self, message, failures=()):
@@ -39,13 +41,19 @@ class WorkerFailed(WorkerError):
     def root_cause(self):
         return self.failures[0] if self.failures else None
 
+    @property
+    def diagnosis(self):
+        return self.root_cause.diagnosis if self.failures else []
+
 
 class WorkerTimeout(WorkerError):
     """A task did not become ready, or did not finish, within its timeout.
 
-    ``not_ready`` names the tasks that never became ready.
+    ``not_ready`` names the tasks that never became ready; ``diagnosis`` is
+    what the report explains (dicts with ``key``, ``cause`` and ``advice``), when recognised.
     """
 
-    def __init__(self, message, not_ready=()):
+    def __init__(self, message, not_ready=(), diagnosis=()):
         super().__init__(message)
         self.not_ready = list(not_ready)
+        self.diagnosis = list(diagnosis)

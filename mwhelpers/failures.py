@@ -111,6 +111,9 @@ class Failure:
     attempt: int = 1
     kind: str = ""
     reason: str = ""
+    # On the root cause: what the job's failure means and what to do, when recognised
+    # ({'key', 'cause', 'advice'} dicts, see mwhelpers.diagnosis).
+    diagnosis: list = field(default_factory=list)
 
     @classmethod
     def of(cls, run, restartable_exit_codes=()):
@@ -154,10 +157,18 @@ def tail_text(task, log_path, lines):
     return f"Last lines of {task}'s log ({log_path}):\n" + "\n".join(f"  {ln}" for ln in lines)
 
 
+def explained(diagnosis):
+    """The 'What this means / What to do' lines of diagnosis dicts (see mwhelpers.diagnosis)."""
+    return [line for d in diagnosis
+            for line in (f"What this means: {d['cause']}", f"What to do: {d['advice']}")]
+
+
 def report(failures):
-    """The message of a failure: root cause, then the others in exit order, then its log."""
+    """The message of a failure: root cause, then the others in exit order, then what it
+    means and what to do (when recognised), then the root cause's log."""
     first = failures[0]
     msg = f"{first.task} failed: {first.outcome}"
     if len(failures) > 1:
         msg += "; then " + ", ".join(f"{f.task} ({f.outcome})" for f in failures[1:])
-    return msg + "\n" + tail_text(first.task, first.log_path, first.tail)
+    lines = [msg, *explained(first.diagnosis), tail_text(first.task, first.log_path, first.tail)]
+    return "\n".join(lines)

@@ -68,6 +68,8 @@ _START_UP_NOISE = re.compile(
     r"cuInit|Could not find cuda drivers|Unable to register cu(DNN|FFT|BLAS) factory|"
     r"TF-TRT Warning|computation placer already registered|oneDNN custom operations")
 _ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called"
+# The task's TensorFlow and Keras, written by mwhelpers' start-up for the diagnosis (taskfacts.py).
+_FACTS = "[mwhelpers] this task: "
 # Lines that continue a hidden record on the next line.
 _CONTINUATION = re.compile(r"^(To enable the following instructions|/job:\w+/replica:\d+/task:\d+$)")
 
@@ -76,7 +78,8 @@ class QuietFilter:
     """Decides, line by line, what a cell shows of a task's output.
 
     Hidden: TensorFlow's informational C++ records (``I...`` lines, with the
-    lines that continue them), absl's start-up preamble, and the CUDA and
+    lines that continue them), absl's start-up preamble, mwhelpers' line
+    naming the task's TensorFlow and Keras, and the CUDA and
     oneDNN start-up messages of CPU-only machines.  Shown: everything else,
     the program's own output and TensorFlow's other warnings and errors.
     The log file always keeps every line; this only filters what streams.
@@ -96,7 +99,7 @@ class QuietFilter:
         if m:
             self._after_hidden = m.group(1) == "I" or bool(_START_UP_NOISE.search(line))
             return not self._after_hidden
-        if line.startswith(_ABSL_PREAMBLE):
+        if line.startswith((_ABSL_PREAMBLE, _FACTS)):
             return False
         if self._after_hidden and _CONTINUATION.match(line):
             return False

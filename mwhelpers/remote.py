@@ -32,7 +32,8 @@ from .gpus import visible_gpus
 from .launchers import BOOTSTRAP, Launcher, Process
 
 AGENT_CODE = Path(__file__).with_name("_agent.py").read_text()
-TFDATA = str(Path(__file__).with_name("tfdata.py"))
+# The files the worker start-up loads beside itself, sent with it to every host.
+BOOTSTRAP_FILES = ("tfdata.py", "taskfacts.py")
 TAG = "@mwhelpers"
 
 # The kernel's variables that a remote task gets (besides TF_CONFIG, mwhelpers' own
@@ -250,7 +251,8 @@ class AgentLauncher(Launcher):
     def start(self, spec):
         if self.closed:
             raise RuntimeError("this launcher was closed; define the cluster again")
-        files = {"_bootstrap.py": Path(BOOTSTRAP).read_text(), "tfdata.py": Path(TFDATA).read_text()}
+        files = {"_bootstrap.py": Path(BOOTSTRAP).read_text()}
+        files.update((name, Path(BOOTSTRAP).with_name(name).read_text()) for name in BOOTSTRAP_FILES)
         script = spec.script
         if spec.cell:
             files["cell.py"] = Path(spec.script).read_text()

@@ -18,7 +18,7 @@ import signal
 import time
 
 from .errors import UsageError, WorkerFailed
-from .failures import report
+from .failures import explained, report
 from .proctree import parse_signal
 from .taskrun import LaunchRequest
 
@@ -37,6 +37,11 @@ def _start_all(rt, requests, attempt):
                     + ", ".join(str(r.task) for r in runs))
         raise
     return runs
+
+
+def _echo_diagnosis(rt, root):
+    for line in explained(root.diagnosis):
+        rt.echo(f"[mwhelpers] {line}")
 
 
 def _let_peers_finish(runs, codes, grace):
@@ -69,6 +74,8 @@ def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3
     Returns the list of attempts, each a dict: ``attempt`` (1, 2...),
     ``runs``, ``events`` (faults injected), ``failed`` ((task, outcome)
     pairs in the order the tasks died), ``root_cause`` (a Failure or None),
+    ``diagnosis`` (what the root cause means and what to do, when recognised:
+    see :mod:`mwhelpers.diagnosis`),
     ``restarted`` and ``why`` (the decision and its reason), and
     ``root_cause_file``.  Raises WorkerFailed when the root cause is a
     program error or ``max_restarts`` restarts were not enough.
@@ -122,6 +129,7 @@ def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3
         record = {"attempt": attempt, "runs": runs, "events": events,
                   "failed": [(f.task, f.outcome) for f in failed],
                   "root_cause": failed[0] if failed else None,
+                  "diagnosis": failed[0].diagnosis if failed else [],
                   "restarted": False, "why": "", "root_cause_file": None}
         attempts.append(record)
         if not failed:
@@ -134,11 +142,13 @@ def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3
         if not root.is_fault:
             record["why"] = f"not restarted: {root.reason}"
             rt.echo(f"{head}; not restarting (root cause in {record['root_cause_file']})")
+            _echo_diagnosis(rt, root)
             raise WorkerFailed(f"not restarted after attempt {attempt}: {root.reason}\n"
                                + report(failed), failed)
         if attempt == max_restarts + 1:
             record["why"] = f"not restarted: no restarts left ({max_restarts} used)"
             rt.echo(f"{head}; no restarts left ({max_restarts} used)")
+            _echo_diagnosis(rt, root)
             raise WorkerFailed(f"gave up after {attempt} attempts ({max_restarts} restarts)\n"
                                + report(failed), failed)
         record["restarted"] = True
@@ -146,4 +156,5 @@ def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3
         others = "ended the other tasks" if ended else "the other tasks had exited by themselves"
         rt.echo(f"{head}; {others}; restarting all {len(tasks)} tasks "
                 f"(restart {attempt} of {max_restarts})")
+        _echo_diagnosis(rt, root)
     return attempts

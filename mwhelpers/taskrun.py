@@ -119,7 +119,8 @@ class LaunchRequest:
 class TaskRun:
     """One launch of one task: its process, log, state and outcome."""
 
-    def __init__(self, task, process, log_path, port, address, ready_mode, script, attempt=1):
+    def __init__(self, task, process, log_path, port, address, ready_mode, script, attempt=1,
+                 cwd=None, host=None, cell=False):
         self.task = task
         self.process = process
         self.log_path = Path(log_path)
@@ -128,6 +129,9 @@ class TaskRun:
         self.ready_mode = ready_mode
         self.script = script
         self.attempt = attempt
+        self.cwd = cwd  # the folder it runs in
+        self.host = host  # where it runs (None: this machine)
+        self.cell = cell  # ``script`` holds a notebook cell's code
         self.gpus = None  # its CUDA_VISIBLE_DEVICES when the cluster assigns GPUs
         self.ready_after = None  # seconds from start until ready
         self.note = ""  # who ended it, when not itself

@@ -224,12 +224,17 @@ def stall_fix_wanted(environ):
     return environ.get(STALL_FIX_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def after_import(name, callback):
+    """Call ``callback(module)`` once the module ``name`` has been executed (now, when it
+    already has been; once per name)."""
+    module = sys.modules.get(name)
+    if module is not None:
+        callback(module)
+    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, callback))
+
+
 def install_import_hook():
     """Patch MultiWorkerMirroredStrategy as soon as TensorFlow loads it (or now)."""
-    module = sys.modules.get(MWMS_MODULE)
-    if module is not None:
-        _patch_safely(module)
-        return True
-    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(MWMS_MODULE, _patch_safely))
+    after_import(MWMS_MODULE, _patch_safely)
     return True

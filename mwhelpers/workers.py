@@ -31,6 +31,7 @@ import psutil
 from . import failures as failure_records
 from . import proctree
 from .cluster import Cluster, Task, job_tasks, parse_task
+from .diagnosis import explain_failure, explain_stuck
 from .errors import UsageError, WorkerFailed, WorkerTimeout
 from .failures import Failure, describe_exit
 from .gpus import assign, check_per_task, visible_gpus
@@ -372,9 +373,12 @@ class Runtime:
                           log_path=Path(log_path), cell=request.code is not None,
                           cwd=os.getcwd() if host is None else None, host=host,
                           port=self.cluster.port(task))
-        process = (self.launcher if host is None else self.remote_launcher).start(spec)
+        launcher = self.launcher if host is None else self.remote_launcher
+        process = launcher.start(spec)
         run = TaskRun(task, process, spec.log_path, self.cluster.port(task),
-                      self.cluster.address(task), ready, spec.script, attempt=attempt)
+                      self.cluster.address(task), ready, spec.script, attempt=attempt,
+                      cwd=spec.cwd or getattr(launcher, "cwd", None), host=host,
+                      cell=spec.cell)
         if self.cluster.gpus is not None:
             run.gpus = spec.env.get("CUDA_VISIBLE_DEVICES", "")
         self.runs[task] = run
@@ -480,9 +484,14 @@ class Runtime:
                 f"{t} ({why})" for t, why in not_ready
             )
             msg += ". A worker waits for all its peers: launch every task of the cluster."
+        where, found = explain_stuck(stuck, list(self.runs.values()), not_ready)
+        if where:
+            msg += "\nWhere each task was when it was ended:\n" + "\n".join(where)
+        msg += "".join("\n" + line for f in found for line in f.lines())
         for r in stuck:
             msg += "\n" + failure_records.tail_text(r.task, r.log_path, r.tail())
-        return WorkerTimeout(msg, not_ready=[t for t, _ in not_ready])
+        return WorkerTimeout(msg, not_ready=[t for t, _ in not_ready],
+                             diagnosis=[f.to_dict() for f in found])
 
     def not_ready_tasks(self):
         """(task, reason) for each chief/worker task that never became ready."""
@@ -643,8 +652,11 @@ class Runtime:
                  restartable_exit_codes: Iterable[int] = ()) -> list[Failure]:
         """Failure records of the failed runs (default: the latest of each task),
         the first to die first."""
-        runs = self.runs.values() if runs is None else runs
-        return failure_records.in_order(runs, restartable_exit_codes)
+        runs = list(self.runs.values() if runs is None else runs)
+        found = failure_records.in_order(runs, restartable_exit_codes)
+        if found:
+            found[0].diagnosis = [f.to_dict() for f in explain_failure(found, runs)]
+        return found
 
     def _raise_failures(self, runs):
         found = self.failures(runs)

@@ -1,0 +1,316 @@
+"""What a failed or stuck job means, in plain words, and what to do about it.
+
+The failure reports name the first task to die, its exit and its log tail.
+This module adds, after that root cause, a :class:`Finding`: one line on
+what it means and one on what to do.  Each rule recognises one mistake that
+people make with multi-worker TensorFlow from evidence that leaves no doubt:
+a message in a task's log, an exit status, who exited first, the stacks a
+stuck task wrote, the TensorFlow and Keras each task says it ran
+(:mod:`mwhelpers.taskfacts`).  A failure no rule recognises gets no finding:
+its report stays as it was, never a guess.
+
+:func:`explain_failure` reads failed jobs, :func:`explain_stuck` jobs that
+did not finish or become ready in time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import stacks, taskfacts
+from .failures import last_exception, signal_of
+
+KERAS_ISSUE = "keras-team/keras#20585"
+_KERAS3_FIT = "Attempt to convert a value (PerReplica"
+_OP_FIRST = "Collective ops must be configured at program startup"
+_NO_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
+_PEER_LOST = re.compile(r"stopped sending heartbeats|Socket closed|Connection reset by peer|"
+                        r"failed to connect to all addresses|The cluster may have been shut down|"
+                        r"UnavailableError|Collective ops is aborted", re.IGNORECASE)
+# Keras progress and the usual "step N" lines of a custom loop: where a task had got to.
+_PROGRESS = re.compile(r"^(Epoch \d+/\d+|\s*\d+/\d+\b|.*\bstep\s*\d+)", re.IGNORECASE)
+
+
+@dataclass
+class Finding:
+    """One recognised mistake: what it means and what to do."""
+
+    key: str  # a short name of the rule: 'keras3-fit', 'op-before-strategy', ...
+    cause: str
+    advice: str
+
+    def lines(self):
+        return [f"What this means: {self.cause}", f"What to do: {self.advice}"]
+
+    def to_dict(self):
+        return asdict(self)
+
+
+class _Job:
+    """The runs of one job with their logs read once."""
+
+    def __init__(self, runs):
+        self.runs = list(runs)
+        self._lines = {}
+
+    def lines(self, run):
+        if id(run) not in self._lines:
+            self._lines[id(run)] = run.lines()
+        return self._lines[id(run)]
+
+    def facts(self, run):
+        return taskfacts.parse(self.lines(run))
+
+    def run_of(self, failure):
+        return next((r for r in self.runs if str(r.task) == failure.task and r.pid == failure.pid),
+                    None)
+
+
+def _names(tasks):
+    tasks = [str(t) for t in tasks]
+    return tasks[0] if len(tasks) == 1 else ", ".join(tasks[:-1]) + " and " + tasks[-1]
+
+
+# -- failed jobs ---------------------------------------------------------------------------
+def explain_failure(failures, runs=()):
+    """Findings for a failed job: ``failures`` (root cause first) among ``runs`` (every run
+    of the job, those that finished too).  At most two; [] when nothing is recognised."""
+    if not failures:
+        return []
+    job = _Job(list(runs) or [])
+    found = []
+    for rule in (_settings_differ, _keras3_fit, _op_before_strategy, _module_missing,
+                 _peer_finished_first, _foreign_sigkill):
+        finding = rule(job, failures)
+        if finding is not None:
+            found.append(finding)
+        if len(found) == 2:
+            break
+    return found
+
+
+def _settings_differ(job, failures):
+    facts = {str(r.task): f for r in job.runs if (f := job.facts(r))}
+    if len(facts) < 2:
+        return None
+    for key, what in (("tensorflow", "TensorFlow"), ("keras", "Keras")):
+        values = {f[key] for f in facts.values()}
+        if len(values) < 2:
+            continue
+        per_task = "; ".join(f"{t}: TensorFlow {f['tensorflow']} with {f['keras']} "
+                             f"(TF_USE_LEGACY_KERAS={f['legacy']})" for t, f in facts.items())
+        if key == "keras":
+            advice = ("give every task the same Keras: set TF_USE_LEGACY_KERAS in the kernel "
+                      "before launching (each task inherits it), not with --env for some tasks "
+                      "only, or set it first thing in the program, before importing TensorFlow")
+        else:
+            advice = ("install the same TensorFlow for every task's Python (%cluster --python "
+                      "names it on other hosts) and run them all with it")
+        return Finding(f"{key}-differs",
+                       f"the tasks did not run the same {what} ({per_task}); their collectives "
+                       "and saved state do not match", advice)
+    return None
+
+
+def _keras3_fit(job, failures):
+    for f in failures:
+        run = job.run_of(f)
+        lines = job.lines(run) if run else f.tail
+        if not any(_KERAS3_FIT in ln for ln in lines):
+            continue
+        facts = taskfacts.parse(lines)
+        if facts and not facts["keras"].startswith("Keras 3"):
+            continue  # the message, but not Keras 3: not this mistake
+        used = f" ({facts['keras']})" if facts else ""
+        return Finding(
+            "keras3-fit",
+            f"{f.task} ran model.fit under MultiWorkerMirroredStrategy with Keras 3{used}, which "
+            f"fails this way ({KERAS_ISSUE})",
+            "either use tf_keras: pip install tf_keras and set TF_USE_LEGACY_KERAS=1 before "
+            "TensorFlow is imported (in the kernel before launching, so every task gets it); "
+            "or keep Keras 3 and train with a custom loop (strategy.run in a tf.function)")
+    return None
+
+
+def _op_before_strategy(job, failures):
+    for f in failures:
+        run = job.run_of(f)
+        lines = job.lines(run) if run else f.tail
+        if _OP_FIRST in last_exception(lines):
+            return Finding(
+                "op-before-strategy",
+                f"{f.task} ran a TensorFlow operation (a tensor, a variable, a dataset, a model, "
+                "listing logical devices) before creating MultiWorkerMirroredStrategy; the "
+                "strategy must set up collectives before the first operation",
+                "create the strategy right after importing TensorFlow, before anything else "
+                "uses TensorFlow (mwhelpers' warning before the launch names the line)")
+    return None
+
+
+def _module_missing(job, failures):
+    root = failures[0]
+    run = job.run_of(root)
+    if run is None:
+        return None
+    m = _NO_MODULE.match(last_exception(job.lines(run)))
+    if not m:
+        return None
+    name = m.group(1).split(".")[0]
+    task_dir = run.cwd if run.cell else str(Path(run.script).parent)
+    kernel_dir = os.getcwd()
+    here = [d for d in dict.fromkeys([kernel_dir, run.cwd or kernel_dir, str(Path(run.script).parent)])
+            if d and _module_in(d, name)]
+    if run.host is not None:
+        if not here:
+            return None
+        return Finding(
+            "module-missing",
+            f"{root.task} runs on {run.host} in {run.cwd or 'its login folder'}, and {name} is "
+            f"not there: {name}.py was written in {here[0]} on this machine only",
+            f"put {name}.py in that folder on {run.host} too (a shared file system, or scp), or "
+            f"install it as a package for that host's Python")
+    if task_dir in here:
+        return None  # it is where the task looks: something else is wrong
+    if here:
+        how = ("runs a notebook cell, and Python looks for modules in its working directory "
+               f"{task_dir}") if run.cell else (
+            f"runs {run.script}, and Python looks for modules in the script's folder "
+            f"{task_dir} (and the installed packages), not in the working directory")
+        return Finding(
+            "module-missing",
+            f"{name}.py is in {here[0]}, where the notebook wrote it, but {root.task} {how}",
+            f"write {name}.py beside the program (%%writefile {Path(task_dir) / (name + '.py')}), "
+            f"or launch with --env PYTHONPATH={here[0]}")
+    return Finding(
+        "module-missing",
+        f"{root.task} cannot import {name}: there is no {name}.py in its folder {task_dir}, and "
+        f"its Python has no package {name} installed",
+        f"write {name}.py into {task_dir} (%%writefile), or install the package into the "
+        "Python the tasks run (python -m pip install ...)")
+
+
+def _module_in(folder, name):
+    base = Path(folder)
+    return (base / f"{name}.py").is_file() or (base / name).is_dir()
+
+
+def _peer_finished_first(job, failures):
+    root = failures[0]
+    root_run = job.run_of(root)
+    lines = job.lines(root_run) if root_run else root.tail
+    if not _PEER_LOST.search(last_exception(lines) or "\n".join(lines[-5:])):
+        return None
+    done = [r for r in job.runs if r.returncode == 0 and r.ended_wall is not None
+            and r.ended_wall <= root.ended_at]
+    if not done:
+        return None
+    first = min(done, key=lambda r: r.ended_wall)
+    gap = root.ended_at - first.ended_wall
+    last = _last_progress(job.lines(first))
+    got = f" (its last progress line: {last!r})" if last else ""
+    return Finding(
+        "unequal-steps",
+        f"{first.task} finished (exit code 0) {gap:.1f} s before {root.task} failed{got}, while "
+        f"{root.task} still waited for it in a collective: the workers did not run the same "
+        "number of steps",
+        "every worker must run exactly the same steps: the same epochs and steps_per_epoch, "
+        "and the same number of batches in every worker's shard (repeat the dataset and set "
+        "steps_per_epoch, or make the shards equal)")
+
+
+def _last_progress(lines):
+    shown = [ln for ln in lines if _PROGRESS.match(ln) and not ln.startswith("[mwhelpers]")]
+    return shown[-1].strip()[:80] if shown else ""
+
+
+def _foreign_sigkill(job, failures):
+    root = failures[0]
+    if signal_of(root.returncode) != signal.SIGKILL or root.note:
+        return None  # mwhelpers notes every signal it sends
+    run = job.run_of(root)
+    host = getattr(run, "host", None) or "this machine"
+    return Finding(
+        "foreign-sigkill",
+        f"{root.task} (pid {root.pid}) was killed by a SIGKILL that mwhelpers did not send. "
+        "The kernel's out-of-memory killer ends processes this way when memory runs out; a "
+        "scheduler's time or memory limit, or someone's kill -9, does too",
+        f"look on {host} for 'Out of memory: Killed process {root.pid}' (dmesg, or journalctl "
+        "-k); if it is there, make the tasks use less memory (smaller batches or datasets, "
+        "fewer tasks per machine)")
+
+
+# -- stuck jobs ----------------------------------------------------------------------------
+def explain_stuck(stuck, runs=(), not_ready=()):
+    """``(where_lines, findings)`` for tasks that did not finish or become ready in time.
+
+    ``stuck`` are the runs that were still running (their stacks were dumped into their
+    logs before they were ended), ``runs`` every run of the job, ``not_ready``
+    ``(task, why)`` for the training tasks that never became ready.  ``where_lines`` say
+    where each stuck task's program was; the findings name the task that is behind.
+    """
+    job = _Job(runs or stuck)
+    places = {}
+    for r in stuck:
+        place = stacks.where(job.lines(r), lambda f, n, r=r: _source_line(r, f, n))
+        if place is not None:
+            places[r] = place
+    lines = []
+    for r, place in places.items():
+        inside = "inside TensorFlow, called from" if place.in_framework else "at"
+        lines.append(f"  {r.task} was {inside} {place.describe()}")
+    found = []
+    absent = [(t, why) for t, why in not_ready if why == "never launched"]
+    if absent:
+        found.append(Finding(
+            "peer-missing",
+            f"{_names(t for t, _ in absent)} never started: each worker waits for every task "
+            "that TF_CONFIG names before it takes a step",
+            "launch every task of the cluster (one %%worker --bg per task), or define the "
+            "cluster with the tasks you run (%cluster N)"))
+    silent = [(t, why) for t, why in not_ready if why != "never launched" and "running" in why]
+    for t, why in silent:
+        run = next((r for r in stuck if r.task == t), None)
+        place = places.get(run)
+        at = f": it was at {place.describe()}" if place else ""
+        found.append(Finding(
+            "peer-not-ready",
+            f"{t} ran but its TensorFlow server never started ({why}){at}; the server starts "
+            "when the program creates its strategy",
+            "create the strategy first thing in the program, before loading data or "
+            "building models, and look at what keeps it from getting there"))
+    behind = [r for r, p in places.items() if not p.in_framework]
+    waiting = [r for r, p in places.items() if p.in_framework]
+    done = [r for r in job.runs if r.returncode == 0 and r.task.type in ("chief", "worker")]
+    if waiting and done and not behind:
+        found.append(Finding(
+            "unequal-steps",
+            f"{_names(r.task for r in done)} finished (exit code 0) while "
+            f"{_names(r.task for r in waiting)} still waited inside TensorFlow for "
+            f"{'it' if len(done) == 1 else 'them'}: the workers did not run the same number "
+            "of steps",
+            "every worker must run exactly the same steps: the same epochs and steps_per_epoch, "
+            "and the same number of batches in every worker's shard"))
+    elif waiting and behind:
+        found.append(Finding(
+            "task-behind",
+            f"{_names(r.task for r in behind)} {'is' if len(behind) == 1 else 'are'} behind, "
+            f"in the program's own code ({'; '.join(places[r].frame.at() for r in behind)}), "
+            f"while {_names(r.task for r in waiting)} "
+            f"{'waits' if len(waiting) == 1 else 'wait'} inside TensorFlow: a collective step "
+            "completes only when every worker joins it",
+            f"find out why {_names(r.task for r in behind)} "
+            f"{'does' if len(behind) == 1 else 'do'} not get past that line (slow or blocked "
+            "input, a wait on a file or a lock); every worker must reach every step"))
+    return lines, found[:2]
+
+
+def _source_line(run, file, number):
+    if os.path.isfile(file):
+        return stacks.source_line(file, number)
+    if run.cell and os.path.basename(file) == "cell.py":  # a remote task's copy of the cell
+        return stacks.source_line(run.script, number)
+    return ""

@@ -1,0 +1,113 @@
+"""Reading the Python stacks a stuck task wrote to its log.
+
+Before it ends a stuck task, mwhelpers has it write every thread's stack
+(``faulthandler`` on SIGUSR1, armed by the worker start-up).  The dump is
+plain text in the log::
+
+    Current thread 0x00007f... (most recent call first):
+      File "/home/me/main.py", line 10 in load_batch
+      File "/home/me/main.py", line 12 in <module>
+      File ".../mwhelpers/_bootstrap.py", line 89 in main
+
+:func:`main_stack` finds the program's own thread in the last dump (the one
+that runs the start-up's ``main``); :func:`where` says at which line of the
+user's code it is, and whether it is inside TensorFlow at that moment.
+"""
+
+import re
+from dataclasses import dataclass
+
+_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
+_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
+_LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python3\.\d+/|/lib64/python3\.\d+/")
+_FRAMEWORKS = re.compile(r"/(site|dist)-packages/(tensorflow|tf_keras|keras)/")
+BOOTSTRAP = "_bootstrap.py"
+
+
+@dataclass
+class Frame:
+    file: str
+    line: int
+    func: str
+
+    @property
+    def is_user(self):
+        """A frame of the user's program: not the standard library, not an installed
+        package, not mwhelpers' start-up."""
+        return not _LIBRARY.search(self.file) and not self.file.endswith(BOOTSTRAP)
+
+    @property
+    def in_framework(self):
+        return bool(_FRAMEWORKS.search(self.file))
+
+    def at(self):
+        name = self.file.rsplit("/", 1)[-1]
+        inside = "" if self.func == "<module>" else f", in {self.func}"
+        return f"{name} line {self.line}{inside}"
+
+
+def dumps(lines):
+    """Every thread's stack in the last dump in ``lines``: a list of Frame lists, innermost
+    frame first.  A dump is a block of thread headers, frame lines and blank lines."""
+    last, block, frames = [], None, None
+    for line in lines:
+        if _HEADER.match(line):
+            if block is None:  # a new dump starts
+                block = []
+                last = block
+            frames = []
+            block.append(frames)
+        elif block is not None and _FRAME.match(line):
+            m = _FRAME.match(line)
+            frames.append(Frame(m["file"], int(m["line"]), m["func"]))
+        elif block is not None and not line.strip():
+            continue
+        else:
+            block = None  # other output: the dump is over
+    return last
+
+
+def main_stack(lines):
+    """The frames of the program's main thread in the last dump (innermost first), or []."""
+    for frames in dumps(lines):
+        if any(f.file.endswith(BOOTSTRAP) and f.func == "main" for f in frames):
+            return frames
+    return []
+
+
+@dataclass
+class Where:
+    """Where a task's program was when its stacks were dumped."""
+
+    frame: Frame  # the innermost frame of the user's code
+    in_framework: bool  # the thread was inside TensorFlow or Keras, called from ``frame``
+    source: str = ""  # the text of that line, when the file could be read
+
+    def describe(self):
+        """'main.py line 10, in load_batch: time.sleep(600)'."""
+        return self.frame.at() + (f": {self.source}" if self.source else "")
+
+
+def where(lines, read_line=None):
+    """A :class:`Where` for the main thread of the last dump in ``lines``, or None.
+
+    ``read_line(file, n)`` returns the text of a source line (or '')."""
+    frames = main_stack(lines)
+    for i, frame in enumerate(frames):
+        if frame.is_user:
+            inner = frames[:i]
+            source = read_line(frame.file, frame.line) if read_line else ""
+            return Where(frame, any(f.in_framework for f in inner), source)
+    return None
+
+
+def source_line(path, number):
+    """Line ``number`` of the file ``path``, stripped ('' when it cannot be read)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for i, line in enumerate(f, 1):
+                if i == number:
+                    return line.strip()
+    except OSError:
+        pass
+    return ""

@@ -1,0 +1,75 @@
+"""Which TensorFlow and which Keras a task really ran, said once in its log.
+
+The worker start-up (``_bootstrap.py``) loads this file by path and, right
+after the program imports TensorFlow, writes one line to the task's log::
+
+    [mwhelpers] this task: TensorFlow 2.21.0 with tf_keras 2.21.0 (TF_USE_LEGACY_KERAS=1 at import)
+
+It is what the program itself saw: a ``TF_USE_LEGACY_KERAS`` set in the
+program before ``import tensorflow`` counts, one set later does not (TensorFlow
+reads it then).  The kernel reads these lines back (:func:`parse`) to tell
+when the tasks of one job did not run the same TensorFlow or Keras.  Cells
+do not show the line (:class:`mwhelpers.logs.QuietFilter`); the log keeps it.
+
+Standard library only: the start-up loads it without the mwhelpers package.
+"""
+
+import os
+import re
+import sys
+
+PREFIX = "[mwhelpers] this task: "
+LEGACY_ENV = "TF_USE_LEGACY_KERAS"
+_LINE = re.compile(r"^\[mwhelpers\] this task: TensorFlow (?P<tensorflow>\S+) with (?P<keras>.+?) "
+                   r"\(TF_USE_LEGACY_KERAS=(?P<legacy>\S*) at import\)$")
+
+
+def legacy_selected(value):
+    """True when a ``TF_USE_LEGACY_KERAS`` value selects tf_keras (as TensorFlow reads it)."""
+    return (value or "").strip().lower() in ("1", "true", "yes")
+
+
+def _distribution_version(name):
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover - Python < 3.8
+        return None
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def keras_of(tf_version, legacy_value):
+    """The Keras that ``tf.keras`` is for this TensorFlow and setting: 'tf_keras 2.21.0',
+    'Keras 3.15.1', 'Keras 2.15.0' ('... (not installed)' when missing)."""
+    numbers = [int(n) for n in re.findall(r"\d+", tf_version or "")[:2]]
+    if numbers and tuple(numbers) < (2, 16):  # tf.keras was Keras 2 (the keras package)
+        return f"Keras {_distribution_version('keras') or '(not installed)'}"
+    if legacy_selected(legacy_value):
+        return f"tf_keras {_distribution_version('tf_keras') or '(not installed)'}"
+    return f"Keras {_distribution_version('keras') or '(not installed)'}"
+
+
+def line_for(tf_module, environ=os.environ):
+    version = getattr(tf_module, "__version__", None) or "unknown"
+    legacy = environ.get(LEGACY_ENV, "unset") or "unset"
+    return f"{PREFIX}TensorFlow {version} with {keras_of(version, legacy)} " \
+           f"({LEGACY_ENV}={legacy} at import)"
+
+
+def say(tf_module):
+    """Write the facts line of a task that has just imported TensorFlow (never raises)."""
+    try:
+        print(line_for(tf_module), file=sys.stderr, flush=True)
+    except Exception:  # a fact is not worth breaking the program for
+        pass
+
+
+def parse(lines):
+    """``{'tensorflow', 'keras', 'legacy'}`` from the last facts line in ``lines``, or None."""
+    for line in reversed(lines):
+        m = _LINE.match(line)
+        if m:
+            return m.groupdict()
+    return None
