@@ -2,6 +2,8 @@
 nothing is imported (a kernel that only starts workers need not pay for importing TensorFlow).
 """
 
+from __future__ import annotations
+
 from importlib.metadata import PackageNotFoundError, version
 
 # Distributions that install the ``tensorflow`` package: one per environment (two unpack into one
@@ -42,3 +44,15 @@ def versions(*packages: str) -> str:
         except PackageNotFoundError:
             parts.append(f"{name} not installed")
     return " | ".join(parts)
+
+
+def installed(name: str) -> str | None:
+    """The installed version of ``name`` (``"tensorflow"``: of whichever distribution of it),
+    or None."""
+    if name == "tensorflow":
+        tfs = tensorflow_distributions()
+        return tfs[0][1] if tfs else None
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None

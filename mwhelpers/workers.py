@@ -19,6 +19,7 @@ import re
 import secrets
 import signal
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -32,6 +33,7 @@ from . import failures as failure_records
 from . import proctree
 from .cluster import Cluster, Task, job_tasks, parse_task
 from .diagnosis import explain_failure, explain_stuck
+from .precheck import check
 from .errors import UsageError, WorkerFailed, WorkerTimeout
 from .failures import Failure, describe_exit
 from .gpus import assign, check_per_task, visible_gpus
@@ -42,6 +44,7 @@ from .remote import forwarded_env
 from .status import StatusTable
 from .taskrun import LaunchRequest, TaskRun, parse_timeout
 from .tfdata import STALL_FIX_ENV, stall_fix_wanted
+from .versions import installed
 
 TaskSpec = str | int | Task  # "worker:1", 1 (worker:1), "chief", Task("worker", 1)
 
@@ -100,6 +103,7 @@ class Runtime:
         self.runs = {}  # Task -> latest TaskRun
         self.history = []  # every TaskRun, oldest first
         self._launch_counts = {}
+        self._warned = set()  # (program text hash, warning) already said (precheck)
         self._lock = threading.RLock()
         self.launcher = launcher or LocalLauncher()  # tasks on this machine
         self.remote_launcher = None  # the current cluster's, when it runs elsewhere
@@ -304,6 +308,7 @@ class Runtime:
                     self.cluster.close()
                     self.cluster = None
                 raise
+            self._look_before_launch(task, request)
             run = self._spawn(task, request, attempt)
         if request.background:
             self._await_ready(run, request.timeout)
@@ -312,6 +317,29 @@ class Runtime:
             self._follow([run], request.timeout, stream=True, quiet=not verbose)
             self._raise_failures([run])
         return run
+
+    def _look_before_launch(self, task, request):
+        """Warn, never refuse, about the mistakes that can be seen in the program's source
+        (:mod:`mwhelpers.precheck`); each warning once per program text."""
+        if request.code is not None:
+            source, path, folders = request.code, "cell.py", [os.getcwd()]
+        else:
+            try:
+                source = Path(request.script).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                return
+            path, folders = request.script, [str(Path(request.script).parent)]
+        same_python = self.cluster.host_of(task) is None or \
+            getattr(self.remote_launcher, "python", None) == sys.executable
+        keras_version, tf_version = (installed("keras"), installed("tensorflow")) \
+            if same_python else (None, None)
+        env = {**os.environ, **request.env}
+        for warning in check(source, path, env, keras_version, tf_version, folders,
+                             cell=request.code is not None):
+            key = (hash(source), warning)
+            if key not in self._warned:
+                self._warned.add(key)
+                self.echo(f"[mwhelpers] warning: {warning}")
 
     def _check_not_running(self, task):
         run = self.runs.get(task)

@@ -1,0 +1,273 @@
+"""A look at a worker program before it starts: mistakes that can be seen in its source.
+
+``%%worker``, ``%worker`` and :meth:`Runtime.launch` read the program once
+(and the modules beside it that it calls into) and warn, never refuse, about:
+
+* a TensorFlow operation that runs before MultiWorkerMirroredStrategy is
+  created (the strategy would then fail with "Collective ops must be
+  configured at program startup");
+* ``fit`` under MultiWorkerMirroredStrategy when the task will get Keras 3
+  (it fails: keras-team/keras#20585);
+* a TF_CONFIG that the program sets itself, which replaces the one the
+  cluster gives the task.
+
+The program is parsed, not run.  Its statements are followed in the order
+they run: top-level code, the ``if __name__ == "__main__":`` block, and the
+bodies of the functions it calls that are defined in the program or in a
+module beside it.  Only calls known to run an operation count (checked on
+TF 2.21: tensors, variables, datasets, models, ``list_logical_devices``);
+``list_physical_devices``, seeds, layers and ``Input`` do not.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from .taskfacts import LEGACY_ENV, legacy_selected
+
+_MWMS = re.compile(r"(^|\.)(MultiWorkerMirroredStrategy|CollectiveAllReduceStrategy)$")
+# Calls that run a TensorFlow operation (and so set up TensorFlow's context), by qualified
+# name with tensorflow written ``tf`` and every Keras written ``keras``.
+_OPS = re.compile(
+    r"^tf\.(constant|Variable|convert_to_tensor|zeros|ones|zeros_like|ones_like|fill|range|eye"
+    r"|matmul|add|subtract|multiply|divide|cast|reshape|concat|stack|one_hot|reduce_\w+"
+    r"|square|sqrt|exp|random\.(?!set_seed$)\w+|math\.\w+|linalg\.\w+"
+    r"|data\.(Dataset\.\w+|TFRecordDataset|TextLineDataset|FixedLengthRecordDataset)"
+    r"|config\.(experimental\.)?list_logical_devices)$"
+    r"|^keras\.(Sequential|Model|models\.(Sequential|Model|load_model|clone_model)"
+    r"|saving\.load_model)$")
+_MAX_DEPTH = 4
+
+
+def _qualify(name):
+    """``tensorflow.keras.X`` / ``tf_keras.X`` / ``keras.X`` -> ``keras.X``; ``tensorflow.X`` ->
+    ``tf.X``."""
+    for prefix in ("tensorflow.keras.", "tensorflow.python.keras.", "tf_keras.", "keras.src."):
+        if name.startswith(prefix):
+            return "keras." + name[len(prefix):]
+    if name.startswith("tensorflow."):
+        return "tf." + name[len("tensorflow."):]
+    return name
+
+
+class _Program:
+    """One parsed file: its imports (local name -> qualified name) and its functions."""
+
+    def __init__(self, path, source, cell=False):
+        self.path = Path(path)
+        self.cell = cell
+        self.tree = ast.parse(source, filename=str(path))
+        self.names = {}
+        self.functions = {}
+        self.modules = {}  # local name -> module name, for `import mnist_setup`
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    local = a.asname or a.name.split(".")[0]
+                    self.names[local] = a.name if a.asname else a.name.split(".")[0]
+                    self.modules[local] = a.name
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for a in node.names:
+                    self.names[a.asname or a.name] = f"{node.module}.{a.name}"
+                    self.modules.setdefault(a.asname or a.name, f"{node.module}.{a.name}")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.functions.setdefault(node.name, node)
+
+    def qualified(self, func):
+        """The qualified name of a call's function (``tf.constant``), or None."""
+        parts = []
+        while isinstance(func, ast.Attribute):
+            parts.append(func.attr)
+            func = func.value
+        if not isinstance(func, ast.Name):
+            return None
+        head = self.names.get(func.id, func.id)
+        return _qualify(".".join([head, *reversed(parts)]))
+
+    def where(self, node):
+        return f"line {node.lineno} of the cell" if self.cell else \
+            f"{self.path.name} line {node.lineno}"
+
+
+def _calls_in_order(node):
+    calls = [n for n in ast.walk(node) if isinstance(n, ast.Call)]
+    # Arguments run before the call that takes them: a deeper, later-ending node first.
+    return sorted(calls, key=lambda c: (c.end_lineno, c.end_col_offset))
+
+
+class _Walker:
+    """Follows a program's statements in the order they run, noting TensorFlow operations
+    and the creation of MultiWorkerMirroredStrategy."""
+
+    def __init__(self, program, folders):
+        self.program = program
+        self.folders = folders
+        self.first_op = None  # (where, call text)
+        self.mwms = None  # where
+        self._seen = set()
+        self._loaded = {}
+
+    def run(self):
+        self._body(self.program, self.program.tree.body, 0, ())
+
+    def _module(self, name):
+        if name not in self._loaded:
+            self._loaded[name] = None
+            for folder in self.folders:
+                path = Path(folder) / f"{name}.py"
+                if path.is_file():
+                    try:
+                        self._loaded[name] = _Program(path, path.read_text())
+                    except (SyntaxError, ValueError, OSError):
+                        pass
+                    break
+        return self._loaded[name]
+
+    def _body(self, program, stmts, depth, via):
+        for stmt in stmts:
+            if self.mwms:
+                return
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                                 ast.Import, ast.ImportFrom)):
+                continue
+            if isinstance(stmt, ast.If) and _is_main_guard(stmt.test):
+                self._body(program, stmt.body, depth, via)
+                continue
+            for call in _calls_in_order(stmt):
+                self._call(program, call, depth, via)
+                if self.mwms:
+                    return
+
+    def _call(self, program, call, depth, via):
+        name = program.qualified(call.func)
+        if name is None:
+            return
+        if _MWMS.search(name):
+            self.mwms = program.where(call)
+            return
+        here = program.where(call) + (f" (called from {via[0]})" if via else "")
+        if _OPS.match(name):
+            if self.first_op is None:
+                self.first_op = (here, ast.unparse(call)[:60])
+            return
+        if depth >= _MAX_DEPTH:
+            return
+        target = None
+        if isinstance(call.func, ast.Name) and call.func.id in program.functions:
+            target = (program, program.functions[call.func.id])
+        elif isinstance(call.func, ast.Name) and name.count(".") == 1:  # from mod import f
+            module, func = name.split(".")
+            other = self._module(module)
+            if other is not None and func in other.functions:
+                target = (other, other.functions[func])
+        elif isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name):
+            module = program.modules.get(call.func.value.id)
+            other = self._module(module) if module and "." not in module else None
+            if other is not None and call.func.attr in other.functions:
+                target = (other, other.functions[call.func.attr])
+        if target and (target[0].path, target[1].name) not in self._seen:
+            self._seen.add((target[0].path, target[1].name))
+            self._body(target[0], target[1].body, depth + 1, (program.where(call), *via))
+
+
+def _is_main_guard(test):
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__")
+
+
+def _sets_tf_config(program):
+    """Where the program assigns TF_CONFIG itself, outside an ``if`` about TF_CONFIG."""
+    guarded = set()
+    for node in ast.walk(program.tree):
+        if isinstance(node, ast.If) and "TF_CONFIG" in ast.unparse(node.test):
+            guarded |= {id(n) for n in ast.walk(node)}
+    for node in ast.walk(program.tree):
+        if id(node) in guarded:
+            continue
+        text = None
+        if isinstance(node, ast.Assign):
+            if any(_environ_key(t) == "TF_CONFIG" for t in node.targets):
+                text = node
+        elif isinstance(node, ast.Call):
+            name = program.qualified(node.func) or ""
+            if name in ("os.environ.update", "os.putenv", "os.environ.__setitem__"):
+                if "TF_CONFIG" in ast.unparse(node):
+                    text = node
+        if text is not None:
+            return program.where(text)
+    return None
+
+
+def _environ_key(target):
+    if isinstance(target, ast.Subscript) and ast.unparse(target.value) in ("os.environ",
+                                                                          "environ"):
+        key = target.slice
+        if isinstance(key, ast.Constant):
+            return key.value
+    return None
+
+
+def _sets_legacy_itself(program):
+    """The program selects tf_keras itself: TF_USE_LEGACY_KERAS set to a true value in its
+    source, or ``import tf_keras``."""
+    for node in ast.walk(program.tree):
+        if isinstance(node, ast.Assign) and any(_environ_key(t) == LEGACY_ENV for t in node.targets):
+            if isinstance(node.value, ast.Constant) and legacy_selected(str(node.value.value)):
+                return True
+        if isinstance(node, ast.Call) and LEGACY_ENV in ast.unparse(node):
+            return True  # os.environ.setdefault / update: taken as selecting it
+    return any(v == "tf_keras" or v.startswith("tf_keras.") for v in program.names.values())
+
+
+def _fit_calls(program):
+    return [n for n in ast.walk(program.tree) if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute) and n.func.attr == "fit"]
+
+
+def check(source, path, env, keras_version=None, tf_version=None, folders=(), cell=False):
+    """Warnings (plain sentences) about ``source`` (the program at ``path``; ``cell``: a
+    notebook cell's code) run with the environment ``env``.  ``keras_version``/``tf_version``: what the task's Python has
+    installed (None: unknown, the Keras check is skipped).  ``folders``: where modules
+    beside the program are looked for.  A program that does not parse gets no warnings
+    (running it will say what is wrong)."""
+    try:
+        program = _Program(path, source, cell)
+    except (SyntaxError, ValueError):
+        return []
+    warnings = []
+    walker = _Walker(program, folders)
+    walker.run()
+    if walker.mwms and walker.first_op:
+        where, text = walker.first_op
+        warnings.append(
+            f"{where} runs a TensorFlow operation ({text}) before "
+            f"MultiWorkerMirroredStrategy is created ({walker.mwms}): the strategy will fail "
+            "with 'Collective ops must be configured at program startup'. Create the strategy "
+            "first.")
+    fits = _fit_calls(program)
+    uses_mwms = walker.mwms or any(_MWMS.search(program.qualified(n.func) or "")
+                                   for n in ast.walk(program.tree) if isinstance(n, ast.Call))
+    if (uses_mwms and fits and _keras3(keras_version, tf_version)
+            and not legacy_selected(env.get(LEGACY_ENV)) and not _sets_legacy_itself(program)):
+        warnings.append(
+            f"{program.where(fits[0])} calls fit under MultiWorkerMirroredStrategy, and the "
+            f"task will use Keras {keras_version} ({LEGACY_ENV} is not set): that fails "
+            "(keras-team/keras#20585). Set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported "
+            "(with tf_keras installed), or train with a custom loop.")
+    where = _sets_tf_config(program)
+    if where:
+        warnings.append(
+            f"{where} sets TF_CONFIG itself: that replaces the TF_CONFIG mwhelpers gives each "
+            "task from the cluster (%cluster), so the tasks would not be the cluster you "
+            "defined. Delete that line, or set it only when TF_CONFIG is not already set.")
+    return warnings
+
+
+def _keras3(keras_version, tf_version):
+    def major_minor(v):
+        return tuple(int(n) for n in re.findall(r"\d+", v or "")[:2])
+
+    return bool(keras_version and tf_version) and major_minor(keras_version) >= (3, 0) \
+        and major_minor(tf_version) >= (2, 16)
