@@ -5,7 +5,7 @@
     %%worker [TASK] [--bg] [--timeout S] [--log PATH] [--ready port|start] [--env K=V ...]
              [--no-stall-fix] [--verbose]
     %worker  [TASK] [options] SCRIPT [ARGS...]
-    %workers
+    %workers [--timeline [--save PATH]]
     %workerlog [TASK] [-n N] [--follow]
     %waitworkers [--timeout S]
     %killworker TASK [--signal SIG] [--when REGEX] [--timeout S]
@@ -199,10 +199,32 @@ class WorkerMagics(Magics):
             self.live.show(run)  # updates itself while the task runs
 
     @line_magic
+    @magic_arguments()
+    @argument("--timeline", action="store_true",
+              help="draw each task's life on one time axis instead, and save it as a PNG")
+    @argument("--save", default=None, metavar="PATH",
+              help="with --timeline: where to save the PNG (default: timeline.png in the "
+                   "log folder)")
     def workers(self, line):
         """A status table of every task launched in this kernel (returned: shown as the
-        cell's result, or kept by ``table = %workers``)."""
-        return self.rt.status()
+        cell's result, or kept by ``table = %workers``).
+
+        --timeline: the current cluster's runs on one time axis (launched, ready, epochs or
+        steps, signals, exits, every attempt of a supervised job), returned as a picture and
+        saved as a PNG (--save PATH, default timeline.png in the log folder).
+        """
+        a = _parse(self.workers, line)
+        if a.save and not a.timeline:
+            raise UsageError("--save goes with --timeline")
+        if not a.timeline:
+            return self.rt.status()
+        timeline = self.rt.timeline()
+        if not timeline.runs:
+            print(timeline)
+            return None
+        path = timeline.save(a.save or self.rt.log_dir / "timeline.png")
+        print(f"timeline saved to {path}")
+        return timeline
 
     @line_magic
     @magic_arguments()

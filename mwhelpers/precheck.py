@@ -228,8 +228,9 @@ def _fit_calls(program):
 
 def check(source, path, env, keras_version=None, tf_version=None, folders=(), cell=False):
     """Warnings (plain sentences) about ``source`` (the program at ``path``; ``cell``: a
-    notebook cell's code) run with the environment ``env``.  ``keras_version``/``tf_version``: what the task's Python has
-    installed (None: unknown, the Keras check is skipped).  ``folders``: where modules
+    notebook cell's code) run with the environment ``env``.  ``keras_version`` and
+    ``tf_version``: what the task's Python has installed (None: unknown, the Keras check
+    is skipped).  ``folders``: where modules
     beside the program are looked for.  A program that does not parse gets no warnings
     (running it will say what is wrong)."""
     try:

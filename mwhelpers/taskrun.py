@@ -135,6 +135,10 @@ class TaskRun:
         self.gpus = None  # its CUDA_VISIBLE_DEVICES when the cluster assigns GPUs
         self.ready_after = None  # seconds from start until ready
         self.note = ""  # who ended it, when not itself
+        # Its life for the timeline: (time.time(), kind, text), kind one of launched, ready,
+        # signal, epoch, step, exit (epochs and steps are read from its log as it grows).
+        self.launched_wall = time.time() - (time.monotonic() - process.started)
+        self.events = [(self.launched_wall, "launched", f"pid {process.pid}")]
         self._lock = threading.Lock()
         self._state = "starting" if ready_mode == "port" else "running"
         process.on_exit(self._exited)
@@ -147,13 +151,19 @@ class TaskRun:
                 self.ready_after = time.monotonic() - self.started
                 if self._state == "starting":
                     self._state = "ready"
+                self.events.append((self.launched_wall + self.ready_after, "ready", ""))
                 return True
         return False
+
+    def mark(self, kind, text, at=None):
+        """Add an event to its timeline (``at``: time.time(), default now)."""
+        self.events.append((time.time() if at is None else at, kind, text))
 
     def _exited(self, process):
         code = process.returncode
         with self._lock:
             self._state = "done" if code == 0 else "killed" if code < 0 else "failed"
+        self.mark("exit", self.outcome(), at=process.ended_wall)
 
     # -- state ---------------------------------------------------------------------
     @property

@@ -33,17 +33,18 @@ from . import failures as failure_records
 from . import proctree
 from .cluster import Cluster, Task, job_tasks, parse_task
 from .diagnosis import explain_failure, explain_stuck
-from .precheck import check
 from .errors import UsageError, WorkerFailed, WorkerTimeout
 from .failures import Failure, describe_exit
 from .gpus import assign, check_per_task, visible_gpus
 from .launchers import LaunchSpec, LocalLauncher
 from .logs import LogFollower, QuietFilter
 from .ports import holder_of, port_in_use, port_range
+from .precheck import check
 from .remote import forwarded_env
 from .status import StatusTable
 from .taskrun import LaunchRequest, TaskRun, parse_timeout
 from .tfdata import STALL_FIX_ENV, stall_fix_wanted
+from .timeline import LogMarks, Timeline
 from .versions import installed
 
 TaskSpec = str | int | Task  # "worker:1", 1 (worker:1), "chief", Task("worker", 1)
@@ -104,6 +105,8 @@ class Runtime:
         self.history = []  # every TaskRun, oldest first
         self._launch_counts = {}
         self._warned = set()  # (program text hash, warning) already said (precheck)
+        self._marks = LogMarks()  # stamps epoch and step lines for the timeline
+        self._cluster_from = 0  # index in history of the current cluster's first run
         self._lock = threading.RLock()
         self.launcher = launcher or LocalLauncher()  # tasks on this machine
         self.remote_launcher = None  # the current cluster's, when it runs elsewhere
@@ -208,6 +211,7 @@ class Runtime:
                 self.remote_launcher.close()
                 self._launchers.remove(self.remote_launcher)
             self.cluster, self.remote_launcher = new, launcher
+            self._cluster_from = len(self.history)
             if launcher is not None:
                 self._launchers.append(launcher)
             self.runs = {}
@@ -411,6 +415,7 @@ class Runtime:
             run.gpus = spec.env.get("CUDA_VISIBLE_DEVICES", "")
         self.runs[task] = run
         self.history.append(run)
+        self._marks.watch(run)
         return run
 
     # -- readiness and following ----------------------------------------------
@@ -612,6 +617,7 @@ class Runtime:
             if not run.running:
                 raise UsageError(f"{run.task} is not running: it ended with {run.outcome()}")
             run.note = why or f"{sig.name} sent on request"
+            run.mark("signal", f"{sig.name} ({run.note})")
             procs = run.process.send(sig)
             if wait and sig == signal.SIGKILL:
                 proctree.wait_gone(procs, 5.0)
@@ -729,6 +735,14 @@ class Runtime:
     # -- reporting -----------------------------------------------------------
     def status(self) -> StatusTable:
         return StatusTable(self.runs.values())
+
+    def timeline(self, runs: Iterable[TaskRun] | None = None) -> Timeline:
+        """Every run of the current cluster (each attempt of a supervised job too) on one
+        time axis: launched, ready, Keras epochs or ``step N`` lines from the logs,
+        signals sent, exits.  A picture in JupyterLab; ``.save(path)`` writes a PNG;
+        ``print()`` gives it as text.  See :mod:`mwhelpers.timeline`."""
+        runs = self.history[self._cluster_from:] if runs is None else list(runs)
+        return Timeline(runs)
 
     def log(self, task: TaskSpec | None = None, n: int = 20) -> list[str]:
         """The last ``n`` lines of one task's log, or of all, prefixed with the task."""

@@ -1,0 +1,236 @@
+"""Each task's life on one time axis: launched, ready, epochs or steps, faults, exits, restarts.
+
+Every :class:`~mwhelpers.taskrun.TaskRun` keeps its events (``run.events``):
+launched, ready, the signals mwhelpers sent it and its exit are stamped when
+they happen; Keras' ``Epoch N/M`` lines and a custom loop's ``step N`` lines
+are stamped by a :class:`LogMarks` thread, which reads the logs of running
+tasks as they grow (a line's time is when it was read, within
+:data:`INTERVAL`).  :class:`Timeline` draws the runs of a cluster, every
+attempt of a supervised job included: a picture in JupyterLab
+(``_repr_png_``), a PNG file with :meth:`Timeline.save`, and text with
+``print``.  Drawing needs matplotlib; the events and the text do not.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+import time
+from pathlib import Path
+
+from .errors import MWHelpersError
+from .logs import LogFollower
+
+INTERVAL = 0.1  # seconds between reads of the running tasks' logs
+MARKS = {
+    "epoch": re.compile(r"^Epoch (\d+)/(\d+)"),
+    "step": re.compile(r"^\s*step\s+(\d+)\b", re.IGNORECASE),
+}
+_ATTEMPT_COLORS = ("#9ecae1", "#a1d99b", "#fdd0a2", "#dadaeb", "#fcbba1")
+
+
+class LogMarks:
+    """One daemon thread that stamps the epoch and step lines of running tasks' logs.
+
+    It runs while a watched task runs and stops by itself when none does (nothing
+    polls while nothing runs); :meth:`watch` starts it again.
+    """
+
+    def __init__(self, marks=None):
+        self.marks = dict(MARKS if marks is None else marks)
+        self._watched = {}  # run -> LogFollower
+        self._lock = threading.Lock()
+        self._thread = None
+
+    def watch(self, run):
+        with self._lock:
+            self._watched[run] = LogFollower(run.log_path)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="mwhelpers-log-marks",
+                                                daemon=True)
+                self._thread.start()
+
+    def _loop(self):
+        while True:
+            with self._lock:
+                watched = list(self._watched.items())
+            for run, follower in watched:
+                finished = not run.running
+                self._stamp(run, follower.poll(final=finished))
+                if finished:
+                    with self._lock:
+                        self._watched.pop(run, None)
+            with self._lock:
+                if not self._watched:
+                    self._thread = None
+                    return
+            time.sleep(INTERVAL)
+
+    def _stamp(self, run, lines):
+        now = time.time()
+        for line in lines:
+            for kind, pattern in self.marks.items():
+                m = pattern.match(line)
+                if m:
+                    run.mark(kind, "/".join(m.groups()), at=min(now, run.ended_wall or now))
+                    break
+
+
+class Timeline:
+    """The runs of a cluster on one time axis (``rt.timeline()``, ``%workers --timeline``)."""
+
+    def __init__(self, runs, title="Task timeline"):
+        self.runs = list(runs)
+        self.title = title
+        self.t0 = min((r.launched_wall for r in self.runs), default=time.time())
+
+    # -- what it holds -------------------------------------------------------------------
+    def tasks(self):
+        """The tasks in the order they are drawn (top to bottom): chief, workers, ps,
+        evaluator."""
+        order = {"chief": 0, "worker": 1, "ps": 2, "evaluator": 3}
+        return sorted({r.task for r in self.runs}, key=lambda t: (order.get(t.type, 9), t.index))
+
+    def events(self, run):
+        """``[(seconds since the first launch, kind, text)]`` of one run, in time order."""
+        # At equal times, the exit comes last (a line read after the task had exited is
+        # stamped with its exit time).
+        return sorted(((at - self.t0, kind, text) for at, kind, text in list(run.events)),
+                      key=lambda e: (e[0], e[1] == "exit"))
+
+    def end_of(self, run):
+        return (run.ended_wall if run.ended_wall is not None else time.time()) - self.t0
+
+    def __str__(self):
+        if not self.runs:
+            return "No task has been launched on this cluster yet."
+        lines = [f"{self.title} (seconds since the first launch)"]
+        for task in self.tasks():
+            for run in (r for r in self.runs if r.task == task):
+                evs = self.events(run)
+                shown = [e for e in evs if e[1] != "step"]
+                steps = len(evs) - len(shown)
+                parts = [f"{t:.1f} s {_said(kind, text)}" for t, kind, text in shown]
+                if steps:
+                    parts.append(f"({steps} step lines)")
+                lines.append(f"{str(task):>12} attempt {run.attempt}: " + "; ".join(parts))
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    # -- the picture ---------------------------------------------------------------------
+    def figure(self):
+        """A matplotlib Figure of the timeline (not shown by pyplot; see :meth:`save`)."""
+        try:
+            from matplotlib.figure import Figure
+        except ImportError:
+            raise MWHelpersError(
+                "drawing the timeline needs matplotlib: pip install matplotlib "
+                "(print(rt.timeline()) gives it as text without)") from None
+        tasks = self.tasks()
+        fig = Figure(figsize=(10, 1.6 + 0.8 * max(2, len(tasks))), dpi=100)
+        ax = fig.add_subplot()
+        rows = {t: len(tasks) - 1 - i for i, t in enumerate(tasks)}
+        end = max((self.end_of(r) for r in self.runs), default=1.0)
+        attempts = sorted({r.attempt for r in self.runs})
+        for run in self.runs:
+            self._draw_run(ax, run, rows[run.task])
+        ax.set_yticks(list(rows.values()), [str(t) for t in rows])
+        ax.set_ylim(-0.6, len(tasks) - 0.4)
+        ax.set_xlim(0, end * 1.04 + 0.1)
+        ax.set_xlabel("seconds since the first launch")
+        ax.grid(axis="x", alpha=0.3)
+        ax.set_title(self.title + (f" ({len(attempts)} attempts)" if len(attempts) > 1 else ""))
+        self._legend(ax, attempts)
+        fig.tight_layout()
+        return fig
+
+    def _draw_run(self, ax, run, y):
+        color = _ATTEMPT_COLORS[(run.attempt - 1) % len(_ATTEMPT_COLORS)]
+        start, stop = run.launched_wall - self.t0, self.end_of(run)
+        ready = next((t for t, kind, _ in self.events(run) if kind == "ready"), None)
+        if ready is not None and ready > start:  # starting: lighter, until ready
+            ax.barh(y, ready - start, left=start, height=0.5, color=color, alpha=0.45,
+                    edgecolor="none")
+            ax.barh(y, stop - ready, left=ready, height=0.5, color=color, edgecolor="none")
+        else:
+            ax.barh(y, stop - start, left=start, height=0.5, color=color, edgecolor="none")
+        steps = [t for t, kind, _ in self.events(run) if kind == "step"]
+        if steps:  # at most about 60 step ticks per run
+            every = max(1, len(steps) // 60)
+            ax.plot(steps[::every], [y - 0.18] * len(steps[::every]), "|", color="#555555",
+                    markersize=5)
+        signalled = any(kind == "signal" for _, kind, _ in self.events(run))
+        for t, kind, text in self.events(run):
+            if kind == "epoch":
+                ax.plot([t, t], [y - 0.25, y + 0.25], color="#08519c", linewidth=1.2)
+                ax.annotate(f"e{text.split('/')[0]}", (t, y + 0.27), fontsize=7,
+                            ha="center", va="bottom", color="#08519c")
+            elif kind == "ready":
+                ax.plot(t, y, marker=">", color="black", markersize=6)
+            elif kind == "signal":
+                ax.plot(t, y, marker="X", color="#d62728", markersize=11)
+                ax.annotate(text.split(" ", 1)[0], (t, y - 0.3), fontsize=8, ha="center",
+                            va="top", color="#d62728")
+            elif kind == "exit":
+                if signalled:  # the X and its label already say what ended it
+                    ax.plot(t, y, marker="s", markersize=8, color="#d62728")
+                    continue
+                ok = run.returncode == 0
+                ax.plot(t, y, marker="o" if ok else "s", markersize=8,
+                        color="#2ca02c" if ok else "#d62728")
+                ax.annotate(_short_exit(run), (t, y + 0.3), fontsize=8, ha="left",
+                            va="bottom", color="#2ca02c" if ok else "#d62728")
+
+    @staticmethod
+    def _legend(ax, attempts):
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
+
+        handles = [Patch(color=_ATTEMPT_COLORS[(a - 1) % len(_ATTEMPT_COLORS)],
+                         label=f"attempt {a}") for a in attempts]
+        handles += [
+            Line2D([], [], marker=">", color="black", linestyle="", label="ready (port open)"),
+            Line2D([], [], color="#08519c", label="epoch starts"),
+            Line2D([], [], marker="X", color="#d62728", linestyle="", label="signal sent"),
+            Line2D([], [], marker="o", color="#2ca02c", linestyle="", label="exit 0"),
+            Line2D([], [], marker="s", color="#d62728", linestyle="", label="failed / killed"),
+        ]
+        ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8,
+                  frameon=False)
+
+    def png(self):
+        buf = io.BytesIO()
+        self.figure().savefig(buf, format="png", bbox_inches="tight")
+        return buf.getvalue()
+
+    def _repr_png_(self):
+        return self.png() if self.runs else None
+
+    def save(self, path):
+        """Write the picture as a PNG file; returns its path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self.png())
+        return path
+
+
+def _said(kind, text):
+    return {"launched": f"launched ({text})", "ready": "ready", "epoch": f"epoch {text}",
+            "step": f"step {text}", "signal": f"{text.split(' ', 1)[0]} sent",
+            "exit": text}.get(kind, f"{kind} {text}".strip())
+
+
+def _short_exit(run):
+    code = run.returncode
+    if code is None:
+        return "running"
+    if code < 0:
+        import signal
+
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit {code}"
