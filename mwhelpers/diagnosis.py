@@ -261,7 +261,7 @@ def explain_stuck(stuck, runs=(), not_ready=()):
     lines = []
     for r, place in places.items():
         inside = "inside TensorFlow, called from" if place.in_framework else "at"
-        lines.append(f"  {r.task} was {inside} {place.describe()}")
+        lines.append(f"  {r.task} was {inside} {_at(r, place)}")
     found = []
     absent = [(t, why) for t, why in not_ready if why == "never launched"]
     if absent:
@@ -275,7 +275,7 @@ def explain_stuck(stuck, runs=(), not_ready=()):
     for t, why in silent:
         run = next((r for r in stuck if r.task == t), None)
         place = places.get(run)
-        at = f": it was at {place.describe()}" if place else ""
+        at = f": it was at {_at(run, place)}" if place else ""
         found.append(Finding(
             "peer-not-ready",
             f"{t} ran but its TensorFlow server never started ({why}){at}; the server starts "
@@ -298,7 +298,7 @@ def explain_stuck(stuck, runs=(), not_ready=()):
         found.append(Finding(
             "task-behind",
             f"{_names(r.task for r in behind)} {'is' if len(behind) == 1 else 'are'} behind, "
-            f"in the program's own code ({'; '.join(places[r].frame.at() for r in behind)}), "
+            f"in the program's own code ({'; '.join(_at(r, places[r], False) for r in behind)}), "
             f"while {_names(r.task for r in waiting)} "
             f"{'waits' if len(waiting) == 1 else 'wait'} inside TensorFlow: a collective step "
             "completes only when every worker joins it",
@@ -308,9 +308,24 @@ def explain_stuck(stuck, runs=(), not_ready=()):
     return lines, found[:2]
 
 
+def _in_cell(run, file):
+    """Whether ``file`` (from a task's stack) is the task's notebook cell."""
+    return run.cell and (file == str(run.script) or os.path.basename(file) == "cell.py")
+
+
+def _at(run, place, source=True):
+    """'main.py line 10, in load: time.sleep(600)', or 'line 10 of the cell, ...'."""
+    frame = place.frame
+    text = f"line {frame.line} of the cell" if _in_cell(run, frame.file) else \
+        f"{os.path.basename(frame.file)} line {frame.line}"
+    if frame.func != "<module>":
+        text += f", in {frame.func}"
+    return text + (f": {place.source}" if source and place.source else "")
+
+
 def _source_line(run, file, number):
     if os.path.isfile(file):
         return stacks.source_line(file, number)
-    if run.cell and os.path.basename(file) == "cell.py":  # a remote task's copy of the cell
+    if _in_cell(run, file):  # a remote task's copy of the cell is cell.py there
         return stacks.source_line(run.script, number)
     return ""

@@ -40,11 +40,6 @@ class Frame:
     def in_framework(self):
         return bool(_FRAMEWORKS.search(self.file))
 
-    def at(self):
-        name = self.file.rsplit("/", 1)[-1]
-        inside = "" if self.func == "<module>" else f", in {self.func}"
-        return f"{name} line {self.line}{inside}"
-
 
 def dumps(lines):
     """Every thread's stack in the last dump in ``lines``: a list of Frame lists, innermost
@@ -82,10 +77,6 @@ class Where:
     frame: Frame  # the innermost frame of the user's code
     in_framework: bool  # the thread was inside TensorFlow or Keras, called from ``frame``
     source: str = ""  # the text of that line, when the file could be read
-
-    def describe(self):
-        """'main.py line 10, in load_batch: time.sleep(600)'."""
-        return self.frame.at() + (f": {self.source}" if self.source else "")
 
 
 def where(lines, read_line=None):

@@ -1,0 +1,204 @@
+"""Failures explained: each mistake made for real, with a small program, through the magics.
+
+Every test checks the report a learner reads (the cause first, then what it means and what to
+do) and the structured ``diagnosis`` behind it; the control cases check that nothing is said
+when the evidence is not there.
+"""
+
+import json
+import os
+import signal
+import textwrap
+import time
+
+import pytest
+
+from mwhelpers.errors import WorkerFailed, WorkerTimeout
+
+# A MultiWorkerMirroredStrategy fit of a tiny model: Keras 3 or tf_keras, as the task's
+# TF_USE_LEGACY_KERAS says.
+FIT = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    x, y = np.ones((64, 4), "float32"), np.ones((64, 1), "float32")
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat()
+    model.fit(ds, epochs=2, steps_per_epoch=4, verbose=2)
+""")
+
+# A custom loop whose every step is an all-reduce; STEPS_<index> steps on each worker.
+LOOP = textwrap.dedent("""
+    import json, os, time
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+
+    @tf.function
+    def step():
+        return strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+
+    def next_batch(i):
+        if i == int(os.environ.get("SLOW_AT", "-1")) and index == 1:
+            time.sleep(600)  # an input that never comes
+
+    for i in range(int(os.environ["STEPS_%d" % index])):
+        next_batch(i)
+        print("step", i, float(step()), flush=True)
+""")
+
+pytestmark = pytest.mark.tf
+
+
+def launch_both(ip, code, env0="", env1=""):
+    for i, env in ((0, env0), (1, env1)):
+        ip.run_cell_magic("worker", f"{i} --bg {env}".strip(), code)
+
+
+def failed(ip, timeout=90):
+    with pytest.raises(WorkerFailed) as err:
+        ip.run_line_magic("waitworkers", f"--timeout {timeout}")
+    return err.value
+
+
+def keys(diagnosis):
+    return [d["key"] for d in diagnosis]
+
+
+def test_keras3_fit_under_mwms_is_named_with_both_ways_out(ip, rt):
+    launch_both(ip, FIT, "--env TF_USE_LEGACY_KERAS=0", "--env TF_USE_LEGACY_KERAS=0")
+    # Seen before the launch too: fit under MWMS with Keras 3 selected.
+    warned = [ln for ln in rt.echo_lines if ln.startswith("[mwhelpers] warning:")]
+    assert len(warned) == 1 and "keras-team/keras#20585" in warned[0], rt.echo_lines
+    err = failed(ip)
+    assert keys(err.diagnosis) == ["keras3-fit"]
+    text = str(err).splitlines()
+    assert text[0].startswith("worker:")  # the root cause first
+    assert text[1].startswith("What this means: ") and "Keras 3" in text[1]
+    assert "keras-team/keras#20585" in text[1]
+    assert text[2].startswith("What to do: ")
+    assert "TF_USE_LEGACY_KERAS=1" in text[2] and "custom loop" in text[2]
+    # What the tasks ran is in their logs (the cells leave that line out).
+    for run in rt.runs.values():
+        facts = [ln for ln in run.lines() if ln.startswith("[mwhelpers] this task: ")]
+        assert facts and "with Keras 3." in facts[0] and "TF_USE_LEGACY_KERAS=0" in facts[0]
+
+
+def test_tasks_with_different_keras_are_named_first(ip, rt):
+    launch_both(ip, FIT, "--env TF_USE_LEGACY_KERAS=1", "--env TF_USE_LEGACY_KERAS=0")
+    err = failed(ip)
+    # The two Keras build different collectives: TensorFlow's own message is about data types
+    # ("Collective instance 100 expected ... data_type 9 but got ... data_type 1").
+    assert keys(err.diagnosis) == ["keras-differs"]
+    means = str(err).splitlines()[1]
+    assert "worker:0: TensorFlow 2." in means and "with tf_keras" in means
+    assert "worker:1: TensorFlow 2." in means and "with Keras 3" in means
+    assert "set TF_USE_LEGACY_KERAS in the kernel" in str(err).splitlines()[2]
+
+
+def test_an_op_before_the_strategy_is_named_before_and_after_the_launch(ip, rt, write):
+    write("prog.py", """
+        import tensorflow as tf
+        print(tf.constant([1.0, 2.0]) * 2)
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    """)
+    with pytest.raises(WorkerFailed) as err:  # it fails before its port opens
+        ip.run_line_magic("worker", "0 --bg prog.py")
+    warned = [ln for ln in rt.echo_lines if ln.startswith("[mwhelpers] warning:")]
+    assert len(warned) == 1 and "prog.py line 3 runs a TensorFlow operation" in warned[0]
+    assert "(prog.py line 4)" in warned[0]
+    assert keys(err.value.diagnosis) == ["op-before-strategy"]
+    assert "create the strategy right after importing TensorFlow" in str(err.value)
+
+
+def test_workers_running_different_numbers_of_steps(ip, rt):
+    launch_both(ip, LOOP, "--env STEPS_0=3 STEPS_1=8", "--env STEPS_0=3 STEPS_1=8")
+    err = failed(ip)
+    assert err.root_cause.task == "worker:1"
+    assert keys(err.diagnosis) == ["unequal-steps"]
+    means = err.diagnosis[0]["cause"]
+    assert means.startswith("worker:0 finished (exit code 0)")
+    assert "'step 2 2.0'" in means  # worker:0's last step line
+    assert "same number of steps" in means and "steps_per_epoch" in err.diagnosis[0]["advice"]
+
+
+def test_a_stuck_job_names_the_task_behind_and_where(ip, rt):
+    env = "--env STEPS_0=6 STEPS_1=6 SLOW_AT=2"
+    launch_both(ip, LOOP, env, env)
+    with pytest.raises(WorkerTimeout) as err:
+        ip.run_line_magic("waitworkers", "--timeout 12")
+    text = str(err.value)
+    assert "  worker:1 was at line 13 of the cell, in next_batch: time.sleep(600)" in text
+    assert "  worker:0 was inside TensorFlow, called from line 17 of the cell: " \
+           "print(\"step\", i, float(step()), flush=True)" in text
+    assert keys(err.value.diagnosis) == ["task-behind"]
+    assert text.index("What this means: worker:1 is behind") < text.index("Last lines of")
+
+
+def test_a_peer_that_never_started_is_named(ip, rt):
+    ip.run_cell_magic("worker", "0 --bg --env STEPS_0=3", LOOP)
+    with pytest.raises(WorkerTimeout) as err:
+        ip.run_line_magic("waitworkers", "--timeout 8")
+    assert keys(err.value.diagnosis) == ["peer-missing"]
+    assert "What this means: worker:1 never started" in str(err.value)
+    assert "  worker:0 was inside TensorFlow, called from line 4 of the cell" in str(err.value)
+
+
+def test_a_module_beside_the_notebook_but_not_beside_the_script(ip, rt, write, tmp_path):
+    write("helpers_of_mine.py", "VALUE = 1\n")  # what %%writefile does, in the kernel's folder
+    (tmp_path / "programs").mkdir()
+    write("programs/train.py", "import helpers_of_mine\nprint(helpers_of_mine.VALUE)\n")
+    with pytest.raises(WorkerFailed) as err:
+        ip.run_line_magic("worker", "0 programs/train.py")
+    d = err.value.diagnosis
+    assert keys(d) == ["module-missing"]
+    assert d[0]["cause"] == (
+        f"helpers_of_mine.py is in {tmp_path}, where the notebook wrote it, but worker:0 runs "
+        f"{tmp_path}/programs/train.py, and Python looks for modules in the script's folder "
+        f"{tmp_path}/programs (and the installed packages), not in the working directory")
+    assert f"--env PYTHONPATH={tmp_path}" in d[0]["advice"]
+    # Done as it says: the same script runs.
+    ip.run_line_magic("worker", f"0 --env PYTHONPATH={tmp_path} programs/train.py")
+    # A module that is nowhere: said so, with the folder the task looks in.
+    write("programs/other.py", "import nowhere_to_be_found\n")
+    with pytest.raises(WorkerFailed) as err:
+        ip.run_line_magic("worker", "0 programs/other.py")
+    assert "cannot import nowhere_to_be_found: there is no nowhere_to_be_found.py in its " \
+           f"folder {tmp_path}/programs" in err.value.diagnosis[0]["cause"]
+
+
+def test_a_sigkill_from_outside_is_told_apart_from_ours(ip, rt):
+    sleeper = "import time\nprint('working', flush=True)\ntime.sleep(60)\n"
+    ip.run_cell_magic("worker", "0 --bg --ready start", sleeper)
+    run = rt.get_run(0)
+    os.kill(run.pid, signal.SIGKILL)  # what the out-of-memory killer does
+    err = failed(ip)
+    assert keys(err.diagnosis) == ["foreign-sigkill"]
+    assert f"worker:0 (pid {run.pid}) was killed by a SIGKILL that mwhelpers did not send" \
+        in err.diagnosis[0]["cause"]
+    assert f"'Out of memory: Killed process {run.pid}'" in err.diagnosis[0]["advice"]
+    # The same signal sent by %killworker is ours: no such finding.
+    ip.run_cell_magic("worker", "0 --bg --ready start", sleeper)
+    ip.run_line_magic("killworker", "0")
+    assert failed(ip).diagnosis == []
+
+
+def test_an_unknown_failure_gets_no_guess(ip, rt, tmp_path):
+    with pytest.raises(WorkerFailed) as err:
+        ip.run_cell_magic("worker", "0", "raise ValueError('bad shapes')\n")
+    assert err.value.diagnosis == []
+    assert "What this means" not in str(err.value)
+    assert str(err.value).splitlines()[1].startswith("Last lines of worker:0's log")
+
+
+def test_the_supervisor_records_and_writes_the_diagnosis(rt, tmp_path):
+    rt.define_cluster(2)
+    with pytest.raises(WorkerFailed):
+        rt.supervise(code=FIT, env={"TF_USE_LEGACY_KERAS": "0"}, max_restarts=1, stream=False)
+    said = [ln for ln in rt.echo_lines if ln.startswith("[mwhelpers] What this means:")]
+    assert len(said) == 1 and "keras-team/keras#20585" in said[0]
+    record = json.loads((rt.log_dir / "attempt-1.root-cause.json").read_text())
+    assert [d["key"] for d in record["diagnosis"]] == ["keras3-fit"]
+    assert time.time() - record["ended_at"] < 120
