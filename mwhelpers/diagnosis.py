@@ -272,13 +272,13 @@ def explain_stuck(stuck, runs=(), not_ready=()):
             "launch every task of the cluster (one %%worker --bg per task), or define the "
             "cluster with the tasks you run (%cluster N)"))
     silent = [(t, why) for t, why in not_ready if why != "never launched" and "running" in why]
-    for t, why in silent:
+    for t, _ in silent:
         run = next((r for r in stuck if r.task == t), None)
         place = places.get(run)
         at = f": it was at {_at(run, place)}" if place else ""
         found.append(Finding(
             "peer-not-ready",
-            f"{t} ran but its TensorFlow server never started ({why}){at}; the server starts "
+            f"{t} is running but its TensorFlow server never started{at}; the server starts "
             "when the program creates its strategy",
             "create the strategy first thing in the program, before loading data or "
             "building models, and look at what keeps it from getting there"))

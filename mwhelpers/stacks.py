@@ -62,6 +62,19 @@ def dumps(lines):
     return last
 
 
+def before_last_dump(lines):
+    """``lines`` without the last stack dump and what follows it: what the program itself
+    had written when it was stopped."""
+    for i in range(len(lines) - 1, -1, -1):
+        if _HEADER.match(lines[i]):
+            start = i
+            while start > 0 and (_HEADER.match(lines[start - 1]) or _FRAME.match(lines[start - 1])
+                                 or not lines[start - 1].strip()):
+                start -= 1
+            return lines[:start]
+    return lines
+
+
 def main_stack(lines):
     """The frames of the program's main thread in the last dump (innermost first), or []."""
     for frames in dumps(lines):

@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 
 from . import failures as failure_records
-from . import proctree
+from . import proctree, stacks
 from .cluster import Cluster, Task, job_tasks, parse_task
 from .diagnosis import explain_failure, explain_stuck
 from .errors import UsageError, WorkerFailed, WorkerTimeout
@@ -450,12 +450,15 @@ class Runtime:
                     where = (f" from this machine at {run.address} (on {self.cluster.host_of(run.task)}"
                              "). If its log shows the server started, a firewall blocks the port: "
                              "every task's port must be open to the other hosts and to this kernel")
+                places, found = explain_stuck(
+                    [run], [run], [(run.task, f"running, but port {run.port} never opened")])
+                explained = [line for f in found for line in f.lines()] or places
                 raise WorkerTimeout(
                     f"{run.task} did not become ready within {timeout:g} s: port {run.port} "
                     f"never accepted connections{where}. Its Python stacks were written to its "
-                    f"log before it was ended.\n"
-                    + failure_records.tail_text(run.task, run.log_path, run.tail()),
-                    not_ready=[run.task],
+                    f"log before it was ended.\n" + "".join(line + "\n" for line in explained)
+                    + self._tail_before_stacks(run),
+                    not_ready=[run.task], diagnosis=[f.to_dict() for f in found],
                 )
             time.sleep(_POLL)
 
@@ -518,13 +521,23 @@ class Runtime:
             )
             msg += ". A worker waits for all its peers: launch every task of the cluster."
         where, found = explain_stuck(stuck, list(self.runs.values()), not_ready)
-        if where:
-            msg += "\nWhere each task was when it was ended:\n" + "\n".join(where)
         msg += "".join("\n" + line for f in found for line in f.lines())
+        if where:
+            msg += "\nWhere each task was when it was ended (its stacks are in its log):\n" \
+                + "\n".join(where)
         for r in stuck:
-            msg += "\n" + failure_records.tail_text(r.task, r.log_path, r.tail())
+            msg += "\n" + self._tail_before_stacks(r)
         return WorkerTimeout(msg, not_ready=[t for t, _ in not_ready],
                              diagnosis=[f.to_dict() for f in found])
+
+    @staticmethod
+    def _tail_before_stacks(run):
+        """The last lines a stuck task wrote before its stacks, TF's info lines left out."""
+        quiet = QuietFilter()
+        lines = [ln for ln in stacks.before_last_dump(run.lines()) if quiet.keep(ln)]
+        if not lines:
+            return f"{run.task} printed nothing before its stacks (log: {run.log_path})."
+        return failure_records.tail_text(run.task, run.log_path, lines[-failure_records.TAIL:])
 
     def not_ready_tasks(self):
         """(task, reason) for each chief/worker task that never became ready."""
