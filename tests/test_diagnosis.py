@@ -202,3 +202,12 @@ def test_the_supervisor_records_and_writes_the_diagnosis(rt, tmp_path):
     record = json.loads((rt.log_dir / "attempt-1.root-cause.json").read_text())
     assert [d["key"] for d in record["diagnosis"]] == ["keras3-fit"]
     assert time.time() - record["ended_at"] < 120
+
+
+def test_a_task_that_never_opens_its_port_says_where_it_was(ip, rt):
+    slow = "import time\n\ndef load_data():\n    time.sleep(60)\n\nload_data()\n"
+    with pytest.raises(WorkerTimeout) as err:
+        ip.run_cell_magic("worker", "0 --bg --timeout 3", slow)
+    assert keys(err.value.diagnosis) == ["peer-not-ready"]
+    assert ("What this means: worker:0 is running but its TensorFlow server never started: it "
+            "was at line 4 of the cell, in load_data: time.sleep(60)") in str(err.value)

@@ -1,0 +1,117 @@
+"""The look at a program before it starts (mwhelpers.precheck): real programs, read not run.
+
+The tutorial-shaped programs must pass without a word (a warning about a right program would
+teach people to ignore them); each mistake is seen where it is, also inside a module beside
+the program; the warnings reach the cell through the magics once per program.
+"""
+
+import shutil
+
+import pytest
+from conftest import ROOT
+
+from mwhelpers.precheck import check
+
+TUTORIAL = ROOT / "tests" / "programs" / "tutorial"
+KERAS3 = {"keras_version": "3.15.1", "tf_version": "2.21.0"}
+LEGACY = {"TF_USE_LEGACY_KERAS": "1"}
+
+
+@pytest.fixture
+def tutorial(tmp_path):
+    for name in ("main.py", "ctl_main.py", "mnist_setup.py"):
+        shutil.copy(TUTORIAL / name, tmp_path / name)
+    return tmp_path
+
+
+def look(folder, name, env=None, **versions):
+    path = folder / name
+    return check(path.read_text(), path, env or {}, folders=[str(folder)],
+                 **(versions or KERAS3))
+
+
+def test_the_tutorial_programs_get_no_warning(tutorial):
+    assert look(tutorial, "main.py", LEGACY) == []
+    assert look(tutorial, "ctl_main.py") == []  # Keras 3 with a custom loop is right
+    # Keras 2 (TF 2.15) has no such problem with fit.
+    assert look(tutorial, "main.py", keras_version="2.15.0", tf_version="2.15.0") == []
+
+
+def test_fit_under_mwms_with_keras3_selected(tutorial):
+    (warning,) = look(tutorial, "main.py")
+    assert warning.startswith("main.py line 25 calls fit under MultiWorkerMirroredStrategy, "
+                              "and the task will use Keras 3.15.1")
+    assert "keras-team/keras#20585" in warning
+    # Selected in the program itself, before TensorFlow: no warning.
+    text = (tutorial / "main.py").read_text()
+    (tutorial / "main.py").write_text('import os\nos.environ["TF_USE_LEGACY_KERAS"] = "1"\n' + text)
+    assert look(tutorial, "main.py") == []
+
+
+def test_an_op_before_the_strategy_even_inside_a_module_beside_it(tutorial):
+    text = (tutorial / "main.py").read_text()
+    moved = text.replace("multi_worker_dataset = mnist_setup.mnist_dataset(global_batch_size)\n", "")
+    moved = moved.replace("strategy = tf.distribute.MultiWorkerMirroredStrategy()\n",
+                          "multi_worker_dataset = mnist_setup.mnist_dataset(128)\n"
+                          "strategy = tf.distribute.MultiWorkerMirroredStrategy()\n")
+    (tutorial / "main.py").write_text(moved)
+    (warning,) = look(tutorial, "main.py", LEGACY)
+    assert warning.startswith("mnist_setup.py line 13 (called from main.py line 16) runs a "
+                              "TensorFlow operation (tf.data.Dataset.from_tensor_slices(")
+    assert "before MultiWorkerMirroredStrategy is created (main.py line 17)" in warning
+
+
+@pytest.mark.parametrize("before, warned", [
+    ("x = tf.constant(1.0)", "line 3 of the cell runs a TensorFlow operation (tf.constant(1.0))"),
+    ("print(tf.config.list_logical_devices())", "(tf.config.list_logical_devices())"),
+    ("model = keras.Sequential([keras.layers.Dense(1)])", "(keras.Sequential("),
+    ("def build():\n    return tf.random.uniform([2])\nw = build()",
+     "line 4 of the cell (called from line 5 of the cell) runs"),
+    # These set up nothing: checked on TF 2.21 to leave the strategy working.
+    ("print(tf.config.list_physical_devices('CPU'))", None),
+    ("tf.random.set_seed(1); keras.utils.set_random_seed(1)", None),
+    ("layer = keras.layers.Dense(1); spec = tf.TensorSpec([None])", None),
+    ("options = tf.data.Options()", None),
+])
+def test_what_counts_as_an_op_before_the_strategy(before, warned):
+    source = (f"import tensorflow as tf\nfrom tensorflow import keras\n{before}\n"
+              "strategy = tf.distribute.MultiWorkerMirroredStrategy()\n")
+    warnings = check(source, "cell.py", LEGACY, cell=True, **KERAS3)
+    if warned is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and warned in warnings[0], warnings
+
+
+def test_no_strategy_no_op_warning():
+    assert check("import tensorflow as tf\nprint(tf.constant(1))\n", "a.py", {}, **KERAS3) == []
+
+
+def test_a_hard_coded_tf_config(tmp_path):
+    source = ('import json, os\nos.environ["TF_CONFIG"] = json.dumps({"cluster": {}})\n'
+              "import tensorflow as tf\n")
+    (warning,) = check(source, tmp_path / "train.py", {}, **KERAS3)
+    assert warning.startswith("train.py line 2 sets TF_CONFIG itself")
+    guarded = ('import json, os\nif "TF_CONFIG" not in os.environ:\n'
+               '    os.environ["TF_CONFIG"] = json.dumps({"cluster": {}})\n')
+    assert check(guarded, tmp_path / "train.py", {}, **KERAS3) == []
+    updated = 'import os\nos.environ.update({"TF_CONFIG": "{}"})\n'
+    assert check(updated, tmp_path / "t.py", {}, **KERAS3)[0].startswith("t.py line 2 sets")
+
+
+def test_a_program_that_does_not_parse_is_left_to_python():
+    assert check("def broken(:\n", "x.py", {}, **KERAS3) == []
+
+
+def test_the_warning_reaches_the_cell_once_and_the_task_still_runs(ip, rt, capsys):
+    cell = ("import os\n"
+            "os.environ['TF_CONFIG'] = os.environ['TF_CONFIG']  # harmless, but a warning\n"
+            "print('ran')\n")
+    ip.run_cell_magic("worker", "0", cell)
+    ip.run_cell_magic("worker", "0", cell)
+    warned = [ln for ln in rt.echo_lines if ln.startswith("[mwhelpers] warning:")]
+    assert warned == ["[mwhelpers] warning: line 2 of the cell sets TF_CONFIG itself: that "
+                      "replaces the TF_CONFIG mwhelpers gives each task from the cluster "
+                      "(%cluster), so the tasks would not be the cluster you defined. Delete "
+                      "that line, or set it only when TF_CONFIG is not already set."]
+    assert rt.echo_lines.count("[worker:0] ran") == 2
