@@ -1,9 +1,10 @@
 """What JupyterLab shows, in a real browser: JupyterLab and headless Chromium (Debian's
 chromium and chromium-driver packages, driven by selenium).
 
-One notebook is opened and run with "Run All Cells".  The page must show a foreground
-task's output as it streams, the status table as a table, and a background task's
-live view changing while the kernel is idle, until it settles on its exit.
+One notebook is opened and run ("Run All Above" its last cell, then that cell).  The page must show a foreground
+task's output as it streams, the status table as a table, a background task's
+live view changing while the kernel is idle, until it settles on its exit, and the
+tasks' timeline as a picture (a screenshot of it is saved and checked).
 """
 
 import json
@@ -66,6 +67,7 @@ def lab(tmp_path):
         nbformat.v4.new_code_cell("%%worker 1 --bg --ready start\n" + BACKGROUND),
         nbformat.v4.new_code_cell("%%worker 0\n" + FOREGROUND),
         nbformat.v4.new_code_cell("%workers"),
+        nbformat.v4.new_code_cell("%waitworkers\n%workers --timeline"),
     ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                 "language": "python"}})
     root = tmp_path / "root"
@@ -151,10 +153,19 @@ def kernel_status(driver):
         return k ? k.status : null;""")
 
 
-def run_all(driver):
-    js(driver, NOTEBOOK_JS + """
+def run_all_above(driver, index):
+    """Run every cell above cell ``index`` ("Run All Above Selected Cell")."""
+    js(driver, NOTEBOOK_JS + f"""
         app.shell.activateById(panel.id);
-        app.commands.execute('notebook:run-all-cells');""")
+        panel.content.activeCellIndex = {index};
+        app.commands.execute('notebook:run-all-above');""")
+
+
+def run_cell(driver, index):
+    js(driver, NOTEBOOK_JS + f"""
+        app.shell.activateById(panel.id);
+        panel.content.activeCellIndex = {index};
+        app.commands.execute('notebook:run-cell');""")
 
 
 def wait_for(what, check, timeout, interval=0.1):
@@ -167,11 +178,12 @@ def wait_for(what, check, timeout, interval=0.1):
         time.sleep(interval)
 
 
-def test_jupyterlab_shows_streaming_output_the_status_table_and_a_live_view(lab, browser):
+def test_jupyterlab_shows_streaming_output_the_status_table_and_a_live_view(lab, browser,
+                                                                           tmp_path):
     browser.get(f"{lab['url']}/lab/tree/live.ipynb?reset&token={lab['token']}")
     wait_for("JupyterLab and the notebook's kernel", lambda: kernel_status(browser) == "idle", 90,
              interval=0.3)
-    run_all(browser)
+    run_all_above(browser, 4)  # the timeline's cell waits for the tasks: run it last
 
     # Foreground output streams: the page shows the first lines before the last is printed.
     partial = wait_for("worker 0's first lines", lambda: (lambda t: t if "line 2 of 5" in t[2]
@@ -202,3 +214,21 @@ def test_jupyterlab_shows_streaming_output_the_status_table_and_a_live_view(lab,
     assert all(s == "idle" for _, s in running), seen  # ... while no cell ran
     assert any("epoch" in t and "step" in t for t, _ in running), seen
     assert "done" in seen[-1][0] and "exit 0" in seen[-1][0], seen
+
+    # The timeline: a picture in the last cell's output, drawn (not a broken image).
+    run_cell(browser, 4)
+    size = wait_for("the timeline picture", lambda: js(browser, """
+        const cells = document.querySelectorAll('.jp-Notebook .jp-Cell');
+        const img = cells[4] && cells[4].querySelector('.jp-OutputArea img');
+        return img && img.complete && img.naturalWidth > 0 ? [img.naturalWidth, img.naturalHeight]
+                                                           : null;"""), 60)
+    assert size[0] > 600 and size[1] > 150, size
+    assert "timeline saved to" in outputs(browser)[4]
+    from selenium.webdriver.common.by import By
+
+    img = browser.find_elements(By.CSS_SELECTOR, ".jp-Notebook .jp-Cell")[4].find_element(
+        By.CSS_SELECTOR, ".jp-OutputArea img")
+    browser.execute_script("arguments[0].scrollIntoView();", img)
+    shot = tmp_path / "timeline-in-jupyterlab.png"
+    img.screenshot(str(shot))
+    assert shot.read_bytes()[:4] == b"\x89PNG" and shot.stat().st_size > 5_000
