@@ -2,8 +2,8 @@
 
 Every :class:`~mwhelpers.taskrun.TaskRun` keeps its events (``run.events``):
 launched, ready, the signals mwhelpers sent it and its exit are stamped when
-they happen; Keras' ``Epoch N/M`` lines and a custom loop's ``step N`` lines
-are stamped by a :class:`LogMarks` thread, which reads the logs of running
+they happen; Keras' ``Epoch N/M`` lines and the lines that start with the word
+``step`` (a custom loop's ``step 4 loss=...``) are stamped by a :class:`LogMarks` thread, which reads the logs of running
 tasks as they grow (a line's time is when it was read, within
 :data:`INTERVAL`).  :class:`Timeline` draws the runs of a cluster, every
 attempt of a supervised job included: a picture in JupyterLab
@@ -25,7 +25,8 @@ from .logs import LogFollower
 INTERVAL = 0.1  # seconds between reads of the running tasks' logs
 MARKS = {
     "epoch": re.compile(r"^Epoch (\d+)/(\d+)"),
-    "step": re.compile(r"^\s*step\s+(\d+)\b", re.IGNORECASE),
+    # A line that starts with the word "step": "step 4 loss=...", "STEP epoch=1 batch=2 ...".
+    "step": re.compile(r"^\s*step\b\W*(\d*)", re.IGNORECASE),
 }
 _ATTEMPT_COLORS = ("#9ecae1", "#a1d99b", "#fdd0a2", "#dadaeb", "#fcbba1")
 
