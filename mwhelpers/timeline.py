@@ -3,8 +3,9 @@
 Every :class:`~mwhelpers.taskrun.TaskRun` keeps its events (``run.events``):
 launched, ready, the signals mwhelpers sent it and its exit are stamped when
 they happen; Keras' ``Epoch N/M`` lines and the lines that start with the word
-``step`` (a custom loop's ``step 4 loss=...``) are stamped by a :class:`LogMarks` thread, which reads the logs of running
-tasks as they grow (a line's time is when it was read, within
+``step`` (a custom loop's ``step 4 loss=...``) are stamped by a :class:`LogMarks`
+thread, which reads the logs of running tasks as they grow (a line's time is
+when it was read, within
 :data:`INTERVAL`).  :class:`Timeline` draws the runs of a cluster, every
 attempt of a supervised job included: a picture in JupyterLab
 (``_repr_png_``), a PNG file with :meth:`Timeline.save`, and text with

@@ -1,8 +1,8 @@
 """What JupyterLab shows, in a real browser: JupyterLab and headless Chromium (Debian's
 chromium and chromium-driver packages, driven by selenium).
 
-One notebook is opened and run ("Run All Above" its last cell, then that cell).  The page must show a foreground
-task's output as it streams, the status table as a table, a background task's
+One notebook is opened and run ("Run All Above" its last cell, then that cell).  The
+page must show a foreground task's output as it streams, the status table as a table, a background task's
 live view changing while the kernel is idle, until it settles on its exit, and the
 tasks' timeline as a picture (a screenshot of it is saved and checked).
 """
