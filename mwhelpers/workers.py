@@ -338,8 +338,13 @@ class Runtime:
         keras_version, tf_version = (installed("keras"), installed("tensorflow")) \
             if same_python else (None, None)
         env = {**os.environ, **request.env}
-        for warning in check(source, path, env, keras_version, tf_version, folders,
-                             cell=request.code is not None):
+        try:
+            warnings = check(source, path, env, keras_version, tf_version, folders,
+                             cell=request.code is not None)
+        except Exception as e:  # a look that fails must not stop the launch
+            warnings = [f"the program could not be looked at before its launch "
+                        f"({type(e).__name__}: {e}); it runs all the same"]
+        for warning in warnings:
             key = (hash(source), warning)
             if key not in self._warned:
                 self._warned.add(key)

@@ -193,15 +193,19 @@ def test_an_unknown_failure_gets_no_guess(ip, rt, tmp_path):
     assert str(err.value).splitlines()[1].startswith("Last lines of worker:0's log")
 
 
-def test_the_supervisor_records_and_writes_the_diagnosis(rt, tmp_path):
+def test_the_supervisor_records_and_writes_the_diagnosis(rt, write, tmp_path):
+    write("helper_mod.py", "X = 1\n")
+    (tmp_path / "progs").mkdir()
+    write("progs/job.py", "import helper_mod\n")
     rt.define_cluster(2)
-    with pytest.raises(WorkerFailed):
-        rt.supervise(code=FIT, env={"TF_USE_LEGACY_KERAS": "0"}, max_restarts=1, stream=False)
+    with pytest.raises(WorkerFailed) as err:  # a program error: not restarted
+        rt.supervise(script="progs/job.py", max_restarts=1, stream=False)
     said = [ln for ln in rt.echo_lines if ln.startswith("[mwhelpers] What this means:")]
-    assert len(said) == 1 and "keras-team/keras#20585" in said[0]
+    assert len(said) == 1 and "helper_mod.py is in" in said[0]
+    assert "What this means: helper_mod.py is in" in str(err.value)
     record = json.loads((rt.log_dir / "attempt-1.root-cause.json").read_text())
-    assert [d["key"] for d in record["diagnosis"]] == ["keras3-fit"]
-    assert time.time() - record["ended_at"] < 120
+    assert [d["key"] for d in record["diagnosis"]] == ["module-missing"]
+    assert time.time() - record["ended_at"] < 60
 
 
 def test_a_task_that_never_opens_its_port_says_where_it_was(ip, rt):
