@@ -189,8 +189,8 @@ def _module_missing(job, failures):
         "module-missing",
         f"{root.task} cannot import {name}: there is no {name}.py in its folder {task_dir}, and "
         f"its Python has no package {name} installed",
-        f"write {name}.py into {task_dir} (%%writefile), or install the package into the "
-        "Python the tasks run (python -m pip install ...)")
+        f"install it into the Python the tasks run (python -m pip install ...), or, when it "
+        f"is a module of your own, write {name}.py into {task_dir} (%%writefile)")
 
 
 def _module_in(folder, name):
