@@ -539,9 +539,11 @@ class Runtime:
     def _tail_before_stacks(run):
         """The last lines a stuck task wrote before its stacks, TF's info lines left out."""
         quiet = QuietFilter()
-        lines = [ln for ln in stacks.before_last_dump(run.lines()) if quiet.keep(ln)]
+        before = stacks.before_last_dump(run.lines())
+        lines = [ln for ln in before if quiet.keep(ln)]
         if not lines:
-            return f"{run.task} printed nothing before its stacks (log: {run.log_path})."
+            what = "only TensorFlow's informational lines" if before else "nothing"
+            return f"{run.task} printed {what} before its stacks (log: {run.log_path})."
         return failure_records.tail_text(run.task, run.log_path, lines[-failure_records.TAIL:])
 
     def not_ready_tasks(self):
