@@ -22,7 +22,7 @@ from .logs import QuietFilter
 from .status import COLORS, exit_text
 
 INTERVAL = 1.0  # seconds between updates
-_EPOCH = re.compile(r"^Epoch (\d+)/(\d+)")
+EPOCH = re.compile(r"^Epoch (\d+)/(\d+)")  # Keras' line at the start of each epoch
 _STEP = re.compile(r"^\s*(\d+)/(\d+)\b")
 
 
@@ -30,7 +30,7 @@ def progress(lines):
     """``'epoch 2/3, step 5/10'`` from Keras' output in ``lines`` ('' if none)."""
     epoch = step = None
     for line in lines:
-        m = _EPOCH.match(line)
+        m = EPOCH.match(line)
         if m:
             epoch, step = m.groups(), None
             continue

@@ -21,11 +21,13 @@ import time
 from pathlib import Path
 
 from .errors import MWHelpersError
+from .live import EPOCH
 from .logs import LogFollower
+from .status import exit_text
 
 INTERVAL = 0.1  # seconds between reads of the running tasks' logs
 MARKS = {
-    "epoch": re.compile(r"^Epoch (\d+)/(\d+)"),
+    "epoch": EPOCH,
     # A line that starts with the word "step": "step 4 loss=...", "STEP epoch=1 batch=2 ...".
     "step": re.compile(r"^\s*step\b\W*(\d*)", re.IGNORECASE),
 }
@@ -151,20 +153,21 @@ class Timeline:
     def _draw_run(self, ax, run, y):
         color = _ATTEMPT_COLORS[(run.attempt - 1) % len(_ATTEMPT_COLORS)]
         start, stop = run.launched_wall - self.t0, self.end_of(run)
-        ready = next((t for t, kind, _ in self.events(run) if kind == "ready"), None)
+        events = self.events(run)
+        ready = next((t for t, kind, _ in events if kind == "ready"), None)
         if ready is not None and ready > start:  # starting: lighter, until ready
             ax.barh(y, ready - start, left=start, height=0.5, color=color, alpha=0.45,
                     edgecolor="none")
             ax.barh(y, stop - ready, left=ready, height=0.5, color=color, edgecolor="none")
         else:
             ax.barh(y, stop - start, left=start, height=0.5, color=color, edgecolor="none")
-        steps = [t for t, kind, _ in self.events(run) if kind == "step"]
+        steps = [t for t, kind, _ in events if kind == "step"]
         if steps:  # at most about 60 step ticks per run
             every = max(1, len(steps) // 60)
             ax.plot(steps[::every], [y - 0.18] * len(steps[::every]), "|", color="#555555",
                     markersize=5)
-        signalled = any(kind == "signal" for _, kind, _ in self.events(run))
-        for t, kind, text in self.events(run):
+        signalled = any(kind == "signal" for _, kind, _ in events)
+        for t, kind, text in events:
             if kind == "epoch":
                 ax.plot([t, t], [y - 0.25, y + 0.25], color="#08519c", linewidth=1.2)
                 ax.annotate(f"e{text.split('/')[0]}", (t, y + 0.27), fontsize=7,
@@ -225,14 +228,8 @@ def _said(kind, text):
 
 
 def _short_exit(run):
+    """'exit 0', 'exit 3', 'SIGKILL', 'running' (the status table's exit column, labelled)."""
     code = run.returncode
     if code is None:
         return "running"
-    if code < 0:
-        import signal
-
-        try:
-            return signal.Signals(-code).name
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit {code}"
+    return f"exit {code}" if code >= 0 else exit_text(code)
