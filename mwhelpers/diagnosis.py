@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import stacks, taskfacts
-from .failures import last_exception, signal_of
+from .failures import explained, last_exception, signal_of
 
 KERAS_ISSUE = "keras-team/keras#20585"
 _KERAS3_FIT = "Attempt to convert a value (PerReplica"
@@ -31,6 +31,8 @@ _NO_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
 _PEER_LOST = re.compile(r"stopped sending heartbeats|Socket closed|Connection reset by peer|"
                         r"failed to connect to all addresses|The cluster may have been shut down|"
                         r"UnavailableError|Collective ops is aborted", re.IGNORECASE)
+_SAME_STEPS = ("every worker must run exactly the same steps: the same epochs and "
+               "steps_per_epoch, and the same number of batches in every worker's shard")
 # Keras progress and the usual "step N" lines of a custom loop: where a task had got to.
 _PROGRESS = re.compile(r"^(Epoch \d+/\d+|\s*\d+/\d+\b|.*\bstep\s*\d+)", re.IGNORECASE)
 
@@ -44,7 +46,7 @@ class Finding:
     advice: str
 
     def lines(self):
-        return [f"What this means: {self.cause}", f"What to do: {self.advice}"]
+        return explained([self.to_dict()])
 
     def to_dict(self):
         return asdict(self)
@@ -217,9 +219,8 @@ def _peer_finished_first(job, failures):
         f"{first.task} finished (exit code 0) {gap:.1f} s before {root.task} failed{got}, while "
         f"{root.task} still waited for it in a collective: the workers did not run the same "
         "number of steps",
-        "every worker must run exactly the same steps: the same epochs and steps_per_epoch, "
-        "and the same number of batches in every worker's shard (repeat the dataset and set "
-        "steps_per_epoch, or make the shards equal)")
+        f"{_SAME_STEPS} (repeat the dataset and set steps_per_epoch, or make the shards "
+        "equal)")
 
 
 def _last_progress(lines):
@@ -292,8 +293,7 @@ def explain_stuck(stuck, runs=(), not_ready=()):
             f"{_names(r.task for r in waiting)} still waited inside TensorFlow for "
             f"{'it' if len(done) == 1 else 'them'}: the workers did not run the same number "
             "of steps",
-            "every worker must run exactly the same steps: the same epochs and steps_per_epoch, "
-            "and the same number of batches in every worker's shard"))
+            _SAME_STEPS))
     elif waiting and behind:
         found.append(Finding(
             "task-behind",
