@@ -2,7 +2,8 @@
 """One entry point for the project's two jobs, on a machine with only Python.
 
     python3 dev.py suite [--full] [-j N] [NOTEBOOK ...]   run the notebook suite headless
-    python3 dev.py test [PYTEST ARGS ...]                 run the tests
+    python3 dev.py test [PYTEST ARGS ...]                 run the tests (side by side, one
+                                                          process per CPU: pytest-xdist)
     python3 dev.py matrix [ENV ...]                       the supported versions' ends, in
                                                           clean environments (tests/matrix.py)
 
@@ -92,6 +93,19 @@ def unexpected_pip_check(python=PY):
     return unexpected
 
 
+def test_processes(args):
+    """pytest-xdist's options: the tests run in one process per CPU (up to 4), grouped
+    where they share something (the multi-host tests share their test hosts). Most of
+    them wait on worker processes, timeouts and heartbeats, so two at a time fill two
+    cores. Nothing is added when the caller chose (-n, -p no:xdist) or names one test."""
+    chosen = any(a == "-n" or a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist"
+                 for a in args)
+    one_test = any("::" in a for a in args)
+    if chosen or one_test:
+        return []
+    return ["-n", str(min(os.cpu_count() or 1, 4)), "--dist", "loadgroup"]
+
+
 def main(argv):
     if not argv or argv[0] not in ("suite", "test", "matrix"):
         print(__doc__.strip())
@@ -100,7 +114,7 @@ def main(argv):
     ensure_env()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     if job == "test":
-        cmd = [str(PY), "-m", "pytest", *rest]
+        cmd = [str(PY), "-m", "pytest", *test_processes(rest), *rest]
     elif job == "matrix":
         cmd = [str(PY), str(ROOT / "tests" / "matrix.py"), *rest]
     else:

@@ -11,8 +11,8 @@
    which does not import mwhelpers) and sizes. Goal: ratio <= 0.75.
 2. The end-of-run stall with the runtime's workaround off (``stall_fix=False``) and
    on (the default): the seconds from the end of training (``on_train_end``) to the
-   return of ``fit`` on each worker, at the upstream sizes (batch 64 per worker,
-   3 epochs x 70 steps).
+   return of ``fit`` on each worker, with notebook 03b's job.py at the upstream
+   tutorial's length (3 epochs x 70 steps, batch 32 per worker).
 3. The whole suite at smoke sizes (``python -m mwhelpers.suite``), one notebook at a
    time and then with the default ``--jobs``, with the CPU seconds it used. Goal: <= 150 s.
 """
@@ -34,11 +34,13 @@ from jupyter_client import KernelManager
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 NB03 = ROOT / "notebooks" / "03_multi_worker_keras.ipynb"
+NB03B = ROOT / "notebooks" / "03b_under_the_hood.ipynb"
 
 
-def write_programs(workdir):
-    """Write mnist_setup.py and main.py exactly as notebook 03 does."""
-    nb = nbformat.read(NB03, as_version=4)
+def write_programs(workdir, notebook=NB03):
+    """Write the programs of ``notebook``'s %%writefile cells exactly as it does (notebook 03:
+    mnist_setup.py and main.py; 03b: job.py, which reports how long fit took to return)."""
+    nb = nbformat.read(notebook, as_version=4)
     for cell in nb.cells:
         m = re.match(r"%%writefile (\S+)\n", cell.source)
         if m:
@@ -142,18 +144,16 @@ def bench_stall(runs):
         teardowns, totals = [], []
         for _ in range(runs):
             workdir = Path(tempfile.mkdtemp(prefix="bench-stall-"))
-            write_programs(workdir)
+            write_programs(workdir, NB03B)
             with Runtime(log_dir=workdir / "logs", echo=lambda line: None) as rt:
                 rt.define_cluster(workers=2)
                 t0 = time.monotonic()
                 for task in ("worker:0", "worker:1"):
-                    rt.launch(task, script=str(workdir / "main.py"), args=["64", "3", "70", "10"],
+                    rt.launch(task, script=str(workdir / "job.py"), args=["3", "70"],
                               background=True, ready="start", env=env, stall_fix=fix)
                 rt.wait(timeout=600)
                 totals.append(time.monotonic() - t0)
-                for run in rt.runs.values():
-                    line = [ln for ln in run.lines() if ln.startswith("RESULT ")][-1]
-                    teardowns.append(json.loads(line[len("RESULT "):])["teardown_seconds"])
+                teardowns += [r["teardown_seconds"] for r in rt.results().values()]
         rows[label] = (teardowns, totals)
         print(f"end of fit, upstream sizes, {label}: fit returned after training ended in "
               f"{', '.join(f'{t:.2f}' for t in teardowns)} s (max {max(teardowns):.2f}); "

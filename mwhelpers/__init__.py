@@ -17,6 +17,7 @@ _LAZY = {
     "MWHelpersError": "errors", "UsageError": "errors", "WorkerError": "errors",
     "WorkerFailed": "errors", "WorkerTimeout": "errors",
     "versions": "versions", "tensorflow_distributions": "versions",
+    "Results": "results", "read_results": "results",
 }
 
 

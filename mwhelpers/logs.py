@@ -8,6 +8,8 @@ shows last, the way a terminal would.
 import os
 import re
 
+from .results import TAG as _RESULT_TAG
+
 TAIL = 15  # log lines quoted in errors and failure records
 _TAIL_WINDOW = 256 * 1024  # bytes read from the end for a short tail
 
@@ -70,6 +72,8 @@ _START_UP_NOISE = re.compile(
 _ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called"
 # The task's TensorFlow and Keras, written by mwhelpers' start-up for the diagnosis (taskfacts.py).
 _FACTS = "[mwhelpers] this task: "
+# A program's machine-readable result line (mwhelpers.results): read by rt.results(), kept in the log.
+_RESULT = f"{_RESULT_TAG} {{"
 # Lines that continue a hidden record on the next line.
 _CONTINUATION = re.compile(r"^(To enable the following instructions|/job:\w+/replica:\d+/task:\d+$)")
 
@@ -80,7 +84,8 @@ class QuietFilter:
     Hidden: TensorFlow's informational C++ records (``I...`` lines, with the
     lines that continue them), absl's start-up preamble, mwhelpers' line
     naming the task's TensorFlow and Keras, and the CUDA and
-    oneDNN start-up messages of CPU-only machines.  Shown: everything else,
+    oneDNN start-up messages of CPU-only machines, and the program's
+    ``RESULT {...}`` lines (JSON for the kernel, see :mod:`mwhelpers.results`).  Shown: everything else,
     the program's own output and TensorFlow's other warnings and errors.
     The log file always keeps every line; this only filters what streams.
     """
@@ -99,7 +104,7 @@ class QuietFilter:
         if m:
             self._after_hidden = m.group(1) == "I" or bool(_START_UP_NOISE.search(line))
             return not self._after_hidden
-        if line.startswith((_ABSL_PREAMBLE, _FACTS)):
+        if line.startswith((_ABSL_PREAMBLE, _FACTS, _RESULT)):
             return False
         if self._after_hidden and _CONTINUATION.match(line):
             return False

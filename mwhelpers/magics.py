@@ -231,8 +231,12 @@ class WorkerMagics(Magics):
     @argument("task", nargs="?", help="worker:1, chief:0, ... (default: every task)")
     @argument("-n", type=int, default=20, help="how many lines (0: the whole log)")
     @argument("--follow", action="store_true", help="stream the log until the task ends")
+    @argument("--grep", default=None, metavar="REGEX",
+              help="only the lines that match REGEX (the last N of them)")
     def workerlog(self, line):
         """The last N (20) log lines of one task, or of every task.
+
+        --grep REGEX keeps the lines that match (``--grep "^Epoch|loss"``).
 
         --follow streams the task's log into the cell until it ends (or the
         cell is interrupted, which leaves the task running).
@@ -245,7 +249,7 @@ class WorkerMagics(Magics):
                 raise UsageError("--follow needs a TASK")
             self.rt.follow(a.task)
             return
-        for ln in self.rt.log(a.task, a.n):
+        for ln in self.rt.log(a.task, a.n, grep=a.grep):
             print(ln)
 
     @line_magic

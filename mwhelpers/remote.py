@@ -34,6 +34,10 @@ from .launchers import BOOTSTRAP, Launcher, Process
 AGENT_CODE = Path(__file__).with_name("_agent.py").read_text()
 # The files the worker start-up loads beside itself, sent with it to every host.
 BOOTSTRAP_FILES = ("tfdata.py", "taskfacts.py")
+# A probe whose SSH connection sshd dropped before its greeting is tried this many times.
+PROBE_TRIES = 3
+SSH_DROPPED = ("kex_exchange_identification", "Connection reset by peer",
+               "Connection closed by remote host")
 TAG = "@mwhelpers"
 
 # The kernel's variables that a remote task gets (besides TF_CONFIG, mwhelpers' own
@@ -193,19 +197,27 @@ class AgentLauncher(Launcher):
         """A UsageError for a failed probe of ``host``."""
         raise NotImplementedError
 
+    def transient(self, code, err):
+        """Whether a probe that failed this way is worth trying again at once."""
+        return False
+
     # -- probing ----------------------------------------------------------------------
     def probe(self, host, count, port_range, timeout=60):
         low, high = port_range
         argv = [self.python, "-c", PROBE_CODE, self.cwd, str(count), str(low), str(high)]
-        try:
-            done = subprocess.run(self.transport(host, argv), stdin=subprocess.DEVNULL,
-                                  capture_output=True, timeout=timeout, env=transport_env())
-        except FileNotFoundError as e:
-            raise UsageError(f"{e.filename} is not installed on this machine") from None
-        except subprocess.TimeoutExpired:
-            raise UsageError(f"{host} did not answer within {timeout} s; check that "
-                             f"{self.describe_reach(host)} works from this machine") from None
-        out, err = done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+        for attempt in range(1, PROBE_TRIES + 1):
+            try:
+                done = subprocess.run(self.transport(host, argv), stdin=subprocess.DEVNULL,
+                                      capture_output=True, timeout=timeout, env=transport_env())
+            except FileNotFoundError as e:
+                raise UsageError(f"{e.filename} is not installed on this machine") from None
+            except subprocess.TimeoutExpired:
+                raise UsageError(f"{host} did not answer within {timeout} s; check that "
+                                 f"{self.describe_reach(host)} works from this machine") from None
+            out, err = done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+            if attempt == PROBE_TRIES or not self.transient(done.returncode, err):
+                break
+            time.sleep(0.5 * attempt)
         info = None
         for line in out.splitlines():
             if line.startswith("{"):
@@ -306,6 +318,9 @@ def _ssh_words(text):
     if "permission denied" in lowered:
         return ("the login was refused; set up key-based login (ssh-copy-id HOST) or an "
                 "ssh-agent: mwhelpers never asks for a password")
+    if "kex_exchange_identification" in lowered:
+        return (f"its sshd closed the connection before greeting, {PROBE_TRIES} times (it may be "
+                "refusing new connections while many are starting: sshd's MaxStartups)")
     if "host key verification failed" in lowered:
         return "its host key is not known yet; run 'ssh HOST true' once in a terminal to accept it"
     return ""
@@ -342,6 +357,12 @@ class SSHLauncher(AgentLauncher):
         # The address the host was reached at (sshd's side of the connection):
         # reachable by the others, whatever alias the user wrote.
         return probe.get("address") or host.rsplit("@", 1)[-1]
+
+    def transient(self, code, err):
+        # sshd dropped the connection before its greeting: it had too many handshakes in
+        # progress (MaxStartups' random early drop) or could not start a session process.
+        # OpenSSH leaves retrying to the client.
+        return code == 255 and any(words in err for words in SSH_DROPPED)
 
     def explain(self, host, code, err):
         last = err.strip().splitlines()[-1] if err.strip() else ""

@@ -11,8 +11,8 @@ otherwise.  Executed notebooks and an HTML rendering of each go to
 ``output/``, with each kernel's stderr (TensorFlow's C++ log lines) in
 ``output/<name>.stderr.log``.  Notebooks run side by side, one per CPU by default (``--jobs N``),
 each in a process of its own, the ones that took longest in the last run
-first.  A summary table follows; the exit status is non-zero when any
-notebook failed.  Every process a notebook's kernel started is ended when
+first.  A summary table follows (wall and CPU seconds per notebook); the exit
+status is non-zero when any notebook failed.  Every process a notebook's kernel started is ended when
 the notebook is done, even when it failed half-way.
 
 Notebooks that take ``ssh_hosts`` (the multi-host one) run against test hosts
@@ -214,20 +214,33 @@ def run_notebook(path, out_dir, params, run_id, optional=None):
 
 
 def run_timed(path, out_dir, params, run_id, optional):
-    """Run one notebook with this run's mark; (path, error or None, seconds).
+    """Run one notebook with this run's mark; (path, error or None, seconds, CPU seconds).
 
     ``run_id`` is the notebook's own mark, so its leftovers are told apart
-    from those of a notebook running beside it.
+    from those of a notebook running beside it.  The CPU seconds are this
+    process's and those of every process it waited for meanwhile: the kernel,
+    which waits for the workers it started, and so on down.
     """
     os.environ[SUITE_ENV] = run_id  # inherited by the kernel and every worker it starts
-    t0 = time.monotonic()
+    # The kernel runs in the output folder; as under Jupyter Server, this names the notebook
+    # it runs (ipykernel shows it as __session__), so the notebook can find files beside it.
+    os.environ["JPY_SESSION_NAME"] = str(path)
+    t0, cpu0 = time.monotonic(), cpu_seconds()
     try:
         error = run_notebook(path, out_dir, params, run_id, optional=optional)
     except SuiteError as e:
         error = str(e)
     except Exception as e:  # papermill or the kernel broke: report it, run the rest
         error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    return path, error, time.monotonic() - t0
+    return path, error, time.monotonic() - t0, cpu_seconds() - cpu0
+
+
+def cpu_seconds():
+    """User + system CPU seconds of this process and of its waited-for descendants."""
+    import resource
+
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def run_all(jobs, parallel):
@@ -258,7 +271,7 @@ def run_all(jobs, parallel):
                     yield done.result()
                 except Exception as e:  # its process died: report it, end what it left
                     end_leftovers(run_id)
-                    yield path, f"the process running it failed: {type(e).__name__}: {e}", 0.0
+                    yield path, f"the process running it failed: {type(e).__name__}: {e}", 0.0, 0.0
         finally:  # interrupted: the notebooks not done may have left processes
             unfinished = [job for future, job in pending.items() if not future.done()]
             for future in pending:
@@ -341,11 +354,11 @@ def main(argv=None):
         jobs = [(path, out_dir, params, f"{run_id}.{i}", host_params)
                 for i, path in enumerate(order, 1)]
         try:
-            for i, (path, error, dt) in enumerate(run_all(jobs, a.jobs), 1):
+            for i, (path, error, dt, cpu) in enumerate(run_all(jobs, a.jobs), 1):
                 status = "ok" if error is None else "FAILED"
                 print(f"[{i}/{len(paths)}] {path.name}: {status} in {dt:.1f} s"
                       + (f"\n    {error}" if error else ""), flush=True)
-                rows.append((path.name, status, f"{dt:.1f}", error or ""))
+                rows.append((path.name, status, f"{dt:.1f}", f"{cpu:.1f}", error or ""))
         except KeyboardInterrupt:
             print(f"\ninterrupted after {len(rows)} of {len(paths)} notebook(s); every process "
                   "the running ones had started was ended", flush=True)
@@ -353,11 +366,13 @@ def main(argv=None):
     rows.sort()
 
     width = max(len(r[0]) for r in rows)
-    print(f"\n{'notebook'.ljust(width)}  status  seconds  error")
-    for name, status, secs, err in rows:
-        print(f"{name.ljust(width)}  {status:<6}  {secs:>7}  {err}")
+    print(f"\n{'notebook'.ljust(width)}  status  seconds  CPU s  error")
+    for name, status, secs, cpu, err in rows:
+        print(f"{name.ljust(width)}  {status:<6}  {secs:>7}  {cpu:>5}  {err}")
     failed = sum(r[1] != "ok" for r in rows)
-    print(f"\n{len(rows) - failed} passed, {failed} failed in {time.monotonic() - total:.1f} s; "
+    cpu = sum(float(r[3]) for r in rows)
+    print(f"\n{len(rows) - failed} passed, {failed} failed in {time.monotonic() - total:.1f} s "
+          f"({cpu:.0f} CPU s); "
           f"executed notebooks and HTML in {out_dir}")
     return 1 if failed else 0
 

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import results
 from .cluster import Task, parse_task
 from .errors import UsageError
 from .failures import describe_exit
@@ -220,6 +221,14 @@ class TaskRun:
     def lines(self):
         """Every line of its log."""
         return tail_lines(self.log_path, 0)
+
+    def records(self, tag: str = "STEP") -> list[dict]:
+        """Every ``TAG ...`` line of its log, parsed (see :mod:`mwhelpers.results`)."""
+        return results.records(self.lines(), tag)
+
+    def result(self, tag: str = results.TAG) -> dict | None:
+        """The last ``RESULT {...}`` line of its log, parsed; None when there is none."""
+        return results.last(self.lines(), tag)
 
     def last_line(self):
         lines = [ln for ln in self.tail(5) if ln.strip()]

@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 
 from . import failures as failure_records
-from . import proctree, stacks
+from . import proctree, results, stacks
 from .cluster import Cluster, Task, job_tasks, parse_task
 from .diagnosis import explain_failure, explain_stuck
 from .errors import UsageError, WorkerFailed, WorkerTimeout
@@ -267,6 +267,14 @@ class Runtime:
     def log_lines(self, task: TaskSpec) -> list[str]:
         """Every line of the log of ``task``'s latest run."""
         return self.get_run(task).lines()
+
+    def results(self, tag: str = results.TAG) -> results.Results:
+        """The last ``RESULT {...}`` line of each task's latest run, parsed: a dict of
+        task name -> values, shown as a table (see :mod:`mwhelpers.results`).  Tasks
+        that printed none are listed in ``.missing``."""
+        if not self.runs:
+            raise UsageError("no task has been launched yet, so there is no result")
+        return results.Results.collect(((task, run.lines()) for task, run in sorted(self.runs.items())), tag)
 
     # -- launching -----------------------------------------------------------
     def launch(self, task: TaskSpec = "worker:0", *, code: str | None = None,
@@ -764,15 +772,26 @@ class Runtime:
         runs = self.history[self._cluster_from:] if runs is None else list(runs)
         return Timeline(runs)
 
-    def log(self, task: TaskSpec | None = None, n: int = 20) -> list[str]:
-        """The last ``n`` lines of one task's log, or of all, prefixed with the task."""
+    def log(self, task: TaskSpec | None = None, n: int = 20, grep: str | None = None) -> list[str]:
+        """The last ``n`` lines of one task's log, or of all, prefixed with the task;
+        with ``grep``, the last ``n`` lines that match that regular expression."""
         if task is None or task == "":
             runs = list(self.runs.values())
             if not runs:
                 raise UsageError("no task has been launched yet, so there is no log")
         else:
             runs = [self.get_run(task)]
-        return [f"[{r.task}] {ln}" for r in runs for ln in r.tail(n)]
+        if grep is None:
+            return [f"[{r.task}] {ln}" for r in runs for ln in r.tail(n)]
+        try:
+            pattern = re.compile(grep)
+        except re.error as err:
+            raise UsageError(f"--grep {grep!r} is not a regular expression: {err}") from None
+        out = []
+        for r in runs:
+            matching = [ln for ln in r.lines() if pattern.search(ln)]
+            out += [f"[{r.task}] {ln}" for ln in (matching[-n:] if n else matching)]
+        return out
 
     def follow(self, task: TaskSpec, timeout: float | str | None = None) -> TaskRun:
         """Stream one task's log into the caller until it ends."""

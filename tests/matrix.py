@@ -48,6 +48,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from mwhelpers.results import last  # noqa: E402
 from mwhelpers.versions import TF_DISTRIBUTIONS  # noqa: E402
 
 PROGRAMS = ROOT / "tests" / "programs" / "tutorial"
@@ -297,9 +298,9 @@ def in_kernel(name, spec, py, work):
             results = []
             for i in (0, 1):
                 text = logs_of(workdir, i)
-                line = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
-                check(line, f"worker {i} printed no RESULT:\n{text[-3000:]}")
-                results.append(json.loads(line[-1][len("RESULT "):]))
+                result = last(text.splitlines())
+                check(result is not None, f"worker {i} printed no RESULT:\n{text[-3000:]}")
+                results.append(result)
                 facts.append(f"worker {i}: " + check_workaround(text, spec["expect"]["tensorflow-cpu"],
                                                                f"worker {i}"))
             check(all(r["keras"].startswith("3.") for r in results), results)

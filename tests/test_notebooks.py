@@ -1,6 +1,5 @@
 """Every notebook runs headless (nbclient, papermill via the suite) and tells the truth."""
 
-import json
 import re
 import subprocess
 import sys
@@ -58,9 +57,9 @@ def test_tour_runs_under_nbclient(tmp_path, pythonpath):
     assert "[worker:1] Epoch 2/2" in text  # worker 1 streamed into its cell
     assert "2 task(s) finished" in text
     assert "Ended" in text or "No background processes" in text
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in text.splitlines()
-               if re.match(r"^\[worker:\d\] RESULT ", line)]  # streamed, not a live view's
-    assert results and results[0]["replicas"] == 2
+    assert not re.search(r"^\[worker:\d\] RESULT", text, re.MULTILINE)  # the log keeps it, cells don't
+    rows = [line.split()[:2] for line in text.splitlines() if line.startswith("worker:")]
+    assert ["worker:0", "2"] in rows and ["worker:1", "2"] in rows  # rt.results(): replicas 2
     assert (tmp_path / "main.py").exists()
     # the reference part: a fault, its report, a supervised restart that resumes, GPUs refused
     assert "worker:1 logged 'STEP 3'; sent SIGKILL to its process tree" in text
@@ -70,7 +69,8 @@ def test_tour_runs_under_nbclient(tmp_path, pythonpath):
 
 
 def test_strategies_guide_runs_under_nbclient(tmp_path, pythonpath):
-    text = outputs_text(execute("01_strategies_guide.ipynb", tmp_path))
+    nb = execute("01_strategies_guide.ipynb", tmp_path)
+    text = outputs_text(nb)
     assert "logical CPUs: ['/device:CPU:0', '/device:CPU:1']" in text
     assert "replicas in sync: 2" in text and "global batch: 128" in text
     assert "examples per replica in the last step: [64, 64]" in text
@@ -79,6 +79,7 @@ def test_strategies_guide_runs_under_nbclient(tmp_path, pythonpath):
     assert "gradient norm, per-replica scaling / global scaling = 2.0000 (replicas: 2)" in text
     assert "Keras 3, model.save('dir'): Invalid filepath extension" in text
     assert "exported SavedModel serves: (1, 1)" in text
+    assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))  # drawn
 
 
 def test_mirrored_strategy_notebook_runs_under_nbclient(tmp_path, pythonpath):
@@ -89,6 +90,7 @@ def test_mirrored_strategy_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert "epoch losses, 2 x 64:" in text  # asserted equal to 1 x 128 in the notebook
     assert re.search(r"steps per epoch: (\d+) at global batch 128 \(2 x 64\), (\d+) at batch 64", text)
     assert "restoring ckpt-02.keras" in text and "Epoch 3/4" in text  # the second run resumed
+    assert re.search(r"Keras 3\.\d+\.\d+, MirroredStrategy with 2 replicas: .* a MirroredVariable", text)
     assert "cache() in memory" in text and "with prefetch" in text
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
         "ckpt-01.keras", "ckpt-02.keras", "ckpt-03.keras", "ckpt-04.keras"]
@@ -97,20 +99,31 @@ def test_mirrored_strategy_notebook_runs_under_nbclient(tmp_path, pythonpath):
 def test_multi_worker_notebook_runs_under_nbclient(tmp_path, pythonpath):
     nb = execute("03_multi_worker_keras.ipynb", tmp_path)
     text = outputs_text(nb)
-    assert "['hello from the kernel', '1']" in text  # the environment reaches a shell
-    assert "Started server with target" in text and "Waiting for 1/2 tasks to connect" in text
     assert re.search(r"after a 0\.5 s sleep: \d+ line\(s\) in job_0\.log, 'Started server' in it: False",
                      text)
-    assert "2 s after SIGTERM, worker alive: True" in text and "after SIGKILL, worker alive: False" in text
+    assert "Started server with target" in text and "Waiting for 1/2 tasks to connect" in text
+    assert "[worker:1] Epoch 2/2" in text and "val_accuracy" in text
+    assert not re.search(r"^\[worker:\d\] RESULT", text, re.MULTILINE)  # results are read, not streamed
+    table = [line.split() for line in text.splitlines() if line.startswith("worker:")]
+    assert ["worker:0", "True", "2", "64"] in [row[:4] for row in table]
+    assert ["worker:1", "False", "2", "64"] in [row[:4] for row in table]
+    images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(images) == 3  # the cluster, the sleep race, the loss per step
+    assert (tmp_path / "main.py").exists() and (tmp_path / "mnist_setup.py").exists()
+    assert len(nb.cells) <= 35
+
+
+def test_under_the_hood_notebook_runs_under_nbclient(tmp_path, pythonpath):
+    nb = execute("03b_under_the_hood.ipynb", tmp_path)
+    text = outputs_text(nb)
     assert "after %killbgscripts: {'bash': False, 'worker': True}" in text  # IPython's left the worker
+    assert "2 s after SIGTERM, worker alive: True" in text and "after SIGKILL, worker alive: False" in text
+    assert re.search(r"worker:0 \(with the workaround\): fit returned 0\.\d\d s after", text)
     assert "float16 gradients send 50% fewer bytes" in text
     assert "worker:0: the late collective ended with DeadlineExceededError" in text
-    assert "[worker:1] Epoch 2/2" in text and "val_accuracy" in text
-    assert "worker:0: chief=True, replicas=2" in text and "worker:1: chief=False, replicas=2" in text
     assert "unsupported type (<class 'tensorflow.python.distribute.values.PerReplica'>)" in text \
         or "looks fixed" in text
     assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
-    assert (tmp_path / "main.py").exists() and (tmp_path / "mnist_setup.py").exists()
 
 
 def test_sharding_notebook_runs_under_nbclient(tmp_path, pythonpath):
@@ -127,7 +140,7 @@ def test_sharding_notebook_runs_under_nbclient(tmp_path, pythonpath):
 
 def test_saving_notebook_runs_under_nbclient(tmp_path, pythonpath):
     text = outputs_text(execute("05_saving_multi_worker.ipynb", tmp_path))
-    assert "[worker:0] task_type: None | task_id: None" in text
+    assert "task_type: None | task_id: None | replicas: 1" in text
     assert "left on disk: ['ckpt/checkpoint', 'ckpt/ckpt-1.data-00000-of-00001', " \
            "'ckpt/ckpt-1.index', 'model/model.keras']" in text
     assert "optimizer steps: 30 = 20 restored + 10 here" in text or "restored + 10 here" in text
@@ -166,13 +179,16 @@ def test_evaluator_notebook_runs_under_nbclient(tmp_path, pythonpath):
     text = outputs_text(execute("08_evaluator_tensorboard.ipynb", tmp_path))
     assert "Cluster(2 worker, 1 evaluator)" in text
     assert "3 task(s) finished" in text and "checkpoints written: 5 | evaluated: [" in text
-    assert "epoch_accuracy" in text and "eval_accuracy" in text
+    assert "epoch_accuracy" in text and "evaluation_accuracy_vs_iterations" in text  # SidecarEvaluator's
     assert len(list((tmp_path / "tb" / "train").glob("events.out.tfevents.*"))) == 1
     assert len(list((tmp_path / "ckpt").glob("ckpt-*.index"))) == 5
 
 
 def test_parameter_server_notebook_runs_under_nbclient(tmp_path, pythonpath):
-    text = outputs_text(execute("09_parameter_server.ipynb", tmp_path))
+    nb = execute("09_parameter_server.ipynb", tmp_path)
+    text = outputs_text(nb)
+    images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(images) == 3  # the roles drawn, the timeline, the losses
     assert "Cluster(1 chief, 2 worker, 1 ps)" in text
     assert "variables of the fit model live on: ['/job:ps/replica:0/task:0/device:CPU:0']" in text
     assert "optimizer steps: fit 60 | custom loop 60 | scheduled 60" in text
@@ -181,10 +197,15 @@ def test_parameter_server_notebook_runs_under_nbclient(tmp_path, pythonpath):
                      r"optimizer steps 24\d", text)  # training went on without it
 
 
-def run_suite(*args, pythonpath=str(ROOT)):
+OWNER_ENV = "MWTEST_OWNER"  # inherited by a suite's kernels and workers: whose test started them
+
+
+def run_suite(*args, pythonpath=str(ROOT), owner=None):
+    env = {**__import__("os").environ, "PYTHONPATH": pythonpath}
+    if owner is not None:
+        env[OWNER_ENV] = str(owner)
     return subprocess.run([sys.executable, "-m", "mwhelpers.suite", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, "PYTHONPATH": pythonpath})
+                          capture_output=True, text=True, timeout=600, env=env)
 
 
 def test_suite_runs_a_notebook_with_papermill_and_writes_outputs(tmp_path):
@@ -204,14 +225,19 @@ def test_suite_runs_a_notebook_with_papermill_and_writes_outputs(tmp_path):
 SLEEPING_WORKER = "%%worker 0 --bg --ready start\nimport time\ntime.sleep(300)"
 
 
-def suite_workers():
+def suite_workers(owner):
+    """Workers started by a suite that the test ``owner`` (its tmp_path) ran.
+
+    Tests run side by side, so another test's suite may have workers running now.
+    """
     import psutil
 
     found = []
     for p in psutil.process_iter(["pid"]):
         try:
             env = p.environ()
-            if env.get("MWHELPERS_TASK") and env.get("MWHELPERS_SUITE_RUN"):
+            if (env.get("MWHELPERS_TASK") and env.get("MWHELPERS_SUITE_RUN")
+                    and env.get(OWNER_ENV) == str(owner)):
                 found.append(p)
         except psutil.Error:
             pass
@@ -252,11 +278,11 @@ def test_suite_reports_the_failing_cell_and_leaves_no_worker(tmp_path):
         SLEEPING_WORKER,
         "%%worker 1\nraise SystemExit(6)",
     ])
-    proc = run_suite(str(nb), "--output", str(tmp_path / "out"))
+    proc = run_suite(str(nb), "--output", str(tmp_path / "out"), owner=tmp_path)
     assert proc.returncode == 1
     assert "WorkerFailed: worker:1 failed: exit code 6" in proc.stdout
     assert "fails.ipynb: FAILED" in proc.stdout
-    assert suite_workers() == [], "a suite's worker was left running"
+    assert suite_workers(tmp_path) == [], "a suite's worker was left running"
 
 
 def test_suite_runs_notebooks_side_by_side_and_ends_only_the_failed_ones_workers(tmp_path):
@@ -273,7 +299,8 @@ def test_suite_runs_notebooks_side_by_side_and_ends_only_the_failed_ones_workers
         "assert run.running, 'my worker was ended by the other notebook'\n"
         "mwhelpers.runtime().kill('worker:0')",
     ])
-    proc = run_suite(str(fails), str(lives), "--output", str(tmp_path / "out"), "--jobs", "2")
+    proc = run_suite(str(fails), str(lives), "--output", str(tmp_path / "out"), "--jobs", "2",
+                     owner=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "running 2 notebooks, 2 at a time" in proc.stdout
     assert "a_fails.ipynb: FAILED" in proc.stdout and "b_lives.ipynb: ok" in proc.stdout
@@ -284,7 +311,7 @@ def test_suite_runs_notebooks_side_by_side_and_ends_only_the_failed_ones_workers
         spans.append((meta.start_time, meta.end_time))
         assert (tmp_path / "out" / f"{name}.stderr.log").exists()
     assert max(s for s, _ in spans) < min(e for _, e in spans), f"not side by side: {spans}"
-    assert suite_workers() == [], "a suite's worker was left running"
+    assert suite_workers(tmp_path) == [], "a suite's worker was left running"
 
 
 def test_ctrl_c_stops_the_suite_and_ends_every_notebooks_workers(tmp_path):
@@ -298,12 +325,13 @@ def test_ctrl_c_stops_the_suite_and_ends_every_notebooks_workers(tmp_path):
     nbs = [str(make_nb(tmp_path / f"{name}.ipynb", cells)) for name in ("one", "two")]
     proc = subprocess.Popen(  # Ctrl-C in a terminal: SIGINT to the suite's process group
         [sys.executable, "-m", "mwhelpers.suite", *nbs, "--output", str(tmp_path / "out"), "-j", "2"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True,
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), OWNER_ENV: str(tmp_path)},
+        start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
-        while len(suite_workers()) < 2:  # both notebooks have their worker running
+        while len(suite_workers(tmp_path)) < 2:  # both notebooks have their worker running
             assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read()
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGINT)
@@ -314,7 +342,7 @@ def test_ctrl_c_stops_the_suite_and_ends_every_notebooks_workers(tmp_path):
             proc.wait()
     assert proc.returncode == 130, out
     assert "interrupted after 0 of 2 notebook(s)" in out and "Traceback" not in out
-    assert suite_workers() == []
+    assert suite_workers(tmp_path) == []
 
 
 def test_suite_starts_the_notebooks_that_took_longest_last_time_first(tmp_path):

@@ -195,6 +195,9 @@ class TestHosts:
                 f"PidFile {d / f'sshd_{name}.pid'}", f"AuthorizedKeysFile {d / 'authorized_keys'}",
                 "PermitRootLogin prohibit-password", "PasswordAuthentication no",
                 "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
+                # no random early drop of handshakes: tests run beside others (xdist) and
+                # open several connections at once
+                "MaxStartups 200",
                 "PrintMotd no", "Subsystem sftp internal-sftp", "",
             ]))
             log = d / f"sshd_{name}.log"
