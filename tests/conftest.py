@@ -1,4 +1,5 @@
 import contextlib
+import re
 import socket
 import sys
 import textwrap
@@ -12,6 +13,38 @@ sys.path.insert(0, str(ROOT))
 
 import mwhelpers.workers as rt_mod  # noqa: E402
 from mwhelpers.workers import Runtime  # noqa: E402
+
+
+def _release(text):
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def pytest_configure(config):
+    """Tests marked ``xdist_group`` share something (the multi-host tests: one set of test
+    hosts) and must run in one worker process.  pytest-xdist 3.8 groups them by adding
+    ``@group`` to their node ids, which pytest 9.2 silently ignores (pytest-xdist#1386):
+    they would be spread over the workers and fight over the hosts.  Refuse that pair."""
+    if config.getoption("dist", "no") != "loadgroup" or hasattr(config, "workerinput"):
+        return
+    from importlib.metadata import version
+
+    if _release(pytest.__version__) >= (9, 2) and _release(version("pytest-xdist")) <= (3, 8, 0):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} with pytest-xdist {version('pytest-xdist')} does not keep "
+            "--dist loadgroup's groups together (pytest-xdist#1386). Install the locked versions: "
+            "pip install --no-deps -r requirements/test.txt")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test that used test hosts carries their daemons' logs in its report
+    (sshd's and Slurm's say why a connection was dropped; they are removed with the hosts)."""
+    report = yield
+    hosts = getattr(item, "funcargs", {}).get("hosts")
+    if report.failed and hasattr(hosts, "log_tails"):
+        report.sections.append(("test hosts' daemon logs", hosts.log_tails()))
+    return report
+
 
 # Small worker programs (no TensorFlow): they read their port from TF_CONFIG
 # the way a TF server would, so readiness and cluster logic are exercised

@@ -22,6 +22,9 @@ Layout (N hosts, a /24 chosen free among 10.251.0.0/16):
 """
 
 import argparse
+import contextlib
+import fcntl
+import itertools
 import json
 import os
 import shutil
@@ -77,12 +80,43 @@ def _wait_port(addr, port, timeout, what, proc=None, log=None):
     raise RuntimeError(f"{what} did not come up on {addr}:{port}\n{detail}")
 
 
+PRIVSEP = Path("/run/sshd")  # sshd's privilege-separation folder: fixed when sshd is built
+USERS = Path("/run/mwh-testhosts")  # one file per live set of test hosts, while any is up
+
+
+@contextlib.contextmanager
+def _machine_lock():
+    """One set of test hosts at a time changes what they share on this machine: the
+    10.251.S.0/24 subnets and sshd's ``/run/sshd``.  Several sets can be up at once (the
+    suite beside the tests, two test processes), and a set that removed ``/run/sshd``
+    while another's sshd runs would make that sshd drop every new connection
+    ("Missing privilege separation directory"; the client sees a reset before the
+    greeting).  The lock is taken on ``/run`` itself, so nothing is left behind."""
+    fd = os.open("/run", os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _live_users():
+    """Prefixes of the test-host sets that are up (their first namespace exists)."""
+    if not USERS.is_dir():
+        return []
+    return [f.name for f in USERS.iterdir()
+            if f.name != "made-run-sshd" and Path(f"/run/netns/{f.name}h1").exists()]
+
+
 def _free_subnet():
     used = _run("ip", "-o", "-4", "addr").stdout
     for s in range(10, 250):
         if f" 10.251.{s}." not in used:
             return s
     raise RuntimeError("no free 10.251.S.0/24 subnet for test hosts")
+
+
+_SETS = itertools.count()
 
 
 class TestHosts:
@@ -94,13 +128,15 @@ class TestHosts:
         self.n = n
         self.slurm = slurm
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="mwh-hosts-"))
-        self.prefix = f"mw{os.getpid() % 10000}"
+        # unique among the sets this process makes (a letter each) and, through the pid,
+        # among processes: it names the namespaces, links and Slurm cluster
+        self.prefix = f"mw{os.getpid() % 10000}{chr(ord('a') + next(_SETS) % 26)}"
         self.bridge = f"{self.prefix}br"
         self.subnet = None
         self.names = [f"{self.prefix}h{i}" for i in range(1, n + 1)]
         self.addresses = {}
         self.procs = {}  # name -> Popen of each daemon we started
-        self._made_run_sshd = False
+        self._uses_privsep = False
         self._made_netns = []
         self.ssh_config = self.dir / "ssh_config"
         self.munge_dir = None
@@ -120,6 +156,19 @@ class TestHosts:
 
     def ssh(self, host, *cmd, timeout=30):
         return _run("ssh", "-F", str(self.ssh_config), host, *cmd, check=False, timeout=timeout)
+
+    def log_tails(self, lines=25):
+        """The last ``lines`` of each daemon's log, for a failing test's report: once the
+        hosts are down their folder (and the logs) are gone."""
+        logs = sorted((self.dir / "ssh").glob("sshd_*.log")) + sorted((self.dir / "slurm").glob("*.log"))
+        out = []
+        for log in logs:
+            try:
+                text = log.read_text(errors="replace").splitlines()[-lines:]
+            except OSError as e:
+                text = [f"(unreadable: {e})"]
+            out.append(f"--- {log.name} ---\n" + ("\n".join(text) or "(empty)"))
+        return "\n".join(out)
 
     def netns_pids(self, name):
         """PIDs of the processes in namespace ``name`` (``ip netns pids``)."""
@@ -143,8 +192,10 @@ class TestHosts:
         if why:
             raise RuntimeError(why)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.subnet = _free_subnet()
-        self._network()
+        with _machine_lock():
+            self.subnet = _free_subnet()
+            self._network()
+            self._use_privsep()
         self._sshd()
         if self.slurm:
             self._slurm()
@@ -155,7 +206,7 @@ class TestHosts:
                 "addresses": self.addresses, "env": self.env(),
                 "pids": {k: p.pid for k, p in self.procs.items()},
                 "munge_dir": str(self.munge_dir) if self.munge_dir else None,
-                "made_run_sshd": self._made_run_sshd}
+                "uses_privsep": self._uses_privsep}
 
     def _network(self):
         _run("ip", "link", "add", self.bridge, "type", "bridge")
@@ -176,6 +227,25 @@ class TestHosts:
             _run(*inside, "link", "set", "lo", "up")
             self.addresses[name] = addr
 
+    def _use_privsep(self):
+        """Register this set as a user of ``/run/sshd``, made if missing (under the lock)."""
+        USERS.mkdir(mode=0o755, exist_ok=True)
+        if not PRIVSEP.exists():
+            PRIVSEP.mkdir(mode=0o755)
+            (USERS / "made-run-sshd").touch()
+        (USERS / self.prefix).write_text(str(self.dir))
+        self._uses_privsep = True
+
+    def _leave_privsep(self):
+        """Unregister; the last set to leave removes ``/run/sshd`` if a set made it."""
+        with _machine_lock():
+            (USERS / self.prefix).unlink(missing_ok=True)
+            if _live_users():
+                return
+            if (USERS / "made-run-sshd").exists():
+                shutil.rmtree(PRIVSEP, ignore_errors=True)
+            shutil.rmtree(USERS, ignore_errors=True)
+
     def _sshd(self):
         d = self.dir / "ssh"
         d.mkdir(exist_ok=True)
@@ -183,9 +253,6 @@ class TestHosts:
             if not (d / key).exists():
                 _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key))
         shutil.copy(d / "client_key.pub", d / "authorized_keys")
-        if not Path("/run/sshd").exists():  # sshd's privilege-separation directory
-            Path("/run/sshd").mkdir(mode=0o755)
-            self._made_run_sshd = True
         lines = []
         for name in self.names:
             addr = self.addresses[name]
@@ -314,9 +381,9 @@ class TestHosts:
             _run("ip", "netns", "del", name, check=False)
         self._made_netns = []
         _run("ip", "link", "del", self.bridge, check=False)
-        if self._made_run_sshd:
-            shutil.rmtree("/run/sshd", ignore_errors=True)
-            self._made_run_sshd = False
+        if self._uses_privsep:
+            self._leave_privsep()
+            self._uses_privsep = False
         shutil.rmtree(self.dir, ignore_errors=True)
         if self.munge_dir is not None:
             shutil.rmtree(self.munge_dir, ignore_errors=True)
@@ -360,7 +427,7 @@ def main(argv=None):
     h = TestHosts(len(state["hosts"]), "SLURM_CONF" in state["env"], a.dir)
     h.prefix, h.subnet = state["prefix"], state["subnet"]
     h.bridge, h.names = f"{h.prefix}br", state["hosts"]
-    h._made_netns, h._made_run_sshd = list(state["hosts"]), state["made_run_sshd"]
+    h._made_netns, h._uses_privsep = list(state["hosts"]), state.get("uses_privsep", False)
     h.munge_dir = Path(state["munge_dir"]) if state.get("munge_dir") else None
     for pid in state["pids"].values():
         for sig in (signal.SIGTERM, signal.SIGKILL):
