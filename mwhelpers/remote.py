@@ -319,8 +319,9 @@ def _ssh_words(text):
         return ("the login was refused; set up key-based login (ssh-copy-id HOST) or an "
                 "ssh-agent: mwhelpers never asks for a password")
     if "kex_exchange_identification" in lowered:
-        return (f"its sshd closed the connection before greeting, {PROBE_TRIES} times (it may be "
-                "refusing new connections while many are starting: sshd's MaxStartups)")
+        return (f"its sshd closed the connection before greeting, {PROBE_TRIES} times (either it "
+                "refuses new connections while many are starting, sshd's MaxStartups, or it "
+                "cannot start a session at all; sshd's log on that host says which)")
     if "host key verification failed" in lowered:
         return "its host key is not known yet; run 'ssh HOST true' once in a terminal to accept it"
     return ""
