@@ -11,17 +11,21 @@ Protocol:
   command, where ``{dir}`` stands for a private temporary folder), ``env``
   (variables to set), ``cwd``, ``files`` (name -> text, written into that
   folder: the worker bootstrap, a cell's code) and ``port`` (checked free
-  before starting, or null);
+  before starting, or null) and ``heartbeat`` (seconds, or null: see below);
 * standard input, then: one command per line, ``signal N`` (to the task's
   process group), ``dump`` (SIGUSR1 to the task: Python stacks into the log),
   ``end SIG:SECONDS,...`` (escalate through those signals until the group is
-  gone), ``ping``.  End of file means the kernel or the connection is gone:
-  the group is killed at once.  SIGHUP, SIGTERM and SIGINT to the agent mean
-  the same;
+  gone), ``ping`` (answered with a ``pong`` report).  End of file means the
+  kernel or the connection is gone: the group is killed at once.  SIGHUP,
+  SIGTERM and SIGINT to the agent mean the same;
+* heartbeat: the kernel pings several times per ``heartbeat`` seconds.  A
+  network that goes silent (a cable, a switch, a paused VM: no FIN, no RST)
+  never ends standard input, so when the agent has heard nothing for
+  ``heartbeat`` seconds it kills the group by itself and says why in the log;
 * the task's output (stdout and stderr together) is the agent's standard
   output, so it reaches the kernel's log file as it is written;
 * the agent's own reports go to standard error, one per line, each starting
-  with ``@mwhelpers``: ``started PID HOSTNAME``, ``ended SIGNAME``,
+  with ``@mwhelpers``: ``started PID HOSTNAME``, ``ended SIGNAME``, ``pong``,
   ``exit CODE`` (negative: killed by that signal, as ``subprocess`` says).
 
 When the task's leader exits, what is left of its process group is killed,
@@ -96,6 +100,7 @@ class Agent:
         self.child = None
         self.lock = threading.Lock()  # one ending at a time; the exit report waits for it
         self.exited = threading.Event()
+        self.heard = time.monotonic()  # when the kernel last said anything
 
     def start(self):
         h = self.header
@@ -152,11 +157,14 @@ class Agent:
 
     def commands(self):
         for line in sys.stdin:
+            self.heard = time.monotonic()
             words = line.split()
             if not words:
                 continue
             try:
-                if words[0] == "signal":
+                if words[0] == "ping":
+                    report("pong")
+                elif words[0] == "signal":
                     kill_group(self.child.pid, int(words[1]))
                 elif words[0] == "dump":
                     os.kill(self.child.pid, signal.SIGUSR1)
@@ -169,11 +177,25 @@ class Agent:
         # End of input: the kernel, or the connection to it, is gone.
         self.end([(signal.SIGKILL, 5.0)])
 
+    def watch_heartbeat(self, limit):
+        """Kill the group once the kernel has been silent for ``limit`` seconds."""
+        while not self.exited.wait(min(1.0, limit / 4)):
+            silent = time.monotonic() - self.heard
+            if silent > limit:
+                say(f"no word from the kernel for {silent:.0f} s (its machine or the network "
+                    "between stopped answering): ending the task here")
+                self.end([(signal.SIGKILL, 5.0)])
+                return
+
     def run(self):
         code = self.start()
         if code is not None:
             return code
         threading.Thread(target=self.commands, daemon=True).start()
+        limit = self.header.get("heartbeat")
+        if limit:
+            self.heard = time.monotonic()
+            threading.Thread(target=self.watch_heartbeat, args=(float(limit),), daemon=True).start()
         code = self.child.wait()
         self.exited.set()
         with self.lock:

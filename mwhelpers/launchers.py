@@ -53,6 +53,7 @@ class Process:
     """A started process: its exit status, exit time and process tree."""
 
     remote = False  # True: its processes live on another machine (commands, not psutil)
+    lost = None  # why its launcher gave it up for lost (no word from its host), if it did
 
     def __init__(self, pid, started=None):
         self.pid = pid

@@ -39,6 +39,25 @@ PROBE_TRIES = 3
 SSH_DROPPED = ("kex_exchange_identification", "Connection reset by peer",
                "Connection closed by remote host")
 TAG = "@mwhelpers"
+# Seconds of silence after which the kernel counts a remote task as lost and its agent ends
+# it (a network that fails without closing anything); 0 turns the heartbeat off.
+HEARTBEAT_ENV = "MWHELPERS_HEARTBEAT"
+HEARTBEAT = 10.0
+
+
+def heartbeat_seconds(environ=None):
+    """The heartbeat limit from ``$MWHELPERS_HEARTBEAT`` (default 10 s; 0: off)."""
+    text = (os.environ if environ is None else environ).get(HEARTBEAT_ENV, "").strip()
+    if not text:
+        return HEARTBEAT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1
+    if value < 0 or (0 < value < 1):
+        raise UsageError(f"{HEARTBEAT_ENV}={text!r}: give the seconds of silence after which a "
+                         "remote task counts as lost (1 or more; 0 turns the heartbeat off)")
+    return value
 
 # The kernel's variables that a remote task gets (besides TF_CONFIG, mwhelpers' own
 # and --env): the ones that change what TensorFlow, Keras or Python do.
@@ -87,7 +106,7 @@ class AgentProcess(Process):
 
     remote = True
 
-    def __init__(self, popen, host, log_path):
+    def __init__(self, popen, host, log_path, heartbeat=None):
         super().__init__(popen.pid)
         self.popen = popen
         self.host = host
@@ -96,16 +115,44 @@ class AgentProcess(Process):
         self._reported_exit = None
         self._log_path = Path(log_path)
         self._send_lock = threading.Lock()
+        self._heard = None  # time.monotonic() of the agent's last report (None: not yet)
         self._reader = threading.Thread(target=self._read_reports, daemon=True,
                                         name=f"mwhelpers-agent-{popen.pid}")
         self._reader.start()
         self._start_waiter(self._wait_transport)
+        if heartbeat:
+            threading.Thread(target=self._keep_alive, args=(heartbeat,), daemon=True,
+                             name=f"mwhelpers-heartbeat-{popen.pid}").start()
+
+    # -- the heartbeat ------------------------------------------------------------------
+    def _keep_alive(self, limit):
+        """Ping the agent a few times per ``limit`` seconds; once it has been silent for
+        ``limit`` seconds (after its first report: connecting is ssh's or srun's business),
+        count the task as lost and end the transport.  The agent, hearing no ping, ends the
+        task on its host by itself."""
+        while not self._exited.wait(min(2.0, limit / 4)):
+            self._command("ping")
+            heard = self._heard
+            if heard is not None and time.monotonic() - heard > limit:
+                self.lost = (f"lost: {self.host} stopped answering for {limit:g} s; "
+                             "its agent ends the task there by itself")
+                self._mark_in_log(self.lost)
+                try:
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                return
+
+    def _mark_in_log(self, text):
+        with open(self._log_path, "a") as f:
+            f.write(f"[mwhelpers] {text}\n")
 
     # -- reports from the agent ---------------------------------------------------
     def _read_reports(self):
         for raw in self.popen.stderr:
             line = raw.decode(errors="replace").rstrip("\n")
             if line.startswith(TAG + " "):
+                self._heard = time.monotonic()
                 words = line.split()
                 if words[1] == "started" and len(words) >= 3:
                     self.remote_pid = int(words[2])
@@ -119,7 +166,7 @@ class AgentProcess(Process):
 
     def _wait_transport(self):
         code = self.popen.wait()
-        self._reader.join(10)
+        self._reader.join(10 if self.lost is None else 0.5)
         self._close_stdin()
         if self._reported_exit is not None:
             return self._reported_exit
@@ -177,9 +224,11 @@ class AgentLauncher(Launcher):
 
     kind = "remote"
 
-    def __init__(self, python=None, cwd=None):
+    def __init__(self, python=None, cwd=None, heartbeat=None):
         self.python = python or sys.executable
         self.cwd = cwd or os.getcwd()
+        # seconds of silence before a task counts as lost, both ways (0: never)
+        self.heartbeat = heartbeat_seconds() if heartbeat is None else float(heartbeat)
         self.started = []
         self.closed = False
         self.host_info = {}  # {host: what its probe found}, filled by place()
@@ -272,7 +321,7 @@ class AgentLauncher(Launcher):
         argv = [self.python, "-u", "{dir}/_bootstrap.py", *(["--cell"] if spec.cell else []),
                 script, *spec.args]
         header = {"argv": argv, "env": spec.env, "cwd": spec.cwd or self.cwd,
-                  "files": files, "port": spec.port,
+                  "files": files, "port": spec.port, "heartbeat": self.heartbeat or None,
                   "script": None if spec.cell else script}
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(spec.log_path, "wb") as logf:
@@ -280,7 +329,7 @@ class AgentLauncher(Launcher):
                 self.transport(spec.host, [self.python, "-c", AGENT_CODE]),
                 stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.PIPE,
                 start_new_session=True, env=transport_env())
-        proc = AgentProcess(popen, spec.host, spec.log_path)
+        proc = AgentProcess(popen, spec.host, spec.log_path, heartbeat=self.heartbeat)
         proc._command(json.dumps(header))
         self.started = [p for p in self.started if p.running] + [proc]
         return proc

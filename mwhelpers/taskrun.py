@@ -162,6 +162,8 @@ class TaskRun:
 
     def _exited(self, process):
         code = process.returncode
+        if process.lost:
+            self.note = self.note or process.lost
         with self._lock:
             self._state = "done" if code == 0 else "killed" if code < 0 else "failed"
         self.mark("exit", self.outcome(), at=process.ended_wall)

@@ -1,9 +1,13 @@
 """The task agent on its own, as ssh or srun would run it: header in, reports out."""
 
 import json
+import re
 import socket
 import subprocess
 import sys
+import time
+
+import pytest
 
 from mwhelpers.remote import AGENT_CODE
 
@@ -64,3 +68,54 @@ def test_a_missing_interpreter_and_folder_are_named(tmp_path):
     assert code == 127 and "no Python at /nonexistent/python3 on this host" in out
     code, out, _ = run_agent({"argv": [sys.executable, "x.py"], "cwd": "/nonexistent/dir"}, tmp_path)
     assert code == 127 and "the working directory /nonexistent/dir does not exist here" in out
+
+
+def test_a_silent_kernel_ends_the_task_after_the_heartbeat(tmp_path):
+    # The lifeline stays open but nothing comes through it, as when the network goes silent.
+    task = "import time; print('up', flush=True); time.sleep(60)"
+    code, out, err = run_agent({"argv": [sys.executable, "-c", task], "cwd": str(tmp_path),
+                                "heartbeat": 1}, tmp_path, timeout=15)
+    assert code == 128 + 9 and "@mwhelpers ended SIGKILL" in err, (out, err)
+    assert "no word from the kernel for 1 s" in out and "ending the task here" in out
+
+
+def test_pings_keep_the_task_alive_and_are_answered(tmp_path):
+    task = "import time; time.sleep(2.5); print('done', flush=True)"
+    proc = subprocess.Popen([sys.executable, "-c", AGENT_CODE], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdin.write(json.dumps({"argv": [sys.executable, "-c", task], "cwd": str(tmp_path),
+                                 "heartbeat": 1}) + "\n")
+    proc.stdin.flush()
+    sent, deadline = 0, time.monotonic() + 10
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:  # 4 pings per heartbeat
+            try:
+                proc.stdin.write("ping\n")
+                proc.stdin.flush()
+                sent += 1
+            except BrokenPipeError:  # the agent ended between the check and the write
+                break
+            time.sleep(0.25)
+        out, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # 2.5 s of task under a 1 s heartbeat: alive only thanks to the pings, each answered
+    assert out == "done\n" and err.splitlines()[-1] == "@mwhelpers exit 0", (out, err)
+    assert sent >= 8 and err.count("@mwhelpers pong") >= sent - 1
+
+
+def test_a_bad_heartbeat_setting_is_refused_with_what_to_give(monkeypatch):
+    from mwhelpers.errors import UsageError
+    from mwhelpers.remote import SSHLauncher
+
+    for bad in ("ten", "-1", "0.5"):
+        monkeypatch.setenv("MWHELPERS_HEARTBEAT", bad)
+        with pytest.raises(UsageError, match=rf"MWHELPERS_HEARTBEAT='{re.escape(bad)}': give the "
+                                             "seconds of silence .* 0 turns the heartbeat off"):
+            SSHLauncher()
+    monkeypatch.setenv("MWHELPERS_HEARTBEAT", "0")
+    assert SSHLauncher().heartbeat == 0
+    monkeypatch.delenv("MWHELPERS_HEARTBEAT")
+    assert SSHLauncher().heartbeat == 10

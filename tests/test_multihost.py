@@ -269,6 +269,53 @@ def test_a_dropped_connection_ends_the_remote_program(remote_rt, env):
     print(f"remote program gone {time.monotonic() - t:.2f} s after the drop was noticed")
 
 
+@contextlib.contextmanager
+def link_down(hosts, name):
+    """``name``'s network link taken down from outside, as a pulled cable: nothing is
+    closed, no FIN or RST is sent, packets just stop.  Up again afterwards."""
+    veth = f"{hosts.prefix}v{hosts.names.index(name) + 1}"
+    subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+        deadline = time.monotonic() + 20
+        while hosts.ssh(name, "true", timeout=15).returncode != 0:
+            assert time.monotonic() < deadline, f"{name} did not answer again after its link came up"
+            time.sleep(0.2)
+
+
+def host_task_pids(hosts, name):
+    return [p for p in task_pids(hosts) if p in hosts.netns_pids(name)]
+
+
+def test_a_silent_partition_ends_the_remote_task_and_the_kernel_marks_it_lost(remote_rt, env):
+    from mwhelpers.failures import Failure
+
+    h1, h2 = env.names
+    remote_rt.define_cluster(2, hosts=[h1, h2])
+    runs = [remote_rt.launch(t, code=STUBBORN, background=True, ready="start")
+            for t in ("worker:0", "worker:1")]
+    deadline = time.monotonic() + 15
+    while len(host_task_pids(env, h1)) < 2 or any(r.process.remote_pid is None for r in runs):
+        assert time.monotonic() < deadline, task_pids(env)
+        time.sleep(0.05)
+    with link_down(env, h1):
+        t0 = time.monotonic()
+        while host_task_pids(env, h1) and time.monotonic() - t0 < 20:
+            time.sleep(0.2)
+        gone_after = time.monotonic() - t0
+        assert not host_task_pids(env, h1), "the task outlived a silent partition by 20 s"
+        assert runs[0].wait(max(0.1, 20 - gone_after)) is not None
+        lost_after = runs[0].ended - t0
+    lost = runs[0]
+    assert lost.state == "killed" and f"lost: {h1} stopped answering for 10 s" in lost.outcome()
+    assert Failure.of(lost).is_fault  # supervise restarts it
+    assert any("stopped answering" in ln for ln in lost.lines())
+    assert runs[1].running  # the other host's task is untouched
+    print(f"kernel marked it lost after {lost_after:.1f} s; gone on {h1} after {gone_after:.1f} s")
+
+
 def test_a_killed_kernel_leaves_nothing_on_the_hosts(env, tmp_path):
     from test_kernel import Kernel
 
