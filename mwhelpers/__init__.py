@@ -15,7 +15,9 @@ _LAZY = {
     "load_mnist": "data", "avoid_teardown_stall": "tfdata",
     "Failure": "failures", "LaunchRequest": "taskrun",
     "MWHelpersError": "errors", "UsageError": "errors", "WorkerError": "errors",
-    "WorkerFailed": "errors", "WorkerTimeout": "errors",
+    "WorkerFailed": "errors", "WorkerTimeout": "errors", "InfrastructureError": "errors",
+    "register_backend": "backends", "available_backends": "backends", "Launcher": "launchers",
+    "Process": "launchers", "Placement": "launchers", "LaunchSpec": "launchers",
     "versions": "versions", "tensorflow_distributions": "versions",
     "Results": "results", "read_results": "results",
 }

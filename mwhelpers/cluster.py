@@ -97,9 +97,12 @@ class Cluster:
     """A cluster of tasks and their ports.
 
     Local (default): every task on ``host`` at a port reserved on this machine.
-    On other machines: ``placement`` gives ``{task: (host, address, port)}``,
-    where ``host`` is how the launcher reaches it (an SSH destination, a Slurm
-    node) and ``address`` is what TF_CONFIG names (reachable by the others).
+    Placed by a backend: ``placement`` gives ``{task: (host, address, port[, hold])}``
+    (:class:`mwhelpers.launchers.Placement`), where ``host`` is how the backend reaches
+    it (an SSH destination, a Slurm node; None: this machine), ``address`` is what
+    TF_CONFIG names (reachable by the others) and ``hold`` keeps the port reserved until
+    :meth:`close`.  ``kind`` names the backend; ``remote``: its tasks run elsewhere
+    (default: any backend but ``local``).
 
     >>> c = Cluster(workers=2)
     >>> c.tf_config("worker:1")   # the exact JSON worker 1 gets
@@ -108,7 +111,8 @@ class Cluster:
     def __init__(self, workers: int = 2, chief: bool = False, ps: int = 0, evaluator: bool = False,
                  host: str = "localhost",
                  placement: dict[Task, tuple[str | None, str, int]] | None = None,
-                 kind: str = "local", gpus: dict[Task, str] | None = None) -> None:
+                 kind: str = "local", gpus: dict[Task, str] | None = None,
+                 remote: bool | None = None) -> None:
         self.host = host
         # {task: "0,1"}: each task's CUDA_VISIBLE_DEVICES (mwhelpers.gpus.assign); None: not set
         self.gpus = dict(gpus) if gpus else None
@@ -117,14 +121,18 @@ class Cluster:
         for t in self.tasks:
             self.jobs[t.type] = self.jobs.get(t.type, 0) + 1
         self.kind = kind
+        self._remote = kind != "local" if remote is None else bool(remote)
         self._closed = False
         if placement is None:
             self._reservations = reserve_ports(len(self.tasks))
             self._ports = {t: r.port for t, r in zip(self.tasks, self._reservations, strict=True)}
             self._places = {t: (None, host, self._ports[t]) for t in self.tasks}
         else:
-            self._reservations = []
-            self._places = {t: tuple(placement[t]) for t in self.tasks}
+            self._places = {t: tuple(placement[t])[:3] for t in self.tasks}
+            self._reservations = [placement[t][3] for t in self.tasks
+                                  if len(placement[t]) > 3 and placement[t][3] is not None]
+            if not self._remote:
+                self.host = self._places[self.tasks[0]][1]
             self._ports = {t: p[2] for t, p in self._places.items()}
 
     # -- queries -------------------------------------------------------------
@@ -172,7 +180,7 @@ class Cluster:
 
     @property
     def remote(self):
-        return self.kind != "local"
+        return self._remote
 
     @property
     def ports(self) -> dict[Task, int]:

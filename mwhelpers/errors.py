@@ -19,6 +19,13 @@ class UsageError(MWHelpersError, ValueError):
     """Bad input (a task name, an option, a signal...). Nothing was changed."""
 
 
+class InfrastructureError(MWHelpersError, RuntimeError):
+    """A machine, a connection or an allocation failed, not the input: a host that does
+    not answer or refuses the login, no Python or no working folder there, no Slurm
+    allocation, ``ssh`` or ``srun`` missing here.  Nothing was changed; fixing the
+    infrastructure and running the same call again is what to do."""
+
+
 class WorkerError(MWHelpersError, RuntimeError):
     """A worker task failed or had to be ended."""
 

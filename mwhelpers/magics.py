@@ -1,7 +1,7 @@
 """The IPython magics: a thin layer over the public API of :class:`mwhelpers.workers.Runtime`.
 
     %cluster [N] [--chief] [--ps K] [--evaluator] [--hosts H1,H2,... | --slurm [--job ID]]
-             [--python PATH] [--cwd DIR] [--gpus-per-task K]
+             [--backend NAME] [--option K=V ...] [--python PATH] [--cwd DIR] [--gpus-per-task K]
     %%worker [TASK] [--bg] [--timeout S] [--log PATH] [--ready port|start] [--env K=V ...]
              [--no-stall-fix] [--verbose]
     %worker  [TASK] [options] SCRIPT [ARGS...]
@@ -27,6 +27,9 @@ from .live import LiveViews
 from .proctree import parse_signal
 from .workers import BG_ENV, runtime
 
+# define_cluster's arguments that %cluster gives with flags of their own
+_OWN_FLAGS = ("workers", "chief", "ps", "evaluator", "hosts", "slurm", "job", "python", "cwd",
+              "gpus_per_task", "backend")
 _WORKER_OPTIONS = ("--bg, --timeout S, --log PATH, --ready port|start, --env K=V, "
                    "--no-stall-fix, --verbose")
 
@@ -136,6 +139,12 @@ class WorkerMagics(Magics):
               help="the folder remote tasks start in (default: the kernel's)")
     @argument("--gpus-per-task", type=int, default=None, metavar="K",
               help="give each task K GPUs of its host of its own (CUDA_VISIBLE_DEVICES)")
+    @argument("--backend", default=None, metavar="NAME",
+              help="how the tasks are started: local, ssh, slurm, or a backend a package "
+                   "registered (default: local; --hosts alone means ssh, --slurm means slurm)")
+    @argument("--option", action="append", default=[], metavar="K=V",
+              help="an option of the backend, repeatable (--hosts, --job, --python and --cwd "
+                   "are options too)")
     def cluster(self, line):
         """Define the cluster, or show the current one; returns it (``c = %cluster 2``).
 
@@ -153,13 +162,23 @@ class WorkerMagics(Magics):
             return self.rt.cluster
         a = _parse(self.cluster, line)
         workers = 2 if a.workers is None else a.workers
-        if a.job and not a.slurm:
+        with_slurm = a.slurm or a.backend == "slurm"
+        if a.job and not with_slurm:
             raise UsageError("--job goes with --slurm")
-        slurm = (a.job or True) if a.slurm else None
+        slurm = (a.job or True) if with_slurm else None
+        options = {}
+        for item in a.option:
+            key, eq, value = item.partition("=")
+            if not eq or not key.isidentifier():
+                raise UsageError(f"--option takes NAME=VALUE (an option of the backend), "
+                                 f"got {item!r}")
+            if key in _OWN_FLAGS:
+                raise UsageError(f"{key} has a flag of its own: --{key.replace('_', '-')}")
+            options[key] = value
         # Returned, not displayed: shown as the cell's result, or kept by ``c = %cluster 2``.
         return self.rt.define_cluster(workers, chief=a.chief, ps=a.ps, evaluator=a.evaluator,
                                       hosts=a.hosts, slurm=slurm, python=a.python, cwd=a.cwd,
-                                      gpus_per_task=a.gpus_per_task)
+                                      gpus_per_task=a.gpus_per_task, backend=a.backend, **options)
 
     @line_cell_magic
     def worker(self, line, cell=None):

@@ -27,9 +27,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .errors import UsageError
+from . import proctree
+from .errors import InfrastructureError, UsageError
+from .failures import describe_exit
 from .gpus import visible_gpus
-from .launchers import BOOTSTRAP, Launcher, Process
+from .launchers import BOOTSTRAP, Launcher, Placement, Process
 
 AGENT_CODE = Path(__file__).with_name("_agent.py").read_text()
 # The files the worker start-up loads beside itself, sent with it to every host.
@@ -104,14 +106,11 @@ def forwarded_env(environ):
 class AgentProcess(Process):
     """A task on another machine, seen through the transport process running its agent."""
 
-    remote = True
-
     def __init__(self, popen, host, log_path, heartbeat=None):
         super().__init__(popen.pid)
         self.popen = popen
         self.host = host
         self.remote_pid = None
-        self.ended_by = None  # signal name the agent reported ending it with
         self._reported_exit = None
         self._log_path = Path(log_path)
         self._send_lock = threading.Lock()
@@ -209,6 +208,29 @@ class AgentProcess(Process):
         """Close the lifeline: the agent kills the task."""
         self._close_stdin()
 
+    def end(self, escalation=proctree.DEFAULT_ESCALATION, who=""):
+        """The agent escalates on its host; when it does not answer, the lifeline is
+        closed and the transport killed, and the agent ends the task when it notices (end
+        of input, or the heartbeat)."""
+        if not self.running:
+            return []
+        name = who or self.describe()
+        self.request_end(escalation)
+        self.wait(sum(t for _, t in escalation) + 5)
+        if self.running:
+            self.disconnect()
+            self.wait(3)
+        if self.running:
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            self.wait(2)
+            return [f"could NOT end {name} ({self.describe()}): its agent did not answer; its "
+                    "connection was cut, and the agent ends the task when it notices"]
+        how = self.ended_by or describe_exit(self.returncode)
+        return [f"ended {name}: {self.describe()} with {how}"]
+
     @property
     def label(self):
         pid = self.remote_pid if self.remote_pid is not None else "?"
@@ -219,14 +241,29 @@ class AgentProcess(Process):
         return f"pid {pid} on {self.host}"
 
 
+def host_list(hosts, what="hosts"):
+    """``"a,b"`` or ``["a", "b"]`` -> ``["a", "b"]``, refusing empty names."""
+    if isinstance(hosts, str):
+        hosts = hosts.split(",")
+    hosts = [str(h).strip() for h in (hosts or [])]
+    if not hosts or not all(hosts):
+        raise UsageError(f"{what} must name the machines to run on (a list, or H1,H2), "
+                         f"got {hosts!r}")
+    return hosts
+
+
 class AgentLauncher(Launcher):
-    """Runs tasks through an agent on hosts reached by a transport command."""
+    """Runs tasks through an agent on hosts reached by a transport command.
 
-    kind = "remote"
+    A subclass gives :meth:`transport`, :meth:`address_of` and :meth:`explain`
+    (and ``name`` and ``options``, as every backend): it is a whole backend."""
 
-    def __init__(self, python=None, cwd=None, heartbeat=None):
+    remote = True
+
+    def __init__(self, python=None, cwd=None, heartbeat=None, hosts=None):
         self.python = python or sys.executable
         self.cwd = cwd or os.getcwd()
+        self.hosts = host_list(hosts)
         # seconds of silence before a task counts as lost, both ways (0: never)
         self.heartbeat = heartbeat_seconds() if heartbeat is None else float(heartbeat)
         self.started = []
@@ -243,7 +280,7 @@ class AgentLauncher(Launcher):
         raise NotImplementedError
 
     def explain(self, host, code, err):
-        """A UsageError for a failed probe of ``host``."""
+        """The error (an :class:`InfrastructureError`) for a failed probe of ``host``."""
         raise NotImplementedError
 
     def transient(self, code, err):
@@ -259,10 +296,10 @@ class AgentLauncher(Launcher):
                 done = subprocess.run(self.transport(host, argv), stdin=subprocess.DEVNULL,
                                       capture_output=True, timeout=timeout, env=transport_env())
             except FileNotFoundError as e:
-                raise UsageError(f"{e.filename} is not installed on this machine") from None
+                raise InfrastructureError(f"{e.filename} is not installed on this machine") from None
             except subprocess.TimeoutExpired:
-                raise UsageError(f"{host} did not answer within {timeout} s; check that "
-                                 f"{self.describe_reach(host)} works from this machine") from None
+                raise InfrastructureError(f"{host} did not answer within {timeout} s; check that "
+                                          f"{self.describe_reach(host)} works from this machine") from None
             out, err = done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
             if attempt == PROBE_TRIES or not self.transient(done.returncode, err):
                 break
@@ -274,11 +311,11 @@ class AgentLauncher(Launcher):
         if done.returncode != 0 or info is None:
             raise self.explain(host, done.returncode, (err + out).strip())
         if not info["cwd_ok"]:
-            raise UsageError(
+            raise InfrastructureError(
                 f"the working directory {self.cwd} does not exist on {host}; tasks start there. "
                 "Use a folder every host has (a shared home), or give the cluster one (cwd=...)")
         if len(info["ports"]) < count:
-            raise UsageError(f"{host} has fewer than {count} free ports in {low}-{high}; "
+            raise InfrastructureError(f"{host} has fewer than {count} free ports in {low}-{high}; "
                              "set MWHELPERS_PORT_RANGE to another range")
         info["address"] = self.address_of(host, info)
         return info
@@ -289,10 +326,11 @@ class AgentLauncher(Launcher):
             futures = {h: pool.submit(self.probe, h, counts[h], port_range) for h in hosts}
             return {h: f.result() for h, f in futures.items()}
 
-    def place(self, tasks, hosts, port_range):
-        """``{task: (host, address, port)}``: task i on host i mod len(hosts), each with a
-        port free on its host and used by no other task of the cluster (so tasks cannot
-        collide even where two hosts share an address)."""
+    def place(self, tasks, port_range):
+        """``{task: Placement}``: task i on host i mod len(hosts), each with a port free on
+        its host and used by no other task of the cluster (so tasks cannot collide even
+        where two hosts share an address)."""
+        hosts = self.hosts
         place = {t: hosts[i % len(hosts)] for i, t in enumerate(tasks)}
         wanted = {h: 2 * len(tasks) for h in dict.fromkeys(place.values())}
         info = self.probe_all(list(wanted), wanted, port_range)
@@ -302,8 +340,15 @@ class AgentLauncher(Launcher):
             h = place[t]
             port = next(p for p in info[h]["ports"] if p not in used)
             used.add(port)
-            placement[t] = (h, info[h]["address"], port)
+            placement[t] = Placement(h, info[h]["address"], port)
         return placement
+
+    def task_env(self, environ):
+        # Another machine gets the variables that matter, not this one's whole environment.
+        return forwarded_env(environ)
+
+    def host_gpus(self):
+        return {h: info.get("gpus", []) for h, info in self.host_info.items()}
 
     def describe_reach(self, host):
         return f"reaching {host}"
@@ -320,7 +365,8 @@ class AgentLauncher(Launcher):
             script = "{dir}/cell.py"
         argv = [self.python, "-u", "{dir}/_bootstrap.py", *(["--cell"] if spec.cell else []),
                 script, *spec.args]
-        header = {"argv": argv, "env": spec.env, "cwd": spec.cwd or self.cwd,
+        spec.cwd = spec.cwd or self.cwd
+        header = {"argv": argv, "env": spec.env, "cwd": spec.cwd,
                   "files": files, "port": spec.port, "heartbeat": self.heartbeat or None,
                   "script": None if spec.cell else script}
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -335,23 +381,9 @@ class AgentLauncher(Launcher):
         return proc
 
     def close(self):
-        """End what still runs (SIGKILL through each agent), then wait a little."""
+        """End what still runs (SIGKILL through each agent)."""
         self.closed = True
-        live = [p for p in self.started if p.running]
-        for p in live:
-            p.request_end(((signal.SIGKILL, 3.0),))
-        deadline = time.monotonic() + 8
-        for p in live:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        for p in live:
-            if p.running:  # the agent did not answer: drop the lifeline, then the transport
-                p.disconnect()
-                p.wait(3)
-            if p.running:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        super().close()
 
 
 def _ssh_words(text):
@@ -385,12 +417,16 @@ class SSHLauncher(AgentLauncher):
     instead of waiting for a prompt nobody sees.
     """
 
-    kind = "ssh"
+    name = "ssh"
+    options = {"hosts": "the SSH hosts, a list or H1,H2 (alias, user@host, address)",
+               "python": "the tasks' interpreter there (default: the kernel's)",
+               "cwd": "the folder tasks start in there (default: the kernel's)",
+               "ssh": "the ssh command (default ssh, or $MWHELPERS_SSH)"}
     OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
                "-o", "ServerAliveCountMax=3", "-T")
 
-    def __init__(self, python=None, cwd=None, ssh=None):
-        super().__init__(python, cwd)
+    def __init__(self, hosts=None, python=None, cwd=None, ssh=None):
+        super().__init__(python, cwd, hosts=hosts)
         if ssh is None:
             ssh = os.environ.get("MWHELPERS_SSH", "ssh")
         self.ssh = shlex.split(ssh) if isinstance(ssh, str) else list(ssh)
@@ -418,11 +454,11 @@ class SSHLauncher(AgentLauncher):
         last = err.strip().splitlines()[-1] if err.strip() else ""
         if code == 255:
             why = _ssh_words(err) or "ssh failed"
-            return UsageError(f"cannot use host {host!r}: {why}.\n  ssh said: {last}\n"
+            return InfrastructureError(f"cannot use host {host!r}: {why}.\n  ssh said: {last}\n"
                               f"  Check that {self.describe_reach(host)} works from this machine.")
         if code == 127 or "no such file" in err.lower():
-            return UsageError(
+            return InfrastructureError(
                 f"no Python at {self.python} on {host} (ssh said: {last}). Install the same "
                 "environment on every host, or name the interpreter for this cluster "
                 "(%cluster ... --python PATH, or define_cluster(..., python=PATH))")
-        return UsageError(f"probing {host} with {self.python} failed (exit {code}): {last}")
+        return InfrastructureError(f"probing {host} with {self.python} failed (exit {code}): {last}")

@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .errors import UsageError
+from .errors import InfrastructureError, UsageError
 from .remote import AgentLauncher
 
 HOW_TO_ALLOCATE = (
@@ -37,10 +37,12 @@ HOW_TO_ALLOCATE = (
 
 def _scontrol(*args):
     if shutil.which("scontrol") is None:
-        raise UsageError("Slurm's client commands (scontrol, srun) are not installed on this machine")
+        raise InfrastructureError("Slurm's client commands (scontrol, srun) are not installed "
+                                  "on this machine")
     done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
-        raise UsageError(f"scontrol {' '.join(args)} failed: {done.stderr.strip() or done.stdout.strip()}")
+        said = done.stderr.strip() or done.stdout.strip()
+        raise InfrastructureError(f"scontrol {' '.join(args)} failed: {said}")
     return done.stdout
 
 
@@ -57,7 +59,7 @@ def job_nodes(job):
     """The nodes of running job ``job``, in Slurm's order."""
     info = _fields(_scontrol("show", "job", "-o", str(job)))
     if info.get("JobState") != "RUNNING":
-        raise UsageError(f"Slurm job {job} is {info.get('JobState', 'unknown').lower()}, not "
+        raise InfrastructureError(f"Slurm job {job} is {info.get('JobState', 'unknown').lower()}, not "
                          f"running; {HOW_TO_ALLOCATE}")
     return hostnames(info["NodeList"])
 
@@ -74,20 +76,23 @@ def node_addresses(nodes):
 class SlurmLauncher(AgentLauncher):
     """Tasks as one-task job steps of a Slurm allocation."""
 
-    kind = "slurm"
+    name = "slurm"
+    options = {"job": "the allocation's job id (default: $SLURM_JOB_ID)",
+               "python": "the tasks' interpreter on the nodes (default: the kernel's)",
+               "cwd": "the folder tasks start in there (default: the kernel's)"}
 
-    def __init__(self, python=None, cwd=None, job=None, environ=None):
-        super().__init__(python, cwd)
+    def __init__(self, job=None, python=None, cwd=None, environ=None):
         environ = os.environ if environ is None else environ
         job = job if job not in (None, True, "") else environ.get("SLURM_JOB_ID")
         if not job:
-            raise UsageError("this kernel is not inside a Slurm allocation (SLURM_JOB_ID is not "
-                             f"set): {HOW_TO_ALLOCATE}")
+            raise InfrastructureError("this kernel is not inside a Slurm allocation (SLURM_JOB_ID "
+                                      f"is not set): {HOW_TO_ALLOCATE}")
         if shutil.which("srun") is None:
-            raise UsageError("srun is not installed on this machine; Slurm clusters need "
-                             "Slurm's client commands where the kernel runs")
+            raise InfrastructureError("srun is not installed on this machine; Slurm clusters "
+                                      "need Slurm's client commands where the kernel runs")
         self.job = str(job)
         self.nodes = job_nodes(self.job)
+        super().__init__(python, cwd, hosts=self.nodes)
         self.addresses = node_addresses(self.nodes)
 
     def transport(self, host, argv):
@@ -104,9 +109,9 @@ class SlurmLauncher(AgentLauncher):
     def explain(self, host, code, err):
         last = err.strip().splitlines()[-1] if err.strip() else ""
         if code == 127 or "no such file" in err.lower() or "execve" in err.lower():
-            return UsageError(f"no Python at {self.python} on node {host} ({last}); install "
+            return InfrastructureError(f"no Python at {self.python} on node {host} ({last}); install "
                               "the same environment on every node or name one (python=...)")
-        return UsageError(f"cannot start a job step on node {host} of job {self.job} "
+        return InfrastructureError(f"cannot start a job step on node {host} of job {self.job} "
                           f"(exit {code}): {last}")
 
 

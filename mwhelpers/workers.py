@@ -24,6 +24,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +32,16 @@ import psutil
 
 from . import failures as failure_records
 from . import proctree, results, stacks
+from .backends import create_backend
 from .cluster import Cluster, Task, job_tasks, parse_task
 from .diagnosis import explain_failure, explain_stuck
 from .errors import UsageError, WorkerFailed, WorkerTimeout
-from .failures import Failure, describe_exit
-from .gpus import assign, check_per_task, visible_gpus
-from .launchers import LaunchSpec, LocalLauncher
+from .failures import Failure
+from .gpus import assign, check_per_task
+from .launchers import LaunchSpec, end_local, end_together
 from .logs import LogFollower, QuietFilter
 from .ports import holder_of, port_in_use, port_range
 from .precheck import check
-from .remote import forwarded_env
 from .status import StatusTable
 from .taskrun import LaunchRequest, TaskRun, parse_timeout
 from .tfdata import STALL_FIX_ENV, stall_fix_wanted
@@ -97,7 +98,7 @@ class Runtime:
     """Launches and tracks the task processes of one kernel (or script)."""
 
     def __init__(self, log_dir: str | os.PathLike | None = None,
-                 echo: Callable[[str], None] = _print, launcher: Any = None) -> None:
+                 echo: Callable[[str], None] = _print) -> None:
         self._log_dir = Path(log_dir) if log_dir else None
         self.echo = echo
         self.cluster = None
@@ -108,9 +109,8 @@ class Runtime:
         self._marks = LogMarks()  # stamps epoch and step lines for the timeline
         self._cluster_from = 0  # index in history of the current cluster's first run
         self._lock = threading.RLock()
-        self.launcher = launcher or LocalLauncher()  # tasks on this machine
-        self.remote_launcher = None  # the current cluster's, when it runs elsewhere
-        self._launchers = [self.launcher]
+        self.launcher = None  # the current cluster's backend (mwhelpers.backends)
+        self._launchers = []  # it, for the finalizer
         self.session = claim_session()
         # The end-of-fit stall fix in every worker (tfdata.py); per launch: stall_fix=.
         self.stall_fix = stall_fix_wanted(os.environ)
@@ -129,7 +129,7 @@ class Runtime:
             if self.cluster is not None:
                 self.cluster.close()
         self._finalizer()
-        self.remote_launcher = None
+        self.launcher = None
 
     @property
     def closed(self):
@@ -166,24 +166,39 @@ class Runtime:
         return [r for r in self.runs.values() if r.running]
 
     def define_cluster(self, workers: int = 2, chief: bool = False, ps: int = 0,
-                       evaluator: bool = False, host: str = "localhost",
+                       evaluator: bool = False, host: str | None = None,
                        hosts: str | Sequence[str] | None = None, slurm: bool | str | None = None,
                        python: str | None = None, cwd: str | None = None, ssh: str | None = None,
-                       gpus_per_task: int | None = None) -> Cluster:
-        """Replace the current cluster (its ports are released).
+                       gpus_per_task: int | None = None, backend: str | None = None,
+                       **options: Any) -> Cluster:
+        """Replace the current cluster (its ports are released, its backend closed).
 
-        Local by default.  ``hosts=["node1", "me@node2", ...]``: tasks are
-        placed over these SSH hosts in turn (task i on host i mod len(hosts)),
-        ports are chosen free on each host, and TF_CONFIG names the address
-        each host was reached at.  ``slurm=True`` (or a job id): the same over
-        the nodes of the Slurm allocation this kernel is in.  ``python`` and
-        ``cwd`` (default: the kernel's) are the interpreter and folder of the
-        remote tasks; ``ssh`` replaces the ssh command (default ``ssh`` or
-        ``$MWHELPERS_SSH``).  ``gpus_per_task=K``: each task gets K GPUs of its host of its
-        own, as ``CUDA_VISIBLE_DEVICES`` (see :mod:`mwhelpers.gpus`); UsageError when a
-        host has too few.
+        ``backend`` names how the tasks are started (:mod:`mwhelpers.backends`):
+        ``"local"`` (default: this machine, TF_CONFIG naming ``host``, default
+        localhost), ``"ssh"``, ``"slurm"`` or one a package registered; the other
+        keyword arguments are that backend's options.  Short forms:
+        ``hosts=["node1", "me@node2", ...]`` is ``backend="ssh"`` (tasks placed over
+        these SSH hosts in turn, task i on host i mod len(hosts), ports chosen free on
+        each host, TF_CONFIG naming the address each host was reached at);
+        ``slurm=True`` (or a job id) is ``backend="slurm"`` over the nodes of the
+        allocation this kernel is in.  ``python`` and ``cwd`` (default: the kernel's)
+        are the interpreter and folder of tasks on other machines; ``ssh`` replaces the
+        ssh command (default ``ssh`` or ``$MWHELPERS_SSH``).  ``gpus_per_task=K``:
+        each task gets K GPUs of its host of its own, as ``CUDA_VISIBLE_DEVICES``
+        (see :mod:`mwhelpers.gpus`); UsageError when a host has too few.  A host that
+        cannot be used raises :class:`~mwhelpers.errors.InfrastructureError`.
         """
         check_per_task(gpus_per_task)
+        if hosts and slurm:
+            raise UsageError("give either hosts (SSH) or slurm, not both")
+        name = backend or ("slurm" if slurm else "ssh" if hosts else "local")
+        options = {"host": host, "hosts": hosts, "python": python, "cwd": cwd, "ssh": ssh,
+                   **options}
+        if slurm:
+            if name != "slurm":
+                raise UsageError(f"slurm= goes with the slurm backend, not {name!r}")
+            options["job"] = slurm
+        tasks = job_tasks(workers, chief, ps, evaluator)
         with self._lock:
             busy = self.running_runs()
             if busy:
@@ -192,63 +207,32 @@ class Runtime:
                     + ", ".join(str(r.task) for r in busy)
                     + "); end them first (%killbgscripts or %waitworkers)"
                 )
-            if hosts or slurm:
-                new, launcher = self._remote_cluster(workers, chief, ps, evaluator, hosts, slurm,
-                                                     python, cwd, ssh, gpus_per_task)
-            else:
-                if python or cwd or ssh:
-                    raise UsageError("python=, cwd= and ssh= are for clusters on other hosts "
-                                     "(hosts=[...] or slurm=True)")
+            launcher = create_backend(name, options)
+            placement = {}
+            try:
+                placement = launcher.place(tasks, port_range())
                 gpus = None
                 if gpus_per_task:
-                    tasks = job_tasks(workers, chief, ps, evaluator)
-                    gpus = assign(dict.fromkeys(tasks), {None: visible_gpus()}, gpus_per_task)
-                new, launcher = Cluster(workers=workers, chief=chief, ps=ps, evaluator=evaluator,
-                                        host=host, gpus=gpus), None
-            if self.cluster is not None:
-                self.cluster.close()
-            if self.remote_launcher is not None:
-                self.remote_launcher.close()
-                self._launchers.remove(self.remote_launcher)
-            self.cluster, self.remote_launcher = new, launcher
-            self._cluster_from = len(self.history)
-            if launcher is not None:
-                self._launchers.append(launcher)
-            self.runs = {}
-            return new
-
-    def _remote_cluster(self, workers, chief, ps, evaluator, hosts, slurm, python, cwd, ssh,
-                        gpus_per_task=None):
-        from .remote import SSHLauncher
-        from .slurm import SlurmLauncher
-
-        tasks = job_tasks(workers, chief, ps, evaluator)
-        if hosts and slurm:
-            raise UsageError("give either hosts (SSH) or slurm, not both")
-        if hosts:
-            if isinstance(hosts, str):
-                hosts = hosts.split(",")
-            hosts = [str(h).strip() for h in hosts]
-            if not hosts or not all(hosts):
-                raise UsageError(f"hosts must name SSH destinations (host, user@host, an alias), "
-                                 f"got {hosts!r}")
-            launcher = SSHLauncher(python=python, cwd=cwd, ssh=ssh)
-        else:
-            launcher = SlurmLauncher(python=python, cwd=cwd, job=slurm)
-            hosts = launcher.nodes
-        placement = launcher.place(tasks, hosts, port_range())
-        gpus = None
-        if gpus_per_task:
-            try:
-                gpus = assign({t: placement[t][0] for t in tasks},
-                              {h: info.get("gpus", []) for h, info in launcher.host_info.items()},
-                              gpus_per_task)
-            except UsageError:
+                    gpus = assign({t: placement[t][0] for t in tasks}, launcher.host_gpus(),
+                                  gpus_per_task)
+                new = Cluster(workers=workers, chief=chief, ps=ps, evaluator=evaluator,
+                              placement=placement, kind=name, gpus=gpus, remote=launcher.remote)
+            except BaseException:
+                for place in placement.values():
+                    if len(place) > 3 and place[3] is not None:
+                        place[3].release()
                 launcher.close()
                 raise
-        cluster = Cluster(workers=workers, chief=chief, ps=ps, evaluator=evaluator,
-                          placement=placement, kind=launcher.kind, gpus=gpus)
-        return cluster, launcher
+            if self.cluster is not None:
+                self.cluster.close()
+            if self.launcher is not None:
+                self.launcher.close()
+                self._launchers.remove(self.launcher)
+            self.cluster, self.launcher = new, launcher
+            self._launchers.append(launcher)
+            self._cluster_from = len(self.history)
+            self.runs = {}
+            return new
 
     def ensure_cluster(self):
         if self.cluster is None:
@@ -341,8 +325,7 @@ class Runtime:
             except OSError:
                 return
             path, folders = request.script, [str(Path(request.script).parent)]
-        same_python = self.cluster.host_of(task) is None or \
-            getattr(self.remote_launcher, "python", None) == sys.executable
+        same_python = self.launcher.python == sys.executable
         keras_version, tf_version = (installed("keras"), installed("tensorflow")) \
             if same_python else (None, None)
         env = {**os.environ, **request.env}
@@ -410,20 +393,17 @@ class Runtime:
         if ready == "auto":
             ready = "port" if task.type in SERVER_JOBS else "start"
         host = self.cluster.host_of(task)
-        # Another machine gets the variables that matter, not the kernel's whole environment,
-        # and starts in the folder its launcher names.
-        base = None if host is None else forwarded_env(os.environ)
+        # The backend says what a task's environment starts from (another machine gets the
+        # variables that matter, not the kernel's whole environment) and fills in its folder.
+        base = self.launcher.task_env(os.environ)
         spec = LaunchSpec(script=str(Path(script).resolve()), args=list(request.args),
                           env=self.child_env(task, request.env, request.stall_fix, attempt, base),
                           log_path=Path(log_path), cell=request.code is not None,
-                          cwd=os.getcwd() if host is None else None, host=host,
-                          port=self.cluster.port(task))
-        launcher = self.launcher if host is None else self.remote_launcher
-        process = launcher.start(spec)
+                          host=host, port=self.cluster.port(task))
+        process = self.launcher.start(spec)
         run = TaskRun(task, process, spec.log_path, self.cluster.port(task),
                       self.cluster.address(task), ready, spec.script, attempt=attempt,
-                      cwd=spec.cwd or getattr(launcher, "cwd", None), host=host,
-                      cell=spec.cell)
+                      cwd=spec.cwd, host=host, cell=spec.cell)
         if self.cluster.gpus is not None:
             run.gpus = spec.env.get("CUDA_VISIBLE_DEVICES", "")
         self.runs[task] = run
@@ -572,39 +552,16 @@ class Runtime:
 
     # -- ending ----------------------------------------------------------------
     def _end_runs(self, runs, escalation=proctree.DEFAULT_ESCALATION, extra=()):
-        """End the process trees of ``runs`` plus the ``extra`` processes.
-
-        Returns ``(lines, survivors)``: what ended with which signal, labelled
-        with the owning task, and what even SIGKILL did not end.
-        """
-        owner, procs = {}, []
-        remote = [r for r in runs if r.process.remote and r.running]
-        for r in remote:  # their agents escalate on their hosts, meanwhile we do ours
-            r.process.request_end(escalation)
-        for r in runs:
-            for p in r.process.processes():
-                if p.pid not in owner:
-                    owner[p.pid] = f"{r.task}: "
-                    procs.append(p)
-        for p in extra:
-            if p.pid not in owner and p.pid != os.getpid():
-                owner[p.pid] = ""
-                procs.append(p)
-        labels = {p.pid: proctree.describe(p) for p in procs}
-        ended, survivors = proctree.end_processes(procs, escalation)
-        remote_wait = time.monotonic() + sum(t for _, t in escalation) + 5
-        for r in runs:
-            r.wait(max(2, remote_wait - time.monotonic()) if r in remote else 2)
-        lines = [f"ended {owner[pid]}{labels[pid]} with {how}" for pid, how in ended.items()]
-        for r in remote:
-            if r.running:
-                lines.append(f"could NOT end {r.task} ({r.process.describe()}): its agent "
-                             "did not answer")
-            else:
-                how = r.process.ended_by or describe_exit(r.returncode)
-                lines.append(f"ended {r.task}: {r.process.describe()} with {how}")
-        lines += [f"could NOT end {labels[p.pid]} (still alive after SIGKILL)" for p in survivors]
-        return lines, survivors
+        """End ``runs`` (each process through its own escalation, all at once) and the
+        ``extra`` processes of this machine; lines saying what ended with which signal,
+        labelled with the owning task, and what could not be ended."""
+        live = [r for r in runs if r.running]
+        owned = {p.pid for r in live for p in r.process.processes()} | {os.getpid()}
+        extra = list({p.pid: p for p in extra if p.pid not in owned}.values())
+        jobs = [partial(r.process.end, escalation, str(r.task)) for r in live]
+        if extra:
+            jobs.append(lambda: end_local(extra, escalation)[0])
+        return end_together(jobs)
 
     def end(self, runs, why, escalation=((signal.SIGKILL, 3.0),)):
         """End the process trees of ``runs`` that still run, noting ``why`` in their
@@ -612,7 +569,7 @@ class Runtime:
         live = [r for r in runs if r.running]
         for r in live:
             r.note = r.note or why
-        return self._end_runs(live, escalation)[0]
+        return self._end_runs(live, escalation)
 
     def _end_stuck(self, runs, why):
         """Dump the Python stacks of ``runs`` into their logs, then end them."""
@@ -736,7 +693,7 @@ class Runtime:
             runs = self.running_runs()
             for r in runs:
                 r.note = "ended by %killbgscripts"
-            lines, _ = self._end_runs(runs, escalation, extra=extra + self.escaped_orphans())
+            lines = self._end_runs(runs, escalation, extra=extra + self.escaped_orphans())
         return lines
 
     def escaped_orphans(self):

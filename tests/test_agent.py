@@ -114,8 +114,8 @@ def test_a_bad_heartbeat_setting_is_refused_with_what_to_give(monkeypatch):
         monkeypatch.setenv("MWHELPERS_HEARTBEAT", bad)
         with pytest.raises(UsageError, match=rf"MWHELPERS_HEARTBEAT='{re.escape(bad)}': give the "
                                              "seconds of silence .* 0 turns the heartbeat off"):
-            SSHLauncher()
+            SSHLauncher(hosts=["node1"])
     monkeypatch.setenv("MWHELPERS_HEARTBEAT", "0")
-    assert SSHLauncher().heartbeat == 0
+    assert SSHLauncher(hosts=["node1"]).heartbeat == 0
     monkeypatch.delenv("MWHELPERS_HEARTBEAT")
-    assert SSHLauncher().heartbeat == 10
+    assert SSHLauncher(hosts=["node1"]).heartbeat == 10

@@ -22,7 +22,7 @@ from conftest import ROOT, STUBBORN, TREE, pid_alive
 from test_tf_workers import TRAIN, check_trained_together, results
 from testhosts import TestHosts, missing
 
-from mwhelpers.errors import UsageError, WorkerFailed
+from mwhelpers.errors import InfrastructureError, UsageError, WorkerFailed
 
 REASON = missing(slurm=True)
 if REASON and os.environ.get("CI") == "true":
@@ -166,8 +166,9 @@ def test_ssh_errors_say_what_to_do(remote_rt, env, tmp_path):
                   "the login was refused"))
     for kwargs, words in cases:
         t = time.monotonic()
-        with pytest.raises(UsageError, match=re.escape(words)):
+        with pytest.raises(InfrastructureError, match=re.escape(words)) as e:
             remote_rt.define_cluster(2, **kwargs)
+        assert not isinstance(e.value, UsageError)  # the host failed, not the input
         assert time.monotonic() - t < 15
     assert remote_rt.cluster is None
 
@@ -219,8 +220,8 @@ def test_a_probe_whose_connection_sshd_dropped_is_tried_again(remote_rt, env, tm
                 cluster = remote_rt.define_cluster(2, hosts=[env.names[0]], ssh=str(wrapper))
                 assert cluster.host_of("worker:1") == env.names[0]
             else:
-                with pytest.raises(UsageError, match="its sshd closed the connection before greeting, "
-                                                     "3 times"):
+                with pytest.raises(InfrastructureError,
+                                   match="its sshd closed the connection before greeting, 3 times"):
                     remote_rt.define_cluster(2, hosts=[env.names[0]], ssh=str(wrapper))
             assert int(state.read_text()) == tries
 
@@ -385,7 +386,7 @@ def test_a_killed_remote_worker_is_restarted_and_resumes_from_backup(remote_rt, 
 # -- Slurm -----------------------------------------------------------------------------------
 
 def test_slurm_outside_an_allocation_says_how_to_get_one(remote_rt, env):
-    with pytest.raises(UsageError, match=r"not inside a Slurm allocation.*salloc -N 2"):
+    with pytest.raises(InfrastructureError, match=r"not inside a Slurm allocation.*salloc -N 2"):
         remote_rt.define_cluster(2, slurm=True)
 
 

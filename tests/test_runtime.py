@@ -487,6 +487,7 @@ def test_an_unused_runtime_is_collected_and_its_guard_pipe_closed(tmp_path):
     from mwhelpers.workers import Runtime
 
     rt = Runtime(log_dir=tmp_path / "logs")
+    rt.define_cluster(1)  # its backend holds the guard pipe
     launcher = rt.launcher
     ref = weakref.ref(rt)
     del rt

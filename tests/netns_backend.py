@@ -1,0 +1,65 @@
+"""A backend in one file, outside mwhelpers: tasks inside named network namespaces.
+
+Each "host" is a namespace made with ``ip netns add`` (the test hosts are such
+namespaces); a task runs there through ``ip netns exec NS python -c <agent>``,
+the same agent that SSH and Slurm tasks run, so signals, stack dumps, ending
+and the heartbeat work as they do there.  TF_CONFIG names the namespace's own
+address.  It needs root, like ``ip netns exec``.
+
+    import netns_backend                       # registers "netns"
+    rt.define_cluster(2, backend="netns", hosts=["ns1", "ns2"])
+
+Nothing in ``mwhelpers/`` names it: it is registered with
+``mwhelpers.register_backend``, as a package of yours would be (or through an
+entry point in the group ``mwhelpers.backends``).
+"""
+
+import os
+import re
+import subprocess
+
+from mwhelpers import register_backend
+from mwhelpers.errors import InfrastructureError, UsageError
+from mwhelpers.remote import AgentLauncher
+
+
+def namespace_address(ns):
+    """The first global IPv4 address inside namespace ``ns``."""
+    out = subprocess.run(["ip", "-n", ns, "-4", "-o", "addr", "show", "scope", "global"],
+                         capture_output=True, text=True, timeout=10)
+    m = re.search(r"\binet (\d+\.\d+\.\d+\.\d+)/", out.stdout)
+    if out.returncode != 0 or not m:
+        why = out.stderr.strip() or "it has no IPv4 address outside loopback"
+        raise InfrastructureError(f"network namespace {ns!r} cannot hold a task: {why}. "
+                                  "'ip netns list' shows the namespaces there are")
+    return m.group(1)
+
+
+class NetnsLauncher(AgentLauncher):
+    """Tasks in named network namespaces on this machine (ip netns exec)."""
+
+    name = "netns"
+    options = {"hosts": "the namespaces, a list or NS1,NS2",
+               "python": "the tasks' interpreter (default: the kernel's)",
+               "cwd": "the folder tasks start in (default: the kernel's)"}
+
+    def __init__(self, hosts=None, python=None, cwd=None):
+        if os.geteuid() != 0:
+            raise UsageError("the netns backend needs root (ip netns exec)")
+        super().__init__(python, cwd, hosts=hosts)
+
+    def transport(self, host, argv):
+        return ["ip", "netns", "exec", host, *argv]
+
+    def address_of(self, host, probe):
+        return namespace_address(host)
+
+    def describe_reach(self, host):
+        return f"'ip netns exec {host} true'"
+
+    def explain(self, host, code, err):
+        last = err.strip().splitlines()[-1] if err.strip() else f"exit {code}"
+        return InfrastructureError(f"cannot start a task in network namespace {host!r}: {last}")
+
+
+register_backend("netns", NetnsLauncher)
