@@ -144,6 +144,16 @@ def rt(tmp_path, monkeypatch):
     assert not leftovers, f"test left worker processes running: {leftovers}"
 
 
+@pytest.fixture(scope="session")
+def hosts(tmp_path_factory):
+    """Two test hosts with sshd and a one-box Slurm (``testhosts.py``), made once for the
+    test process that runs the tests marked ``xdist_group("testhosts")``."""
+    from testhosts import TestHosts
+
+    with TestHosts(2, slurm=True, workdir=tmp_path_factory.mktemp("hosts")) as h:
+        yield h
+
+
 @pytest.fixture
 def ip(rt):
     """An IPython shell with the extension loaded, driving the ``rt`` runtime."""

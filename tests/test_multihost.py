@@ -1,6 +1,6 @@
 """Tasks on other machines: SSH hosts and a Slurm cluster, made real as network namespaces.
 
-The hosts (``testhosts.py``) are made once for this module: two namespaces with
+The hosts (``testhosts.py``, the session's ``hosts`` fixture) are made once: two namespaces with
 their own address and sshd, munged, slurmctld and one slurmd per namespace.
 Under CI=true they must be made; elsewhere the module skips with the reason.
 """
@@ -20,7 +20,7 @@ import time
 import pytest
 from conftest import ROOT, STUBBORN, TREE, pid_alive
 from test_tf_workers import TRAIN, check_trained_together, results
-from testhosts import TestHosts, missing
+from testhosts import missing
 
 from mwhelpers.errors import InfrastructureError, UsageError, WorkerFailed
 
@@ -41,12 +41,6 @@ WHERE = textwrap.dedent("""
           "legacy": os.environ.get("TF_USE_LEGACY_KERAS"), "extra": os.environ.get("EXTRA"),
           "local_only": os.environ.get("MWH_LOCAL_ONLY")}), flush=True)
 """)
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
-    with TestHosts(2, slurm=True, workdir=tmp_path_factory.mktemp("hosts")) as h:
-        yield h
 
 
 @pytest.fixture
