@@ -24,19 +24,13 @@ from .taskrun import LaunchRequest
 
 
 def _start_all(rt, requests, attempt):
-    """Start every task of an attempt; if one cannot start, end the others and re-raise."""
-    runs = []
+    """Start every task of an attempt at once; if one cannot start, the others are ended."""
     try:
-        for request in requests:  # one by one: on failure, runs holds the started ones
-            runs.append(rt.start(request, attempt=attempt))
+        return rt.start_all(requests, attempt=attempt)
     except BaseException:
-        ended = rt.end(runs, f"ended by the supervisor: attempt {attempt} could not start "
-                       f"every task")
-        if ended:
-            rt.echo(f"[mwhelpers] attempt {attempt} could not start every task; ended "
-                    + ", ".join(str(r.task) for r in runs))
+        rt.echo(f"[mwhelpers] attempt {attempt} could not start every task; the ones started "
+                "were ended")
         raise
-    return runs
 
 
 def _echo_diagnosis(rt, root):
@@ -121,8 +115,7 @@ def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3
         def attempt_over(runs=runs, workers=workers):
             return any(r.failed for r in runs) or all(not r.running for r in workers)
 
-        rt._follow(runs, timeout, stream=stream, on_line=on_line, stop_when=attempt_over,
-                   quiet=not rt.verbose)
+        rt.watch(runs, timeout, stream=stream, on_line=on_line, until=attempt_over)
         _let_peers_finish(runs, codes, peer_grace)
         ended = rt.end(runs, "ended by the supervisor")
         failed = rt.failures(runs, codes)

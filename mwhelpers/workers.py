@@ -47,6 +47,7 @@ from .taskrun import LaunchRequest, TaskRun, parse_timeout
 from .tfdata import STALL_FIX_ENV, stall_fix_wanted
 from .timeline import LogMarks, Timeline
 from .versions import installed
+from .watcher import SERVER_JOBS, Watcher, echo_lines
 
 TaskSpec = str | int | Task  # "worker:1", 1 (worker:1), "chief", Task("worker", 1)
 
@@ -54,7 +55,6 @@ SESSION_ENV = "MWHELPERS_SESSION"
 # Set (to the session mark) in what a %%script --bg cell starts: its escaped descendants are
 # ended by %killbgscripts, other background commands of the kernel are not.
 BG_ENV = "MWHELPERS_BG"
-SERVER_JOBS = ("chief", "worker", "ps")  # tasks that start a gRPC server on their port
 TRAINING_JOBS = ("chief", "worker")  # tasks that wait for each other (collectives)
 _POLL = 0.01  # seconds between readiness probes
 
@@ -310,9 +310,38 @@ class Runtime:
             self._await_ready(run, request.timeout)
         else:
             verbose = self.verbose if request.verbose is None else request.verbose
-            self._follow([run], request.timeout, stream=True, quiet=not verbose)
+            self.watch([run], request.timeout, stream=True, quiet=not verbose)
             self._raise_failures([run])
         return run
+
+    def start_all(self, requests: Sequence[LaunchRequest], attempt: int = 1) -> list[TaskRun]:
+        """Start several background :class:`LaunchRequest` s at once: all are checked
+        before any starts (a bad one starts nothing), then all are started back to back,
+        then the ones that wait for their port are awaited.  When one cannot be started,
+        the ones already started are ended and the error raised."""
+        with self._lock:
+            cluster = self.ensure_cluster()
+            tasks = [cluster.check_task(r.task) for r in requests]
+            twice = sorted({str(t) for t in tasks if tasks.count(t) > 1})
+            if twice:
+                raise UsageError(f"{', '.join(twice)} given more than once; start each task once")
+            for task in tasks:
+                self._check_not_running(task)
+                if task.type in SERVER_JOBS and not cluster.remote:
+                    self._check_port_free(task)
+            for task, request in zip(tasks, requests, strict=True):
+                self._look_before_launch(task, request)
+            runs = []
+            try:
+                for task, request in zip(tasks, requests, strict=True):
+                    runs.append(self._spawn(task, request, attempt))
+            except BaseException:
+                self.end(runs, f"ended: attempt {attempt} could not start every task")
+                raise
+        for run, request in zip(runs, requests, strict=True):
+            if request.background:
+                self._await_ready(run, request.timeout)
+        return runs
 
     def _look_before_launch(self, task, request):
         """Warn, never refuse, about the mistakes that can be seen in the program's source
@@ -412,7 +441,7 @@ class Runtime:
         return run
 
     # -- readiness and following ----------------------------------------------
-    def _probe(self, run):
+    def probe(self, run: TaskRun) -> bool:
         """True once ``run``'s server accepts connections where TF_CONFIG says it is."""
         return port_accepts(run.port, self.cluster.connect_address(run.task))
 
@@ -428,7 +457,7 @@ class Runtime:
         )
         deadline = run.started + timeout
         while True:
-            if self._probe(run) and run.mark_ready():
+            if self.probe(run) and run.mark_ready():
                 self.echo(f"[{run.task}] ready after {run.ready_after:.2f} s (port {run.port} is open)")
                 return run
             if not run.running:
@@ -455,53 +484,44 @@ class Runtime:
                 )
             time.sleep(_POLL)
 
-    def _follow(self, runs, timeout, stream, deadline_msg="did not finish", on_line=None,
-                stop_when=None, end_on_interrupt=True, quiet=False):
-        """Watch ``runs`` until all end (or ``stop_when()`` is true).
+    def watch(self, runs: Iterable[TaskRun], timeout: float | None = None, *,
+              stream: bool = False, quiet: bool | None = None,
+              on_line: Callable[[TaskRun, str], None] | None = None,
+              until: Callable[[], bool] | None = None, what: str = "did not finish",
+              end_on_interrupt: bool = True) -> str:
+        """Follow ``runs`` until all have ended (returns ``"ended"``) or ``until()`` is
+        true (``"until"``), with a :class:`~mwhelpers.watcher.Watcher`.
 
-        Streams their new log lines with a task prefix when ``stream`` (without
-        TensorFlow's informational lines when ``quiet``: :class:`QuietFilter`); calls
-        ``on_line(run, line)`` for each line.  On timeout, dumps the stacks of
-        the survivors, ends them and raises WorkerTimeout.  On interrupt
-        (Ctrl-C, the notebook's stop button) ends the runs and re-raises.
+        ``stream``: echo their new lines with a task prefix (without TensorFlow's
+        informational lines unless ``quiet`` is False; default: ``not self.verbose``).
+        ``on_line(run, line)`` is called for each line.  After ``timeout`` seconds the
+        runs still running have their stacks dumped, are ended, and WorkerTimeout is
+        raised (saying they ``what`` within it).  On an interrupt (Ctrl-C, the
+        notebook's stop button) the runs are ended, unless ``end_on_interrupt`` is
+        False, and the interrupt is raised again.
         """
-        followers = {r.task: LogFollower(r.log_path) for r in runs}
-        filters = {r.task: QuietFilter() for r in runs}
-        deadline = None if timeout is None else time.monotonic() + timeout
-        next_probe = 0.0
+        runs = list(runs)
+        watcher = Watcher(runs, probe=self.probe)
+        if stream:
+            watcher.on_line(echo_lines(self.echo, not self.verbose if quiet is None else quiet))
+        if on_line is not None:
+            watcher.on_line(on_line)
         try:
-            while True:
-                finished = all(not r.running for r in runs)
-                for r in runs:
-                    for line in followers[r.task].poll(final=finished):
-                        if stream and (not quiet or filters[r.task].keep(line)):
-                            self.echo(f"[{r.task}] {line}")
-                        if on_line:
-                            on_line(r, line)
-                if finished or (stop_when and stop_when()):
-                    return
-                now = time.monotonic()
-                if now >= next_probe:  # note readiness for the status table and errors
-                    for r in runs:
-                        if r.ready_after is None and r.running and r.task.type in SERVER_JOBS \
-                                and self._probe(r):
-                            r.mark_ready()
-                    next_probe = now + 0.5
-                if deadline is not None and now >= deadline:
-                    stuck = [r for r in runs if r.running]
-                    self._end_stuck(stuck, f"it {deadline_msg} within {timeout:g} s")
-                    raise self._timeout_error(stuck, timeout, deadline_msg)
-                time.sleep(0.05)
+            how = watcher.watch(timeout, until)
         except KeyboardInterrupt:
             if not end_on_interrupt:
                 raise
             alive = [r for r in runs if r.running]
-            for r in alive:
-                r.note = "ended by mwhelpers on interrupt"
-            self._end_runs(alive, escalation=((signal.SIGTERM, 1.0), (signal.SIGKILL, 3.0)))
+            self.end(alive, "ended by mwhelpers on interrupt",
+                     escalation=((signal.SIGTERM, 1.0), (signal.SIGKILL, 3.0)))
             if alive:
                 self.echo("interrupted: ended " + ", ".join(str(r.task) for r in alive))
             raise
+        if how == "deadline":
+            stuck = [r for r in runs if r.running]
+            self._end_stuck(stuck, f"it {what} within {timeout:g} s")
+            raise self._timeout_error(stuck, timeout, what)
+        return how
 
     def _timeout_error(self, stuck, timeout, what):
         names = ", ".join(str(r.task) for r in stuck)
@@ -630,8 +650,8 @@ class Runtime:
             if not found and regex.search(line):
                 found.append(line)
 
-        self._follow([run], parse_timeout(timeout), stream=False, on_line=on_line,
-                     stop_when=lambda: bool(found), deadline_msg=f"never logged {pattern!r}")
+        self.watch([run], parse_timeout(timeout), on_line=on_line, until=lambda: bool(found),
+                   what=f"never logged {pattern!r}")
         if not found:
             raise UsageError(f"{run.task} ended ({run.outcome()}) before logging {pattern!r}")
         self.kill(run.task, sig, why=f"{sig.name} sent when its log matched {pattern!r}")
@@ -659,8 +679,7 @@ class Runtime:
             failed = [r.ended for r in runs if r.failed]
             return bool(failed) and time.monotonic() - min(failed) > grace_after_failure
 
-        self._follow(runs, timeout, stream=False, stop_when=stop_when,
-                     deadline_msg="did not finish")
+        self.watch(runs, timeout, until=stop_when)
         rest = [r for r in runs if r.running]
         if rest:
             self._end_stuck(rest, f"{grace_after_failure:g} s after a peer failed")
@@ -756,8 +775,8 @@ class Runtime:
         timeout = parse_timeout(timeout)
         until = None if timeout is None else time.monotonic() + timeout
         try:
-            self._follow([run], None, stream=True, end_on_interrupt=False,
-                         stop_when=lambda: until is not None and time.monotonic() > until)
+            self.watch([run], stream=True, quiet=False, end_on_interrupt=False,
+                       until=lambda: until is not None and time.monotonic() > until)
         except KeyboardInterrupt:
             self.echo(f"stopped following {run.task}; it is still {run.state}")
         return run

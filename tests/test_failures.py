@@ -130,10 +130,18 @@ def test_supervise_restarts_a_fault_says_why_and_numbers_attempts(rt, tmp_path):
     assert all(r.attempt == 2 for r in attempts[1]["runs"])
 
 
-def test_a_half_started_attempt_ends_the_tasks_it_started(rt):
+def test_an_attempt_is_checked_whole_before_any_task_starts(rt):
     rt.define_cluster(2)
     port = rt.cluster.port("worker:1")
     with squatting(port), pytest.raises(UsageError, match=rf"port {port} of worker:1 is already taken"):
+        rt.supervise(code=LISTENER, max_restarts=1, timeout=30, stream=False)
+    assert rt.history == []  # worker:0 was not started either
+
+
+def test_a_half_started_attempt_ends_the_tasks_it_started(rt):
+    rt.define_cluster(2)
+    (rt.log_dir / "worker-1_cell.py").mkdir()  # worker:1's program cannot be written there
+    with pytest.raises(IsADirectoryError):
         rt.supervise(code=LISTENER, max_restarts=1, timeout=30, stream=False)
     [w0] = rt.history
     assert str(w0.task) == "worker:0" and not w0.running and not pid_alive(w0.pid)
