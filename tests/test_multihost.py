@@ -18,6 +18,7 @@ import threading
 import time
 
 import pytest
+from chaos import Chaos, redone, steps_of
 from conftest import ROOT, STUBBORN, TREE, pid_alive
 from test_tf_workers import TRAIN, check_trained_together, results
 from testhosts import missing
@@ -234,20 +235,6 @@ def test_a_port_this_machine_cannot_reach_is_named(remote_rt, env):
     assert gone_within(env, 5)
 
 
-def test_killing_a_remote_task_ends_its_whole_tree(remote_rt, env):
-    remote_rt.define_cluster(1, hosts=[env.names[1]])
-    run = remote_rt.launch("worker:0", code=TREE, background=True, ready="start")
-    deadline = time.monotonic() + 10
-    while not any(ln.startswith("grandchild") for ln in run.lines()):
-        assert time.monotonic() < deadline, run.lines()
-        time.sleep(0.05)
-    tree = [int(ln.split()[1]) for ln in run.lines() if ln.split()[0] in ("child", "grandchild")]
-    remote_rt.kill("worker:0")
-    assert run.state == "killed" and run.returncode == -signal.SIGKILL
-    assert all(not pid_alive(p) for p in tree)
-    assert gone_within(env, 5)
-
-
 def test_a_dropped_connection_ends_the_remote_program(remote_rt, env):
     remote_rt.define_cluster(1, hosts=[env.names[0]])
     run = remote_rt.launch("worker:0", code=STUBBORN, background=True, ready="start")
@@ -361,20 +348,47 @@ def test_two_ssh_hosts_train_through_the_magics(env, tmp_path):
     assert gone_within(env, 5)
 
 
+SAVE_FREQ = 4
+CHAOS_ARGS = ["--epochs", "3", "--steps", "15", "--save-freq", str(SAVE_FREQ), "--log-steps",
+              "--step-seconds", "0.1"]
+
+
+def supervise_under_chaos(rt, tmp_path, kills, seed):
+    """supervise a 2-worker job with BackupAndRestore (every SAVE_FREQ steps) while
+    :class:`chaos.Chaos` SIGKILLs a random worker ``kills`` times; checks what must hold
+    and returns the attempts and the kills."""
+    monkey = Chaos(rt, kills, low=SAVE_FREQ, high=2 * SAVE_FREQ, seed=seed)
+    monkey.start()
+    try:
+        attempts = rt.supervise(script=str(TRAIN), max_restarts=kills, timeout=120, stream=False,
+                                args=[*CHAOS_ARGS, "--backup", str(tmp_path / "bk")])
+    finally:
+        monkey.stop.set()
+        monkey.join(5)
+    assert len(monkey.kills) == kills and len(attempts) == kills + 1, (monkey.kills, attempts)
+    for record, (attempt, task, _, _) in zip(attempts, monkey.kills, strict=False):
+        assert record["attempt"] == attempt and str(record["root_cause"].task) == task
+        assert record["restarted"], record
+    total = 3 * 15
+    done = {s for a in attempts for r in a["runs"] for s, _ in steps_of(r)}
+    assert done == set(range(1, total + 1))  # every step of every epoch, none skipped
+    again = redone(attempts)
+    assert all(0 <= n <= SAVE_FREQ for n in again), again  # resumed from the newest backup
+    for r in results(rt).values():
+        assert r["iterations"] == total and r["epochs_run"][-1] == 2
+    spread = max(max(r.launched_wall for r in a["runs"]) - min(r.launched_wall for r in a["runs"])
+                 for a in attempts)
+    print(f"{kills} kills {[(k[1], k[3]) for k in monkey.kills]}; steps done twice per restart: "
+          f"{again}; the tasks of an attempt were launched within {spread:.3f} s")
+    return attempts, monkey.kills
+
+
 @pytest.mark.tf
-def test_a_killed_remote_worker_is_restarted_and_resumes_from_backup(remote_rt, env, tmp_path,
-                                                                      monkeypatch):
+def test_random_kills_of_remote_workers_are_survived_with_backups(remote_rt, env, tmp_path,
+                                                                   monkeypatch):
     monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
     remote_rt.define_cluster(2, hosts=env.names)
-    attempts = remote_rt.supervise(
-        script=str(TRAIN), args=["--epochs", "4", "--steps", "5", "--backup", str(tmp_path / "bk")],
-        max_restarts=2, timeout=180, inject=[("worker:1", r"^Epoch 3/4")], stream=False)
-    assert len(attempts) == 2
-    assert attempts[0]["failed"][0] == ("worker:1", "killed by SIGKILL (fault injected by the supervisor)")
-    res = results(remote_rt)
-    for r in res.values():
-        assert 2 <= r["epochs_run"][0] < 4 and r["epochs_run"][-1] == 3  # resumed, not restarted
-        assert r["iterations"] == 20
+    supervise_under_chaos(remote_rt, tmp_path, kills=3, seed=1)
 
 
 # -- Slurm -----------------------------------------------------------------------------------
@@ -382,6 +396,14 @@ def test_a_killed_remote_worker_is_restarted_and_resumes_from_backup(remote_rt, 
 def test_slurm_outside_an_allocation_says_how_to_get_one(remote_rt, env):
     with pytest.raises(InfrastructureError, match=r"not inside a Slurm allocation.*salloc -N 2"):
         remote_rt.define_cluster(2, slurm=True)
+
+
+@pytest.mark.tf
+def test_a_killed_slurm_worker_is_restarted_from_its_backup(remote_rt, env, allocation, tmp_path,
+                                                           monkeypatch):
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    remote_rt.define_cluster(2, slurm=True)
+    supervise_under_chaos(remote_rt, tmp_path, kills=1, seed=2)
 
 
 def test_slurm_tasks_run_on_the_allocations_nodes(remote_rt, env, allocation):

@@ -4,7 +4,12 @@ tf_keras (TF_USE_LEGACY_KERAS=1, set before TensorFlow is imported): Keras 3's
 fit fails under MWMS (keras-team/keras#20585).  Prints one JSON line
 ``RESULT {...}`` with what the tests check.
 
-    python mwms_train.py [--epochs N] [--steps N] [--backup DIR] [--save-freq F]
+    python mwms_train.py [--epochs N] [--steps N] [--backup DIR] [--save-freq F] [--log-steps]
+                         [--step-seconds S]
+
+``--log-steps`` prints ``STEP N at=T`` after each step (N: the optimizer's step count,
+which a restored backup carries on; T: this machine's clock), for restart tests;
+``--step-seconds`` makes each step last that much longer, as a bigger model would.
 """
 import argparse
 import json
@@ -25,6 +30,8 @@ p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--steps", type=int, default=10)
 p.add_argument("--backup", default=None)
 p.add_argument("--save-freq", default="epoch")
+p.add_argument("--log-steps", action="store_true")
+p.add_argument("--step-seconds", type=float, default=0.0)
 a = p.parse_args()
 
 rng = np.random.default_rng(0)
@@ -42,6 +49,18 @@ callbacks = []
 if a.backup:
     freq = int(a.save_freq) if a.save_freq.isdigit() else a.save_freq
     callbacks.append(tf.keras.callbacks.BackupAndRestore(a.backup, save_freq=freq))
+
+if a.log_steps or a.step_seconds:
+    import time
+
+    class LogSteps(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(a.step_seconds)
+            if a.log_steps:
+                print(f"STEP {int(self.model.optimizer.iterations.numpy())} at={time.time():.3f}",
+                      flush=True)
+
+    callbacks.append(LogSteps())
 
 history = model.fit(ds, epochs=a.epochs, steps_per_epoch=a.steps, verbose=2, callbacks=callbacks)
 task = json.loads(os.environ["TF_CONFIG"])["task"]
