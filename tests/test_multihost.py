@@ -19,7 +19,7 @@ import time
 
 import pytest
 from chaos import Chaos, redone, steps_of
-from conftest import ROOT, STUBBORN, TREE, pid_alive
+from conftest import ROOT, STUBBORN, pid_alive
 from test_tf_workers import TRAIN, check_trained_together, results
 from testhosts import missing
 
