@@ -16,7 +16,7 @@ steps.  From that one run it reads:
   TensorFlow, forming the cluster and restoring the backup.
 
 It prints both per round, their medians and the ratio of medians.  ``--ssh`` runs
-the cluster on two test hosts (``tests/testhosts.py``: root and openssh-server).
+the cluster on two test hosts (``mwhelpers/testhosts.py``: root and openssh-server).
 """
 
 import argparse
@@ -64,7 +64,7 @@ def main():
 
     hosts = None
     if a.ssh:
-        from testhosts import TestHosts, missing
+        from mwhelpers.testhosts import TestHosts, missing
 
         why = missing()
         if why:

@@ -16,7 +16,7 @@ status is non-zero when any notebook failed.  Every process a notebook's kernel 
 the notebook is done, even when it failed half-way.
 
 Notebooks that take ``ssh_hosts`` (the multi-host one) run against test hosts
-that the suite makes for the run (``tests/testhosts.py``: network namespaces
+that the suite makes for the run (``mwhelpers/testhosts.py``: network namespaces
 with sshd and a one-box Slurm; root and Debian's openssh-server, slurm-wlm and
 munge needed), unless ``-p ssh_hosts H1,H2`` names real ones.  Where test
 hosts cannot be made, the suite says why and those notebooks run their local
@@ -141,16 +141,8 @@ def test_hosts(paths, params):
         yield {}
         return
     names = ", ".join(p.name for p in takers)
-    tool = (CHECKOUT or ROOT) / "tests" / "testhosts.py"
-    if not tool.is_file():
-        print(f"note: no tests/testhosts.py in this checkout; {names} run(s) the local part only")
-        yield {}
-        return
-    import importlib.util
+    from . import testhosts as hosts_mod
 
-    spec = importlib.util.spec_from_file_location("_mwhelpers_testhosts", tool)
-    hosts_mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hosts_mod)
     why = hosts_mod.missing(slurm=True)
     if why:
         print(f"note: no test hosts ({why}); {names} run(s) the local part only")

@@ -21,11 +21,11 @@ import netns_backend
 import psutil
 import pytest
 from conftest import ROOT, STUBBORN, TREE, pid_alive
-from testhosts import missing
 
 from mwhelpers import available_backends, register_backend
 from mwhelpers.errors import UsageError
 from mwhelpers.proctree import carrying
+from mwhelpers.testhosts import missing
 
 REMOTE = ("ssh", "slurm", "netns")
 REASON = missing(slurm=True)

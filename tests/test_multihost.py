@@ -1,6 +1,6 @@
 """Tasks on other machines: SSH hosts and a Slurm cluster, made real as network namespaces.
 
-The hosts (``testhosts.py``, the session's ``hosts`` fixture) are made once: two namespaces with
+The hosts (``mwhelpers/testhosts.py``, the session's ``hosts`` fixture) are made once: two namespaces with
 their own address and sshd, munged, slurmctld and one slurmd per namespace.
 Under CI=true they must be made; elsewhere the module skips with the reason.
 """
@@ -21,9 +21,9 @@ import pytest
 from chaos import Chaos, redone, steps_of
 from conftest import ROOT, STUBBORN, pid_alive
 from test_tf_workers import TRAIN, check_trained_together, results
-from testhosts import missing
 
 from mwhelpers.errors import InfrastructureError, UsageError, WorkerFailed
+from mwhelpers.testhosts import missing
 
 REASON = missing(slurm=True)
 if REASON and os.environ.get("CI") == "true":

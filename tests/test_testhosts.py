@@ -5,8 +5,9 @@ import os
 import subprocess
 
 import pytest
-import testhosts
-from testhosts import TestHosts, missing
+
+from mwhelpers import testhosts
+from mwhelpers.testhosts import TestHosts, missing
 
 REASON = missing()
 if REASON and os.environ.get("CI") == "true":
