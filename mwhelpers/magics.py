@@ -25,13 +25,12 @@ from .cluster import looks_like_task
 from .errors import UsageError
 from .live import LiveViews
 from .proctree import parse_signal
+from .taskrun import LAUNCH_OPTIONS, LaunchRequest, launch_usage
 from .workers import BG_ENV, runtime
 
 # define_cluster's arguments that %cluster gives with flags of their own
 _OWN_FLAGS = ("workers", "chief", "ps", "evaluator", "hosts", "slurm", "job", "python", "cwd",
               "gpus_per_task", "backend")
-_WORKER_OPTIONS = ("--bg, --timeout S, --log PATH, --ready port|start, --env K=V, "
-                   "--no-stall-fix, --verbose")
 
 
 def _parse(magic, line):
@@ -64,37 +63,36 @@ def parse_worker_line(line):
         words = shlex.split(line)
     except ValueError as e:
         raise UsageError(f"cannot parse {line!r}: {e}") from None
-    opts = {"task": None, "bg": False, "timeout": None, "log": None, "env": [],
-            "ready": "auto", "script": None, "args": [], "stall_fix": None, "verbose": None}
+    flags = {o.flag: o for o in LAUNCH_OPTIONS}
+    opts = {"task": None, "script": None, "args": []}
     i = 0
     while i < len(words):
         w = words[i]
-        if w == "--bg":
-            opts["bg"] = True
-        elif w == "--no-stall-fix":
-            opts["stall_fix"] = False
-        elif w == "--verbose":
-            opts["verbose"] = True
-        elif w in ("--timeout", "--log", "--ready"):
-            if i + 1 >= len(words) or words[i + 1].startswith("--"):
-                raise UsageError(f"{w} needs a value")
-            opts[w[2:]] = words[i + 1]
-            i += 1
-        elif w.startswith(("--timeout=", "--log=", "--ready=")):
-            key, val = w[2:].split("=", 1)
-            opts[key] = val
-        elif w == "--env":
+        flag, eq, inline = w.partition("=")
+        option = flags.get(flag) if w.startswith("--") else None
+        if option is not None and option.metavar is None:
+            if eq:
+                raise UsageError(f"{flag} takes no value")
+            opts[option.name] = option.value
+        elif option is not None and eq:
+            if option.repeat:
+                opts.setdefault(option.name, []).append(inline)
+            else:
+                opts[option.name] = inline
+        elif option is not None:
             start = i + 1
+            # a repeated option takes every KEY=VALUE word that follows it
             while i + 1 < len(words) and not words[i + 1].startswith("--") and (
-                    "=" in words[i + 1] or i + 1 == start):
+                    i + 1 == start or (option.repeat and "=" in words[i + 1])):
                 i += 1
-                opts["env"].append(words[i])
+                if option.repeat:
+                    opts.setdefault(option.name, []).append(words[i])
+                else:
+                    opts[option.name] = words[i]
             if i + 1 == start:
-                raise UsageError("--env needs KEY=VALUE")
-        elif w.startswith("--env="):
-            opts["env"].append(w[len("--env="):])
+                raise UsageError(f"{flag} needs a value ({option.metavar})")
         elif w.startswith("-"):
-            raise UsageError(f"unknown option {w!r} for %%worker; options: {_WORKER_OPTIONS}")
+            raise UsageError(f"unknown option {w!r} for %%worker; options: {launch_usage()}")
         elif opts["task"] is None and opts["script"] is None and looks_like_task(w):
             opts["task"] = w
         else:
@@ -209,12 +207,9 @@ class WorkerMagics(Magics):
         if cell is not None and o["script"] is not None:
             raise UsageError(f"%%worker runs the cell's code; {o['script']!r} looks like a "
                              "script: use the line magic %worker ... SCRIPT for a file")
-        run = self.rt.launch(
-            o["task"], code=cell, script=o["script"], args=o["args"], background=o["bg"],
-            timeout=o["timeout"], log=o["log"], env=o["env"], ready=o["ready"],
-            stall_fix=o["stall_fix"], verbose=o["verbose"],
-        )
-        if o["bg"] and self.in_kernel:
+        task, script, args = o.pop("task"), o.pop("script"), o.pop("args")
+        run = self.rt.start(LaunchRequest.parse(task, code=cell, script=script, args=args, **o))
+        if o.get("background") and self.in_kernel:
             self.live.show(run)  # updates itself while the task runs
 
     @line_magic

@@ -73,6 +73,48 @@ def parse_timeout(timeout, name="timeout"):
     return value
 
 
+@dataclass(frozen=True)
+class Option:
+    """A launch option: the keyword of :meth:`Runtime.launch <mwhelpers.workers.Runtime.launch>`
+    and :class:`LaunchRequest` (``name``), the magics' flag for it, its value's name
+    (``metavar``; None: a switch that sets ``value``), whether it repeats, and what it does."""
+
+    name: str
+    flag: str
+    metavar: str | None
+    help: str
+    value: object = True
+    repeat: bool = False
+
+    def usage(self):
+        words = self.flag + (f" {self.metavar}" if self.metavar else "")
+        return f"[{words}{' ...' if self.repeat else ''}]"
+
+
+# The launch options, declared once: LaunchRequest.parse checks them, %%worker and %worker
+# parse their flags from this table and say their usage with it.
+LAUNCH_OPTIONS = (
+    Option("background", "--bg", None, "return once the task is ready (its port accepts "
+           "connections) and follow it with a live view; its output goes to its log"),
+    Option("timeout", "--timeout", "S", "seconds: to finish in the foreground, to be ready "
+           "with --bg"),
+    Option("log", "--log", "PATH", "the log file (default: TASK.log in the log folder)"),
+    Option("ready", "--ready", "port|start", "when a --bg task counts as ready: its port "
+           "accepts connections (auto for servers) or it has started"),
+    Option("env", "--env", "K=V", "variables for the task, on top of the kernel's",
+           repeat=True),
+    Option("stall_fix", "--no-stall-fix", None, "keep tf.data autotuning in MWMS workers "
+           "(see mwhelpers.tfdata)", value=False),
+    Option("verbose", "--verbose", None, "stream every line, TensorFlow's informational "
+           "C++ lines too"),
+)
+
+
+def launch_usage():
+    """The launch options as a usage line: ``[--bg] [--timeout S] ...``."""
+    return " ".join(o.usage() for o in LAUNCH_OPTIONS)
+
+
 @dataclass
 class LaunchRequest:
     """Everything one launch needs, checked."""
@@ -90,8 +132,16 @@ class LaunchRequest:
     verbose: bool = None  # True: stream every line (None: the runtime's default)
 
     @classmethod
-    def parse(cls, task="worker:0", *, code=None, script=None, args=(), background=False,
-              timeout=None, log=None, env=None, ready="auto", stall_fix=None, verbose=None):
+    def parse(cls, task="worker:0", *, code=None, script=None, args=(), **options):
+        """A checked request for ``task`` running ``code`` or ``script`` with ``args``;
+        ``options``: the :data:`LAUNCH_OPTIONS` by name (unknown ones are refused)."""
+        unknown = sorted(set(options) - {o.name for o in LAUNCH_OPTIONS})
+        if unknown:
+            raise UsageError(f"unknown launch option {', '.join(unknown)}; the options are "
+                             + ", ".join(o.name for o in LAUNCH_OPTIONS))
+        background, timeout, log = (options.get(k) for k in ("background", "timeout", "log"))
+        env, stall_fix, verbose = (options.get(k) for k in ("env", "stall_fix", "verbose"))
+        ready = options.get("ready") or "auto"
         if (code is None) == (script is None):
             raise UsageError("give either the program's code or a script path, not both or neither")
         if script is not None:

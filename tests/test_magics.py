@@ -8,6 +8,7 @@ from conftest import LISTENER, pid_alive
 
 from mwhelpers.errors import UsageError, WorkerFailed
 from mwhelpers.magics import parse_worker_line
+from mwhelpers.taskrun import LaunchRequest
 
 
 def cell(ip, source):
@@ -153,13 +154,14 @@ def test_killbgscripts_ends_bash_bg_trees(ip, rt, capsys):
 
 
 @pytest.mark.parametrize("line, expected", [
-    ("", {"task": None, "bg": False, "script": None}),
-    ("1 --bg", {"task": "1", "bg": True}),
+    ("", {"task": None, "background": None, "script": None}),
+    ("1 --bg", {"task": "1", "background": True}),
     ("chief:0 --timeout 30 --log w.log", {"task": "chief:0", "timeout": "30", "log": "w.log"}),
-    ("--env A=1 B=2 --bg", {"env": ["A=1", "B=2"], "bg": True}),
+    ("--env A=1 B=2 --bg", {"env": ["A=1", "B=2"], "background": True}),
     ("--env=A=1", {"env": ["A=1"]}),
+    ("--timeout=5 --verbose", {"timeout": "5", "verbose": True}),
     ("worker:1 main.py --bg x", {"task": "worker:1", "script": "main.py", "args": ["--bg", "x"],
-                                 "bg": False}),
+                                 "background": None}),
     ("main.py", {"task": None, "script": "main.py"}),
     ("--ready start ps:0", {"task": "ps:0", "ready": "start"}),
     ("0 --bg --no-stall-fix main.py", {"task": "0", "stall_fix": False, "script": "main.py"}),
@@ -168,12 +170,15 @@ def test_killbgscripts_ends_bash_bg_trees(ip, rt, capsys):
 def test_worker_line_parsing(line, expected):
     parsed = parse_worker_line(line)
     for key, value in expected.items():
-        assert parsed[key] == value, (key, parsed)
+        assert parsed.get(key) == value, (key, parsed)
+    LaunchRequest.parse(parsed.pop("task"), code="print(1)", **{  # every name is an option's
+        k: v for k, v in parsed.items() if k not in ("script", "args")})
 
 
 @pytest.mark.parametrize("line, message", [
     ("--timeout", "--timeout needs a value"),
-    ("--env", "--env needs KEY=VALUE"),
+    ("--env", r"--env needs a value \(K=V\)"),
+    ("--bg=1", "--bg takes no value"),
     ("--frobnicate", "unknown option '--frobnicate'"),
     ("'unclosed", "cannot parse"),
 ])
