@@ -1,8 +1,11 @@
 import contextlib
+import json
+import os
 import re
 import socket
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -123,6 +126,45 @@ def pid_alive(pid):
         return p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def task_pids(hosts):
+    """Python processes inside the test hosts: agents, tasks and their children (the
+    hosts' own daemons, sshd and slurmd, are not Python); none without hosts."""
+    found = []
+    for name in (hosts.names if hosts else []):
+        for pid in hosts.netns_pids(name):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv0 = f.read().split(b"\0")[0].decode(errors="replace")
+            except OSError:
+                continue
+            if os.path.basename(argv0).startswith("python"):
+                found.append(pid)
+    return found
+
+
+def json_line(run, word, timeout=15):
+    """The JSON after ``word`` on the first line of ``run``'s log that starts with it,
+    waiting for it (a port may open before the line has crossed ssh or srun)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [ln for ln in run.lines() if ln.startswith(word + " ")]
+        if found:
+            return json.loads(found[0][len(word) + 1:])
+        assert time.monotonic() < deadline, run.lines()
+        time.sleep(0.05)
+
+
+def gone_within(hosts, seconds, find=task_pids):
+    """Whether ``find(hosts)`` (default: the Python processes on the test hosts) is empty
+    within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while find(hosts):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 @pytest.fixture

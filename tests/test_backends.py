@@ -8,7 +8,6 @@ backends run on the test hosts (network namespaces with sshd and a one-box Slurm
 CI=true they must run, elsewhere they skip with the reason.
 """
 
-import json
 import os
 import re
 import signal
@@ -18,9 +17,8 @@ import textwrap
 import time
 
 import netns_backend
-import psutil
 import pytest
-from conftest import ROOT, STUBBORN, TREE, pid_alive
+from conftest import ROOT, STUBBORN, TREE, gone_within, json_line, pid_alive, task_pids
 
 from mwhelpers import available_backends, register_backend
 from mwhelpers.errors import UsageError
@@ -93,25 +91,12 @@ def backend(request, monkeypatch, tmp_path):
 
 def leftovers(hosts):
     """What this suite's tasks left running: anything carrying the suite's mark, and on test
-    hosts any Python process (agents, tasks, their children; the daemons are not Python)."""
-    found = {p.pid for p in carrying(MARK, "1")}
-    for ns in (hosts.names if hosts else []):
-        for pid in hosts.netns_pids(ns):
-            try:
-                if psutil.Process(pid).name().startswith("python"):
-                    found.add(pid)
-            except psutil.Error:
-                pass
-    return sorted(found)
+    hosts any Python process (agents, tasks, their children)."""
+    return sorted({p.pid for p in carrying(MARK, "1")} | set(task_pids(hosts)))
 
 
 def nothing_left(hosts, within=10):
-    deadline = time.monotonic() + within
-    while leftovers(hosts):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
+    return gone_within(hosts, within, find=leftovers)
 
 
 @pytest.fixture
@@ -127,15 +112,9 @@ def launch(rt, task, code, **kw):
     return rt.launch(task, code=code, env=env, background=True, **kw)
 
 
-def report(run, timeout=15):
-    """The WHERE report of ``run`` (its port may open before the line crosses ssh or srun)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = [ln for ln in run.lines() if ln.startswith("WHERE ")]
-        if found:
-            return json.loads(found[0][len("WHERE "):])
-        assert time.monotonic() < deadline, run.lines()
-        time.sleep(0.05)
+def report(run):
+    """The WHERE report of ``run``."""
+    return json_line(run, "WHERE")
 
 
 def test_every_backend_is_found_by_name():

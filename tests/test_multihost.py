@@ -19,7 +19,7 @@ import time
 
 import pytest
 from chaos import Chaos, redone, steps_of
-from conftest import ROOT, STUBBORN, pid_alive
+from conftest import ROOT, STUBBORN, gone_within, json_line, pid_alive, task_pids
 from test_tf_workers import TRAIN, check_trained_together, results
 
 from mwhelpers.errors import InfrastructureError, UsageError, WorkerFailed
@@ -52,31 +52,6 @@ def env(hosts, monkeypatch):
     return hosts
 
 
-def task_pids(hosts):
-    """Python processes inside the test hosts: agents, tasks and their children (the
-    hosts' own daemons, sshd and slurmd, are not Python)."""
-    found = []
-    for name in hosts.names:
-        for pid in hosts.netns_pids(name):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    argv0 = f.read().split(b"\0")[0].decode(errors="replace")
-            except OSError:
-                continue
-            if os.path.basename(argv0).startswith("python"):
-                found.append(pid)
-    return found
-
-
-def gone_within(hosts, seconds):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not task_pids(hosts):
-            return True
-        time.sleep(0.1)
-    return False
-
-
 @pytest.fixture
 def remote_rt(rt, env):
     yield rt
@@ -96,15 +71,9 @@ def allocation(env, monkeypatch):
     subprocess.run(["scancel", job], capture_output=True, timeout=30)
 
 
-def where(run, timeout=10):
-    """The WHERE report of ``run``: its port may open before the line crosses ssh or srun."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = [ln for ln in run.lines() if ln.startswith("WHERE ")]
-        if found:
-            return json.loads(found[0][len("WHERE "):])
-        assert time.monotonic() < deadline, run.lines()
-        time.sleep(0.05)
+def where(run):
+    """The WHERE report of ``run``."""
+    return json_line(run, "WHERE")
 
 
 # -- SSH -------------------------------------------------------------------------------------
