@@ -9,7 +9,7 @@ returns when every run has ended, when a condition holds, or at a deadline:
     w.on_line(lambda run, line: ...)
     how = w.watch(timeout=60, until=lambda: ...)   # "ended", "until" or "deadline"
 
-It never ends anything: what a deadline or an interrupt means is the
+:func:`await_ready` waits for one run's port alone.  Neither ends anything: what a deadline or an interrupt means is the
 caller's business (:meth:`mwhelpers.workers.Runtime.watch` ends the stuck
 runs with their stacks dumped and raises; :func:`mwhelpers.supervisor.supervise`
 restarts).
@@ -24,6 +24,7 @@ from .logs import LogFollower, QuietFilter
 
 SERVER_JOBS = ("chief", "worker", "ps")  # tasks that start a gRPC server on their port
 POLL = 0.05  # seconds between reads of the logs
+READY_POLL = 0.01  # seconds between readiness probes of a task being waited for
 PROBE_EVERY = 0.5  # seconds between readiness probes of runs not ready yet
 
 
@@ -89,3 +90,17 @@ class Watcher:
             if deadline is not None and now >= deadline:
                 return "deadline"
             time.sleep(POLL)
+
+
+def await_ready(run, probe: Callable, deadline: float) -> str:
+    """Probe ``run``'s port until it accepts connections (``"ready"``: the run is marked
+    ready), the run ends (``"ended"``) or ``time.monotonic()`` passes ``deadline``
+    (``"deadline"``)."""
+    while True:
+        if probe(run) and run.mark_ready():
+            return "ready"
+        if not run.running:
+            return "ended"
+        if time.monotonic() >= deadline:
+            return "deadline"
+        time.sleep(READY_POLL)

@@ -31,23 +31,24 @@ from typing import Any
 import psutil
 
 from . import failures as failure_records
-from . import proctree, results, stacks
+from . import proctree, results
 from .backends import create_backend
 from .cluster import Cluster, Task, job_tasks, parse_task
-from .diagnosis import explain_failure, explain_stuck
-from .errors import UsageError, WorkerFailed, WorkerTimeout
+from .diagnosis import explain_failure
+from .errors import UsageError, WorkerFailed
 from .failures import Failure
 from .gpus import assign, check_per_task
 from .launchers import LaunchSpec, end_local, end_together
-from .logs import LogFollower, QuietFilter
+from .logs import LogFollower
 from .ports import holder_of, port_in_use, port_range
 from .precheck import check
 from .status import StatusTable
 from .taskrun import LaunchRequest, TaskRun, parse_timeout
 from .tfdata import STALL_FIX_ENV, stall_fix_wanted
 from .timeline import LogMarks, Timeline
+from .timeouts import not_ready_error, timeout_error
 from .versions import installed
-from .watcher import SERVER_JOBS, Watcher, echo_lines
+from .watcher import SERVER_JOBS, Watcher, await_ready, echo_lines
 
 TaskSpec = str | int | Task  # "worker:1", 1 (worker:1), "chief", Task("worker", 1)
 
@@ -56,7 +57,6 @@ SESSION_ENV = "MWHELPERS_SESSION"
 # ended by %killbgscripts, other background commands of the kernel are not.
 BG_ENV = "MWHELPERS_BG"
 TRAINING_JOBS = ("chief", "worker")  # tasks that wait for each other (collectives)
-_POLL = 0.01  # seconds between readiness probes
 
 
 def _print(line):
@@ -455,34 +455,17 @@ class Runtime:
             f"[{run.task}] starting in the background (pid {run.pid}); waiting until "
             f"{run.address} accepts connections ... log: {run.log_path}"
         )
-        deadline = run.started + timeout
-        while True:
-            if self.probe(run) and run.mark_ready():
-                self.echo(f"[{run.task}] ready after {run.ready_after:.2f} s (port {run.port} is open)")
-                return run
-            if not run.running:
-                if run.failed:
-                    self._raise_failures([run])
-                self.echo(f"[{run.task}] ended with exit code 0 before it opened port {run.port}")
-                return run
-            if time.monotonic() >= deadline:
-                self._end_stuck([run], f"it did not become ready within {timeout:g} s")
-                where = ""
-                if self.cluster.remote:
-                    where = (f" from this machine at {run.address} (on {self.cluster.host_of(run.task)}"
-                             "). If its log shows the server started, a firewall blocks the port: "
-                             "every task's port must be open to the other hosts and to this kernel")
-                places, found = explain_stuck(
-                    [run], [run], [(run.task, f"running, but port {run.port} never opened")])
-                explained = [line for f in found for line in f.lines()] or places
-                raise WorkerTimeout(
-                    f"{run.task} did not become ready within {timeout:g} s: port {run.port} "
-                    f"never accepted connections{where}. Its Python stacks were written to its "
-                    f"log before it was ended.\n" + "".join(line + "\n" for line in explained)
-                    + self._tail_before_stacks(run),
-                    not_ready=[run.task], diagnosis=[f.to_dict() for f in found],
-                )
-            time.sleep(_POLL)
+        how = await_ready(run, self.probe, run.started + timeout)
+        if how == "ready":
+            self.echo(f"[{run.task}] ready after {run.ready_after:.2f} s (port {run.port} is open)")
+        elif how == "ended":
+            if run.failed:
+                self._raise_failures([run])
+            self.echo(f"[{run.task}] ended with exit code 0 before it opened port {run.port}")
+        else:
+            self._end_stuck([run], f"it did not become ready within {timeout:g} s")
+            raise not_ready_error(run, timeout, self.cluster.host_of(run.task))
+        return run
 
     def watch(self, runs: Iterable[TaskRun], timeout: float | None = None, *,
               stream: bool = False, quiet: bool | None = None,
@@ -520,39 +503,8 @@ class Runtime:
         if how == "deadline":
             stuck = [r for r in runs if r.running]
             self._end_stuck(stuck, f"it {what} within {timeout:g} s")
-            raise self._timeout_error(stuck, timeout, what)
+            raise timeout_error(stuck, timeout, what, self.runs.values(), self.not_ready_tasks())
         return how
-
-    def _timeout_error(self, stuck, timeout, what):
-        names = ", ".join(str(r.task) for r in stuck)
-        not_ready = self.not_ready_tasks()
-        msg = f"{names} {what} within {timeout:g} s and {'was' if len(stuck) == 1 else 'were'} ended; "
-        msg += "Python stacks were written to the log before ending."
-        if not_ready:
-            msg += "\nTasks of the cluster that never became ready: " + "; ".join(
-                f"{t} ({why})" for t, why in not_ready
-            )
-            msg += ". A worker waits for all its peers: launch every task of the cluster."
-        where, found = explain_stuck(stuck, list(self.runs.values()), not_ready)
-        msg += "".join("\n" + line for f in found for line in f.lines())
-        if where:
-            msg += "\nWhere each task was when it was ended (its stacks are in its log):\n" \
-                + "\n".join(where)
-        for r in stuck:
-            msg += "\n" + self._tail_before_stacks(r)
-        return WorkerTimeout(msg, not_ready=[t for t, _ in not_ready],
-                             diagnosis=[f.to_dict() for f in found])
-
-    @staticmethod
-    def _tail_before_stacks(run):
-        """The last lines a stuck task wrote before its stacks, TF's info lines left out."""
-        quiet = QuietFilter()
-        before = stacks.before_last_dump(run.lines())
-        lines = [ln for ln in before if quiet.keep(ln)]
-        if not lines:
-            what = "only TensorFlow's informational lines" if before else "nothing"
-            return f"{run.task} printed {what} before its stacks (log: {run.log_path})."
-        return failure_records.tail_text(run.task, run.log_path, lines[-failure_records.TAIL:])
 
     def not_ready_tasks(self):
         """(task, reason) for each chief/worker task that never became ready."""
