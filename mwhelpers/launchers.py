@@ -197,7 +197,10 @@ def end_together(jobs):
     out = [None] * len(jobs)
 
     def one(i):
-        out[i] = jobs[i]()
+        try:
+            out[i] = jobs[i]()
+        except Exception as e:  # one that cannot be ended must not hide the others' report
+            out[i] = [f"could NOT end everything: {type(e).__name__}: {e}"]
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(jobs))]
     for t in threads:
