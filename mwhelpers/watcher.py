@@ -9,10 +9,10 @@ returns when every run has ended, when a condition holds, or at a deadline:
     w.on_line(lambda run, line: ...)
     how = w.watch(timeout=60, until=lambda: ...)   # "ended", "until" or "deadline"
 
-:func:`await_ready` waits for one run's port alone.  Neither ends anything: what a deadline or an interrupt means is the
-caller's business (:meth:`mwhelpers.workers.Runtime.watch` ends the stuck
-runs with their stacks dumped and raises; :func:`mwhelpers.supervisor.supervise`
-restarts).
+:func:`await_ready` waits for one run's port alone.  Neither ends anything:
+what a deadline or an interrupt means is the caller's business
+(:meth:`mwhelpers.workers.Runtime.watch` ends the stuck runs with their stacks
+dumped and raises; :func:`mwhelpers.supervisor.supervise` restarts).
 """
 
 from __future__ import annotations
