@@ -25,7 +25,7 @@ from .cluster import looks_like_task
 from .errors import UsageError
 from .live import LiveViews
 from .proctree import parse_signal
-from .taskrun import LAUNCH_OPTIONS, LaunchRequest, launch_usage
+from .taskrun import LAUNCH_OPTIONS, LaunchRequest, launch_help, launch_usage
 from .workers import BG_ENV, runtime
 
 # define_cluster's arguments that %cluster gives with flags of their own
@@ -365,6 +365,11 @@ class _BackgroundCellMark:
 
 
 _LOADED = {}  # shell -> (WorkerMagics instance, _BackgroundCellMark)
+
+
+# %%worker? lists each option from the table the parser reads.
+WorkerMagics.worker.__doc__ += "\n        Options:\n" + "\n".join(
+    "        " + line.strip() for line in launch_help().splitlines())
 
 
 def load(ipython):

@@ -115,6 +115,13 @@ def launch_usage():
     return " ".join(o.usage() for o in LAUNCH_OPTIONS)
 
 
+def launch_help():
+    """One line per launch option: its flag and what it does."""
+    flags = [o.flag + (f" {o.metavar}" if o.metavar else "") for o in LAUNCH_OPTIONS]
+    width = max(map(len, flags))
+    return "\n".join(f"  {f:<{width}}  {o.help}" for f, o in zip(flags, LAUNCH_OPTIONS, strict=True))
+
+
 @dataclass
 class LaunchRequest:
     """Everything one launch needs, checked."""

@@ -1,5 +1,6 @@
 """The magics, driven through a real IPython shell."""
 
+import re
 import sys
 import time
 
@@ -252,3 +253,11 @@ def test_unload_and_reload_keep_running_tasks_and_say_so(ip, rt, capsys):
     assert not pid_alive(run.pid)
     assert sum(type(getattr(cb, "__self__", None)).__name__ == "_BackgroundCellMark"
                for cb in ip.events.callbacks["pre_run_cell"]) == 1
+
+
+def test_the_worker_magics_help_lists_every_launch_option(ip):
+    from mwhelpers.taskrun import LAUNCH_OPTIONS
+
+    doc = ip.find_cell_magic("worker").__doc__
+    for option in LAUNCH_OPTIONS:
+        assert re.search(rf"^\s+{re.escape(option.flag)}\b.*{re.escape(option.help[:30])}", doc, re.M)
