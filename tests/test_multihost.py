@@ -267,6 +267,48 @@ def test_a_silent_partition_ends_the_remote_task_and_the_kernel_marks_it_lost(re
     print(f"kernel marked it lost after {lost_after:.1f} s; gone on {h1} after {gone_after:.1f} s")
 
 
+LONG_STEPS = textwrap.dedent("""
+    import os, time
+    attempt = os.environ["MWHELPERS_ATTEMPT"]
+    for step in range(30 if attempt == "1" else 3):
+        print(f"step {step} of attempt {attempt}", flush=True)
+        time.sleep(0.2)
+""")
+
+
+def test_supervise_restarts_a_task_lost_in_a_partition(remote_rt, env, monkeypatch):
+    """A host goes silent during a supervised job: its task is marked lost (a fault) after
+    the heartbeat, the other host's task is ended, and once the link is back every task is
+    started again and finishes."""
+    monkeypatch.setenv("MWHELPERS_HEARTBEAT", "2")
+    h1, h2 = env.names
+    remote_rt.define_cluster(2, hosts=[h1, h2])
+    cut = []
+
+    def partition():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            runs = list(dict(remote_rt.runs).values())
+            if len(runs) == 2 and all(any(ln.startswith("step 2 ") for ln in r.lines()) for r in runs):
+                break
+            time.sleep(0.05)
+        lost = remote_rt.runs[remote_rt.cluster.check_task("worker:0")]
+        with link_down(env, h1):
+            cut.append(time.monotonic())
+            lost.wait(15)  # the kernel gives it up after the heartbeat; then the link comes back
+            cut.append(time.monotonic())
+
+    cutter = threading.Thread(target=partition, daemon=True)
+    cutter.start()
+    attempts = remote_rt.supervise(code=LONG_STEPS, max_restarts=1, timeout=60, stream=False)
+    cutter.join(30)
+    assert len(cut) == 2 and cut[1] - cut[0] < 6, cut  # noticed within the 2 s heartbeat
+    first = attempts[0]
+    assert first["restarted"] and first["root_cause"].task == "worker:0"
+    assert f"lost: {h1} stopped answering for 2 s" in first["failed"][0][1]
+    assert [r.returncode for r in attempts[1]["runs"]] == [0, 0]
+
+
 def test_a_killed_kernel_leaves_nothing_on_the_hosts(env, tmp_path):
     from test_kernel import Kernel
 
