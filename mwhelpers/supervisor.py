@@ -13,9 +13,14 @@ environment, and each failed attempt writes its root cause as JSON to
 ``attempt-N.root-cause.json`` in the runtime's log folder.
 """
 
+from __future__ import annotations
+
+import os
 import re
 import signal
 import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from .errors import UsageError, WorkerFailed
 from .failures import explained, report
@@ -51,9 +56,12 @@ def _let_peers_finish(runs, codes, grace):
             r.wait(max(0.0, deadline - time.monotonic()))
 
 
-def supervise(rt, script=None, *, code=None, args=(), tasks=None, max_restarts=3, timeout=None,
-              env=None, inject=(), stream=True, restartable_exit_codes=(), peer_grace=10.0,
-              stall_fix=None):
+def supervise(rt, script: str | os.PathLike | None = None, *, code: str | None = None,
+              args: Sequence[str] = (), tasks: Iterable | None = None, max_restarts: int = 3,
+              timeout: float | str | None = None,
+              env: Mapping[str, str] | Sequence[str] | None = None, inject: Iterable[tuple] = (),
+              stream: bool = True, restartable_exit_codes: Iterable[int] = (),
+              peer_grace: float = 10.0, stall_fix: bool | None = None) -> list[dict[str, Any]]:
     """Run ``rt``'s cluster tasks together; after a fault, end all and restart all.
 
     ``tasks`` defaults to every task of the cluster.  ``inject`` is a list of

@@ -31,7 +31,7 @@ from typing import Any
 import psutil
 
 from . import failures as failure_records
-from . import proctree, results
+from . import proctree, results, supervisor
 from .backends import create_backend
 from .cluster import Cluster, Task, job_tasks, parse_task
 from .diagnosis import explain_failure
@@ -734,23 +734,9 @@ class Runtime:
         return run
 
     # -- supervision -------------------------------------------------------------
-    def supervise(self, script: str | os.PathLike | None = None, *, code: str | None = None,
-                  args: Sequence[str] = (), tasks: Iterable[TaskSpec] | None = None,
-                  max_restarts: int = 3, timeout: float | str | None = None,
-                  env: Mapping[str, str] | Sequence[str] | None = None,
-                  inject: Iterable[tuple] = (), stream: bool = True,
-                  restartable_exit_codes: Iterable[int] = (), peer_grace: float = 10.0,
-                  stall_fix: bool | None = None) -> list[dict[str, Any]]:
-        """Run the cluster's tasks together and restart them all after a fault.
-
-        See :func:`mwhelpers.supervisor.supervise`.
-        """
-        from .supervisor import supervise
-
-        return supervise(self, script=script, code=code, args=args, tasks=tasks,
-                         max_restarts=max_restarts, timeout=timeout, env=env, inject=inject,
-                         stream=stream, restartable_exit_codes=restartable_exit_codes,
-                         peer_grace=peer_grace, stall_fix=stall_fix)
+    # Run the cluster's tasks together and restart them all after a fault: one function,
+    # rt.supervise(...) being supervisor.supervise(rt, ...).
+    supervise = supervisor.supervise
 
 
 def _close_launchers(launchers):
