@@ -56,7 +56,7 @@ def _let_peers_finish(runs, codes, grace):
             r.wait(max(0.0, deadline - time.monotonic()))
 
 
-def supervise(rt, script: str | os.PathLike | None = None, *, code: str | None = None,
+def supervise(rt: workers.Runtime, script: str | os.PathLike | None = None, *, code: str | None = None,
               args: Sequence[str] = (), tasks: Iterable | None = None, max_restarts: int = 3,
               timeout: float | str | None = None,
               env: Mapping[str, str] | Sequence[str] | None = None, inject: Iterable[tuple] = (),
@@ -159,3 +159,8 @@ def supervise(rt, script: str | os.PathLike | None = None, *, code: str | None =
                 f"(restart {attempt} of {max_restarts})")
         _echo_diagnosis(rt, root)
     return attempts
+
+
+# Runtime.supervise is this function, so workers imports this module; the name for the
+# annotation above is bound last, when ``supervise`` exists whichever module came first.
+from . import workers  # noqa: E402
