@@ -368,8 +368,9 @@ _LOADED = {}  # shell -> (WorkerMagics instance, _BackgroundCellMark)
 
 
 # %%worker? lists each option from the table the parser reads.
-WorkerMagics.worker.__doc__ += "\n        Options:\n" + "\n".join(
-    "        " + line.strip() for line in launch_help().splitlines())
+if WorkerMagics.worker.__doc__:  # None under python -OO
+    WorkerMagics.worker.__doc__ += "\n        Options:\n" + "\n".join(
+        "        " + line.strip() for line in launch_help().splitlines())
 
 
 def load(ipython):
