@@ -26,24 +26,15 @@ in one file, registered the second way.
 
 from __future__ import annotations
 
-import importlib
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 
 from .errors import UsageError
 
 ENTRY_POINT_GROUP = "mwhelpers.backends"
-BUILT_IN = {"local": "mwhelpers.launchers:LocalLauncher",
-            "ssh": "mwhelpers.remote:SSHLauncher",
-            "slurm": "mwhelpers.slurm:SlurmLauncher"}
+BUILT_IN = {name: EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in (
+    ("local", "mwhelpers.launchers:LocalLauncher"), ("ssh", "mwhelpers.remote:SSHLauncher"),
+    ("slurm", "mwhelpers.slurm:SlurmLauncher"))}
 _REGISTERED = {}  # name -> class, from register_backend
-
-
-def _load(target):
-    module, _, attr = target.partition(":")
-    obj = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _entry_points():
@@ -73,7 +64,7 @@ def available_backends() -> list[str]:
 def backend_class(name: str) -> type:
     """The backend class registered as ``name``."""
     if name in BUILT_IN:
-        return _load(BUILT_IN[name])
+        return BUILT_IN[name].load()
     if name in _REGISTERED:
         return _REGISTERED[name]
     found = _entry_points().get(name)
@@ -98,18 +89,3 @@ def create_backend(name: str, options: dict) -> object:
         takes = ", ".join(f"{k} ({what})" for k, what in cls.options.items()) or "no options"
         raise UsageError(f"the {name} backend does not take {', '.join(unknown)}; it takes {takes}")
     return cls(**given)
-
-
-def describe_backends() -> str:
-    """One line per backend with its options, for help texts."""
-    lines = []
-    for name in available_backends():
-        try:
-            cls = backend_class(name)
-        except UsageError as e:
-            lines.append(f"{name}: {e}")
-            continue
-        opts = ", ".join(cls.options) or "no options"
-        doc = (cls.__doc__ or "").strip().split("\n")[0]
-        lines.append(f"{name}: {doc} (options: {opts})")
-    return "\n".join(lines)

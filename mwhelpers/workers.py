@@ -208,19 +208,17 @@ class Runtime:
                     + "); end them first (%killbgscripts or %waitworkers)"
                 )
             launcher = create_backend(name, options)
-            placement = {}
+            new = None
             try:
-                placement = launcher.place(tasks, port_range())
-                gpus = None
-                if gpus_per_task:
-                    gpus = assign({t: placement[t][0] for t in tasks}, launcher.host_gpus(),
-                                  gpus_per_task)
                 new = Cluster(workers=workers, chief=chief, ps=ps, evaluator=evaluator,
-                              placement=placement, kind=name, gpus=gpus, remote=launcher.remote)
+                              placement=launcher.place(tasks, port_range()), kind=name,
+                              remote=launcher.remote)
+                if gpus_per_task:
+                    new.gpus = assign({t: new.host_of(t) for t in tasks}, launcher.host_gpus(),
+                                      gpus_per_task)
             except BaseException:
-                for place in placement.values():
-                    if len(place) > 3 and place[3] is not None:
-                        place[3].release()
+                if new is not None:
+                    new.close()  # gives back the ports the backend held for it
                 launcher.close()
                 raise
             if self.cluster is not None:
@@ -293,12 +291,9 @@ class Runtime:
         """Launch a checked :class:`LaunchRequest` (see :meth:`launch`)."""
         with self._lock:
             created = self.cluster is None
-            cluster = self.ensure_cluster()
+            self.ensure_cluster()
             try:
-                task = cluster.check_task(request.task)
-                self._check_not_running(task)
-                if task.type in SERVER_JOBS and not cluster.remote:
-                    self._check_port_free(task)
+                task = self._checked_task(request)
             except UsageError:
                 if created:
                     self.cluster.close()
@@ -320,15 +315,11 @@ class Runtime:
         then the ones that wait for their port are awaited.  When one cannot be started,
         the ones already started are ended and the error raised."""
         with self._lock:
-            cluster = self.ensure_cluster()
-            tasks = [cluster.check_task(r.task) for r in requests]
+            self.ensure_cluster()
+            tasks = [self._checked_task(r) for r in requests]
             twice = sorted({str(t) for t in tasks if tasks.count(t) > 1})
             if twice:
                 raise UsageError(f"{', '.join(twice)} given more than once; start each task once")
-            for task in tasks:
-                self._check_not_running(task)
-                if task.type in SERVER_JOBS and not cluster.remote:
-                    self._check_port_free(task)
             for task, request in zip(tasks, requests, strict=True):
                 self._look_before_launch(task, request)
             runs = []
@@ -342,6 +333,15 @@ class Runtime:
             if request.background:
                 self._await_ready(run, request.timeout)
         return runs
+
+    def _checked_task(self, request):
+        """``request``'s task, once it is known to be in the cluster, not running, and (here)
+        its port free."""
+        task = self.cluster.check_task(request.task)
+        self._check_not_running(task)
+        if task.type in SERVER_JOBS and not self.cluster.remote:
+            self._check_port_free(task)
+        return task
 
     def _look_before_launch(self, task, request):
         """Warn, never refuse, about the mistakes that can be seen in the program's source
