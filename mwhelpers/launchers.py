@@ -216,6 +216,8 @@ class Launcher:
     A subclass gives ``name`` (how :mod:`mwhelpers.backends` finds it), ``options``
     (the keyword arguments it takes, each with what it means), :meth:`place` and
     :meth:`start`, and may give :meth:`task_env`, :meth:`host_gpus` and :meth:`close`.
+    The base :meth:`close` ends the processes listed in ``self.started`` that still run:
+    a backend that keeps that list (the built-in ones do) gets it for free.
     """
 
     name = None
