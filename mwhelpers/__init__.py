@@ -13,6 +13,7 @@ _LAZY = {
     "Cluster": "cluster", "Task": "cluster", "parse_task": "cluster",
     "Runtime": "workers", "runtime": "workers", "TaskRun": "workers",
     "load_mnist": "data", "avoid_teardown_stall": "tfdata",
+    "fix_keras_multi_worker": "kerasfix",
     "Failure": "failures", "LaunchRequest": "taskrun",
     "MWHelpersError": "errors", "UsageError": "errors", "WorkerError": "errors",
     "WorkerFailed": "errors", "WorkerTimeout": "errors", "InfrastructureError": "errors",

@@ -13,6 +13,9 @@ extra process, and imports nothing heavy.  It:
   input pipelines to run without tf.data autotuning, so that ``fit`` ends when
   training ends (``tfdata.py`` beside this file; nothing is imported until
   the program imports TensorFlow itself);
+* unless ``MWHELPERS_KERAS_FIX=0``, mends Keras 3 ``fit`` and its checkpointing
+  callbacks for multi-worker MultiWorkerMirroredStrategy once the program loads
+  Keras (``kerasfix.py``, keras-team/keras#20585);
 * once the program has imported TensorFlow, writes one line saying which
   TensorFlow and Keras it got (``taskfacts.py``), for the failure diagnosis;
 * runs SCRIPT as ``__main__`` with ``sys.argv`` and ``sys.path[0]`` set the way
@@ -68,6 +71,9 @@ def _arm_import_hooks():
     tfdata = _load("tfdata")
     if tfdata.stall_fix_wanted(os.environ):
         tfdata.install_import_hook()
+    kerasfix = _load("kerasfix")
+    if kerasfix.fix_wanted(os.environ):
+        kerasfix.install(tfdata.after_import)
     tfdata.after_import("tensorflow", _load("taskfacts").say)
 
 

@@ -3,7 +3,7 @@
     %cluster [N] [--chief] [--ps K] [--evaluator] [--hosts H1,H2,... | --slurm [--job ID]]
              [--backend NAME] [--option K=V ...] [--python PATH] [--cwd DIR] [--gpus-per-task K]
     %%worker [TASK] [--bg] [--timeout S] [--log PATH] [--ready port|start] [--env K=V ...]
-             [--no-stall-fix] [--verbose]
+             [--no-stall-fix] [--no-keras-fix] [--verbose]
     %worker  [TASK] [options] SCRIPT [ARGS...]
     %workers [--timeline [--save PATH]]
     %workerlog [TASK] [-n N] [--follow]
@@ -183,7 +183,7 @@ class WorkerMagics(Magics):
         """Run a worker task's Python program in its own process.
 
         %%worker [TASK] [--bg] [--timeout S] [--log PATH] [--ready port|start] [--env K=V ...]
-                 [--no-stall-fix] [--verbose]
+                 [--no-stall-fix] [--no-keras-fix] [--verbose]
         %worker  [TASK] [options] SCRIPT [ARGS...]
 
         TASK is worker:1, chief:0, ps:0, evaluator:0, or 1 for worker:1
@@ -197,6 +197,8 @@ class WorkerMagics(Magics):
         imports modules from the working directory, as ``python -c`` would.
         --no-stall-fix keeps tf.data autotuning in a MultiWorkerMirroredStrategy
         worker (by default it is switched off so that fit ends when training ends).
+        --no-keras-fix runs Keras 3 unmended (by default its fit, evaluate, BackupAndRestore
+        and ModelCheckpoint are mended for multi-worker MWMS: keras-team/keras#20585).
         --verbose streams every line, TensorFlow's informational C++ start-up lines
         included; by default the cell leaves those out (the log keeps them all).
         """

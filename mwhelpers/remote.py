@@ -35,7 +35,7 @@ from .launchers import BOOTSTRAP, Launcher, Placement, Process
 
 AGENT_CODE = Path(__file__).with_name("_agent.py").read_text()
 # The files the worker start-up loads beside itself, sent with it to every host.
-BOOTSTRAP_FILES = ("tfdata.py", "taskfacts.py")
+BOOTSTRAP_FILES = ("tfdata.py", "taskfacts.py", "kerasfix.py")
 # A probe whose SSH connection sshd dropped before its greeting is tried this many times.
 PROBE_TRIES = 3
 SSH_DROPPED = ("kex_exchange_identification", "Connection reset by peer",

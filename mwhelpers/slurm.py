@@ -26,7 +26,10 @@ import sys
 from pathlib import Path
 
 from .errors import InfrastructureError, UsageError
+from .kerasfix import KERAS_FIX_ENV
+from .launchers import BOOTSTRAP
 from .remote import AgentLauncher
+from .tfdata import STALL_FIX_ENV
 
 HOW_TO_ALLOCATE = (
     "start the kernel inside an allocation (salloc -N 2 jupyter lab, or in an sbatch job), or "
@@ -150,10 +153,14 @@ os.execv(sys.executable, [sys.executable, "-u", *sys.argv[1:]])
 
 def write_sbatch(path, script, *, tasks=2, nodes=None, args=(), python=None, env=None,
                  job_name="tf-multiworker", output="slurm-%j.out", time_limit=None,
-                 partition=None, port_base=None, cwd=None):
+                 partition=None, port_base=None, cwd=None, stall_fix=True, keras_fix=True):
     """Write a batch script that runs ``script`` as ``tasks`` MultiWorkerMirroredStrategy
     workers (one srun step, ``--kill-on-bad-exit``: one failed worker ends the job).
 
+    Each task starts through mwhelpers' worker start-up (``_bootstrap.py`` of this
+    installation, so ``python`` must see the same files): Keras 3 ``fit`` is mended for
+    multi-worker MWMS (``keras_fix=False`` runs it unmended; :mod:`mwhelpers.kerasfix`)
+    and the end-of-fit stall is avoided (``stall_fix=False``; :mod:`mwhelpers.tfdata`).
     ``env``: variables to export first (``{"TF_USE_LEGACY_KERAS": "1"}``).
     Returns the path.  Submit with ``sbatch PATH``; watch with ``squeue``;
     cancel with ``scancel JOBID``.
@@ -180,10 +187,11 @@ def write_sbatch(path, script, *, tasks=2, nodes=None, args=(), python=None, env
         lines.append(f"export {k}={shlex.quote(str(v))}")
     if port_base:
         lines.append(f"export MWHELPERS_PORT_BASE={int(port_base)}")
+    lines.append(f"export {STALL_FIX_ENV}={int(bool(stall_fix))} {KERAS_FIX_ENV}={int(bool(keras_fix))}")
     lines += ["read -r -d '' TF_CONFIG_RULE <<'RULE' || true", TF_CONFIG_RULE.strip(), "RULE",
               "srun --kill-on-bad-exit=1 --distribution=block "
               + shlex.join([python, "-c"]) + ' "$TF_CONFIG_RULE" '
-              + shlex.join([script, *map(str, args)]), ""]
+              + shlex.join([BOOTSTRAP, script, *map(str, args)]), ""]
     path = Path(path)
     path.write_text("\n".join(lines))
     path.chmod(0o755)

@@ -61,7 +61,8 @@ def supervise(rt: workers.Runtime, script: str | os.PathLike | None = None, *, c
               timeout: float | str | None = None,
               env: Mapping[str, str] | Sequence[str] | None = None, inject: Iterable[tuple] = (),
               stream: bool = True, restartable_exit_codes: Iterable[int] = (),
-              peer_grace: float = 10.0, stall_fix: bool | None = None) -> list[dict[str, Any]]:
+              peer_grace: float = 10.0, stall_fix: bool | None = None,
+              keras_fix: bool | None = None) -> list[dict[str, Any]]:
     """Run ``rt``'s cluster tasks together; after a fault, end all and restart all.
 
     ``tasks`` defaults to every task of the cluster.  ``inject`` is a list of
@@ -101,7 +102,8 @@ def supervise(rt: workers.Runtime, script: str | os.PathLike | None = None, *, c
         except re.error as e:
             raise UsageError(f"inject: {pattern!r} is not a valid regular expression: {e}") from None
     requests = [LaunchRequest.parse(t, code=code, script=script, args=args, env=env,
-                                    background=True, ready="start", stall_fix=stall_fix)
+                                    background=True, ready="start", stall_fix=stall_fix,
+                                    keras_fix=keras_fix)
                 for t in tasks]
     attempts = []
     for attempt in range(1, max_restarts + 2):

@@ -105,6 +105,8 @@ LAUNCH_OPTIONS = (
            repeat=True),
     Option("stall_fix", "--no-stall-fix", None, "keep tf.data autotuning in MWMS workers "
            "(see mwhelpers.tfdata)", value=False),
+    Option("keras_fix", "--no-keras-fix", None, "run Keras 3 unmended in MWMS workers "
+           "(see mwhelpers.kerasfix, keras-team/keras#20585)", value=False),
     Option("verbose", "--verbose", None, "stream every line, TensorFlow's informational "
            "C++ lines too"),
 )
@@ -136,6 +138,7 @@ class LaunchRequest:
     env: dict = field(default_factory=dict)
     ready: str = "auto"
     stall_fix: bool = None  # None: the runtime's default
+    keras_fix: bool = None  # None: the runtime's default
     verbose: bool = None  # True: stream every line (None: the runtime's default)
 
     @classmethod
@@ -147,7 +150,8 @@ class LaunchRequest:
             raise UsageError(f"unknown launch option {', '.join(unknown)}; the options are "
                              + ", ".join(o.name for o in LAUNCH_OPTIONS))
         background, timeout, log = (options.get(k) for k in ("background", "timeout", "log"))
-        env, stall_fix, verbose = (options.get(k) for k in ("env", "stall_fix", "verbose"))
+        env, stall_fix, keras_fix, verbose = (options.get(k) for k in (
+            "env", "stall_fix", "keras_fix", "verbose"))
         ready = options.get("ready") or "auto"
         if (code is None) == (script is None):
             raise UsageError("give either the program's code or a script path, not both or neither")
@@ -165,13 +169,15 @@ class LaunchRequest:
             raise UsageError("args must be a list of strings, not one string")
         if ready not in READY_MODES:
             raise UsageError(f"ready must be 'auto', 'port' or 'start', got {ready!r}")
-        for name, value in (("stall_fix", stall_fix), ("verbose", verbose)):
+        for name, value in (("stall_fix", stall_fix), ("keras_fix", keras_fix),
+                            ("verbose", verbose)):
             if value not in (None, True, False):
                 raise UsageError(f"{name} must be True, False or None, got {value!r}")
         return cls(task=parse_task(task), code=code, script=script,
                    args=tuple(str(a) for a in args), background=bool(background),
                    timeout=parse_timeout(timeout), log=Path(log) if log else None,
-                   env=parse_env(env), ready=ready, stall_fix=stall_fix, verbose=verbose)
+                   env=parse_env(env), ready=ready, stall_fix=stall_fix, keras_fix=keras_fix,
+                   verbose=verbose)
 
 
 class TaskRun:

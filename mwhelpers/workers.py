@@ -38,6 +38,8 @@ from .diagnosis import explain_failure
 from .errors import UsageError, WorkerFailed
 from .failures import Failure
 from .gpus import assign, check_per_task
+from .kerasfix import KERAS_FIX_ENV
+from .kerasfix import fix_wanted as keras_fix_wanted
 from .launchers import LaunchSpec, end_local, end_together
 from .logs import LogFollower
 from .ports import holder_of, port_in_use, port_range
@@ -114,6 +116,9 @@ class Runtime:
         self.session = claim_session()
         # The end-of-fit stall fix in every worker (tfdata.py); per launch: stall_fix=.
         self.stall_fix = stall_fix_wanted(os.environ)
+        # Keras 3 fit under multi-worker MWMS mended in every worker (kerasfix.py); per
+        # launch: keras_fix=.
+        self.keras_fix = keras_fix_wanted(os.environ)
         # Cells show a task's output without TF's informational C++ lines (logs keep them).
         self.verbose = False
         # At exit (or when this object is collected) the launchers end what still runs.
@@ -264,7 +269,8 @@ class Runtime:
                background: bool = False, timeout: float | str | None = None,
                log: str | os.PathLike | None = None,
                env: Mapping[str, str] | Sequence[str] | None = None, ready: str = "auto",
-               stall_fix: bool | None = None, verbose: bool | None = None) -> TaskRun:
+               stall_fix: bool | None = None, keras_fix: bool | None = None,
+               verbose: bool | None = None) -> TaskRun:
         """Run a task's program: ``code`` (a string) or ``script`` (a .py file).
 
         Foreground (default): follow its output into the caller, each line
@@ -278,13 +284,18 @@ class Runtime:
         ``stall_fix=False`` keeps tf.data autotuning in a MultiWorkerMirroredStrategy
         worker (see :mod:`mwhelpers.tfdata`); the default is ``self.stall_fix``.
 
+        ``keras_fix=False`` runs Keras 3 unmended under multi-worker
+        MultiWorkerMirroredStrategy (see :mod:`mwhelpers.kerasfix`,
+        keras-team/keras#20585); the default is ``self.keras_fix``.
+
         ``verbose=True`` streams every line of the output, TensorFlow's
         informational C++ lines included (the default, ``self.verbose``, hides
         them from the caller; the log file keeps everything).
         """
         request = LaunchRequest.parse(task, code=code, script=script, args=args,
                                       background=background, timeout=timeout, log=log, env=env,
-                                      ready=ready, stall_fix=stall_fix, verbose=verbose)
+                                      ready=ready, stall_fix=stall_fix, keras_fix=keras_fix,
+                                      verbose=verbose)
         return self.start(request)
 
     def start(self, request, attempt=1):
@@ -394,7 +405,7 @@ class Runtime:
         suffix = "" if n == 1 else f".run{n}"
         return self.log_dir / f"{task.slug}{suffix}.log"
 
-    def child_env(self, task, extra=None, stall_fix=None, attempt=1, base=None):
+    def child_env(self, task, extra=None, stall_fix=None, attempt=1, base=None, keras_fix=None):
         """The environment a task's program gets: ``base`` (default: the kernel's
         whole environment), TF_CONFIG and mwhelpers' variables, then ``extra``."""
         env = dict(os.environ if base is None else base)
@@ -407,6 +418,7 @@ class Runtime:
         env["MWHELPERS_TASK"] = str(task)
         env["MWHELPERS_ATTEMPT"] = str(attempt)
         env[STALL_FIX_ENV] = "1" if (self.stall_fix if stall_fix is None else stall_fix) else "0"
+        env[KERAS_FIX_ENV] = "1" if (self.keras_fix if keras_fix is None else keras_fix) else "0"
         env["PYTHONUNBUFFERED"] = "1"
         env.update(extra or {})
         return env
@@ -426,7 +438,8 @@ class Runtime:
         # variables that matter, not the kernel's whole environment) and fills in its folder.
         base = self.launcher.task_env(os.environ)
         spec = LaunchSpec(script=str(Path(script).resolve()), args=list(request.args),
-                          env=self.child_env(task, request.env, request.stall_fix, attempt, base),
+                          env=self.child_env(task, request.env, request.stall_fix, attempt, base,
+                                             request.keras_fix),
                           log_path=Path(log_path), cell=request.code is not None,
                           host=host, port=self.cluster.port(task))
         process = self.launcher.start(spec)

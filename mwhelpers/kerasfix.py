@@ -1,0 +1,469 @@
+"""Keras 3 ``fit`` and ``evaluate`` under multi-worker MultiWorkerMirroredStrategy.
+
+Keras 3 (``tf.keras`` since TensorFlow 2.16) fails to train with
+MultiWorkerMirroredStrategy when two or more worker processes take part:
+keras-team/keras#20585.  Two places in Keras's TensorFlow trainer
+(``keras/src/backend/tensorflow/trainer.py``) cause it, and both must be
+mended for training to work:
+
+1. ``TensorFlowTrainer._maybe_symbolic_build`` (Keras 3.5 and later) asks the
+   strategy to reduce one whole input batch, ``strategy.reduce("MEAN", (x, y),
+   axis=None)``, only to learn its shapes.  In multi-worker mode every batch is
+   a ``PerReplica`` value and MultiWorkerMirroredStrategy cannot reduce a
+   nested structure: ``ValueError: Attempt to convert a value (PerReplica...)``.
+   Here the first local replica's batch is taken instead
+   (``strategy.experimental_local_results(v)[0]``): same shapes, same dtypes,
+   and no collective at all.
+2. ``reduce_per_replica`` (Keras 3.3 and later) reduces the step's logs in
+   multi-worker mode with ``strategy.reduce("MEAN", v, axis=0)``; the logs are
+   scalars, so that fails with ``Invalid reduction dimension 0 for input with
+   0 dimensions``.  Here that call is made with ``axis=None`` (the mean across
+   replicas, what tf_keras does and what Keras does in one process).
+
+Keras 3's ``BackupAndRestore`` and ``ModelCheckpoint`` have no notion of a
+chief: every worker writes the same files, and two workers writing one HDF5
+file fail with h5py's ``unable to lock file``.  Under multi-worker MWMS, the
+chief writes where the user asked and every other worker writes the same save
+to ``<folder>/workertemp_<task id>/`` and deletes it right after (each worker
+still saves, as saving may run collectives).  ``BackupAndRestore`` restores
+what Keras 3 saves: the weights, the optimizer's state and the epoch to start
+from, never a batch inside an epoch (with an integer ``save_freq`` the epoch
+starts again from its first batch, with the weights of the last save).  The
+chief's backup is written beside and then moved into place, so a worker killed
+while saving leaves the previous backup whole.
+
+Everything else runs Keras's own code: each replacement checks that the
+strategy is a MultiWorkerMirroredStrategy in multi-worker mode and otherwise
+calls the original.  Each place is changed only while Keras's source still
+holds the line that fails; a Keras that has fixed it upstream is left alone.
+Where the internals are not the ones this was written against, nothing is
+changed and the log says why in one line.
+
+Workers started by mwhelpers get this without calling anything (their
+start-up, ``_bootstrap.py``, arms it); ``MWHELPERS_KERAS_FIX=0``,
+``%%worker --no-keras-fix`` or ``Runtime.keras_fix = False`` turn it off.
+Other programs call :func:`fix_keras_multi_worker` before their first ``fit``.
+
+This file imports only the standard library at module level, so the worker
+start-up can load it by path without the mwhelpers package.
+"""
+
+import json
+import os
+import re
+import shutil
+import sys
+import threading
+
+ISSUE = "keras-team/keras#20585"
+KERAS_FIX_ENV = "MWHELPERS_KERAS_FIX"
+TRAINER = "keras.src.backend.tensorflow.trainer"
+BACKUP = "keras.src.callbacks.backup_and_restore"
+CHECKPOINT = "keras.src.callbacks.model_checkpoint"
+# The Keras releases this was tested with (major, minor), both ends included; others are left
+# alone with a warning.
+TESTED = ((3, 0), (3, 16))
+# The failing lines, whitespace removed, as Keras 3.3 to 3.15 write them.
+BUILD_LINE = "data_batch=self.distribute_strategy.reduce("
+LOGS_LINE = 'strategy.reduce("MEAN",v,axis=0)'
+_PATCHED = "_mwhelpers_keras_fix"
+
+NOTICE = ("[mwhelpers] Keras {version}: fit and evaluate mended for multi-worker "
+          "MultiWorkerMirroredStrategy (" + ISSUE + "; {what}); "
+          "turn off: MWHELPERS_KERAS_FIX=0")
+CALLBACK_NOTICE = ("[mwhelpers] Keras {version} {callback} under multi-worker MWMS: {who} "
+                   "(Keras 3 callbacks have no chief; turn off: MWHELPERS_KERAS_FIX=0)")
+CHIEF_WRITES = "this task is the chief and writes {path}; the others save to {temp} and delete it"
+OTHER_WRITES = "the chief writes {path}; this task saves to {temp} and deletes it"
+SKIPPED = ("[mwhelpers] the Keras 3 multi-worker fix (" + ISSUE + ") is not applied: {why}; "
+           "the program runs Keras unchanged")
+FIXED_UPSTREAM = ("[mwhelpers] Keras {version} no longer has the lines of " + ISSUE
+                  + " in its trainer: nothing to mend, Keras runs unchanged")
+_said = set()
+_local = threading.local()
+
+
+def _say_once(key, line):
+    if key not in _said:
+        _said.add(key)
+        print(line, file=sys.stderr, flush=True)
+
+
+def fix_wanted(environ):
+    """False when ``MWHELPERS_KERAS_FIX`` says off (0, false, no, off); on by default."""
+    return environ.get(KERAS_FIX_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def multi_worker_job(environ=os.environ):
+    """True when TF_CONFIG names more than one worker-like task (chief and workers)."""
+    try:
+        cluster = json.loads(environ.get("TF_CONFIG") or "{}").get("cluster", {})
+        return sum(len(cluster.get(job) or ()) for job in ("chief", "worker")) > 1
+    except (ValueError, AttributeError, TypeError):
+        return False
+
+
+def keras_version():
+    """The version of the Keras this process imported, from the module itself."""
+    for name in ("keras.src.version", "keras"):
+        version = getattr(sys.modules.get(name), "__version__", None)
+        if version:
+            return str(version)
+    return None
+
+
+def _numbers(version):
+    return tuple(int(n) for n in re.findall(r"\d+", version or "")[:2])
+
+
+def _source(function):
+    import inspect
+
+    try:
+        return "".join(inspect.getsource(function).split())
+    except (OSError, TypeError):
+        return None
+
+
+def _multi_worker(strategy):
+    """True for a MultiWorkerMirroredStrategy in multi-worker mode (the only case changed)."""
+    tf = sys.modules.get("tensorflow")
+    try:
+        return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+                and bool(strategy.extended._in_multi_worker_mode()))
+    except AttributeError:
+        return False
+
+
+# -- the trainer ------------------------------------------------------------------------
+
+class _Reduce:
+    """Stands in for ``strategy.reduce`` on one strategy while one Keras call runs (on this
+    thread), rewriting only the failing form of the call; all others go to the strategy."""
+
+    def __init__(self, strategy, rewrite):
+        self.strategy = strategy
+        self.real = strategy.reduce
+        self.rewrite = rewrite
+
+    def __call__(self, reduce_op, value, axis=None):
+        if getattr(_local, "active", None) is self:
+            rewritten = self.rewrite(self.strategy, self.real, reduce_op, value, axis)
+            if rewritten is not None:
+                return rewritten[0]
+        return self.real(reduce_op, value, axis=axis)
+
+    def __enter__(self):
+        self.outer = getattr(_local, "active", None)
+        _local.active = self
+        self.had = "reduce" in vars(self.strategy)
+        self.strategy.reduce = self
+        return self
+
+    def __exit__(self, *exc):
+        if self.had:
+            self.strategy.reduce = self.real
+        else:
+            del self.strategy.reduce
+        _local.active = self.outer
+
+
+def _distributed(value):
+    tf = sys.modules["tensorflow"]
+    return isinstance(value, tf.distribute.DistributedValues)
+
+
+def _first_local_batch(strategy, real, reduce_op, value, axis):
+    """Bug 1: a batch reduced only for its shapes: each element's first local replica."""
+    tf = sys.modules["tensorflow"]
+    flat = tf.nest.flatten(value)
+    if axis is not None or not flat or not all(map(_distributed, flat)):
+        return None
+    return (tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], value),)
+
+
+def _logs_mean(strategy, real, reduce_op, value, axis):
+    """Bug 2: the scalar logs' mean over axis 0: the mean across replicas instead."""
+    if axis != 0 or str(getattr(reduce_op, "value", reduce_op)).upper() != "MEAN":
+        return None
+    return (real(reduce_op, value, axis=None),)
+
+
+def _wrap_method(cls, name, rewrite, announce):
+    original = getattr(cls, name)
+
+    def method(self, *args, **kwargs):
+        strategy = getattr(self, "_distribute_strategy", None)
+        if strategy is None or not _multi_worker(strategy):
+            return original(self, *args, **kwargs)
+        announce()
+        with _Reduce(strategy, rewrite):
+            return original(self, *args, **kwargs)
+
+    method.__name__ = name
+    method.__wrapped__ = original
+    setattr(cls, name, method)
+
+
+def _wrap_function(module, name, rewrite, announce):
+    original = getattr(module, name)
+
+    def function(values, strategy, reduction, *args, **kwargs):
+        if not _multi_worker(strategy):
+            return original(values, strategy, reduction, *args, **kwargs)
+        announce()
+        with _Reduce(strategy, rewrite):
+            return original(values, strategy, reduction, *args, **kwargs)
+
+    function.__name__ = name
+    function.__wrapped__ = original
+    setattr(module, name, function)
+
+
+def _trainer_plan(module, version):
+    """What to mend in this trainer module: (('build', 'logs') subsets, None) or (None, why)."""
+    numbers = _numbers(version)
+    if not numbers:
+        return None, "the Keras version is unknown"
+    if not TESTED[0] <= numbers <= TESTED[1]:
+        low, high = (".".join(map(str, t)) for t in TESTED)
+        return None, f"Keras {version} is outside the releases it was tested with ({low} to {high})"
+    cls = getattr(module, "TensorFlowTrainer", None)
+    build = getattr(cls, "_maybe_symbolic_build", None)
+    reduce_fn = getattr(module, "reduce_per_replica", None)
+    if reduce_fn is None:
+        return None, f"Keras {version}'s trainer has no reduce_per_replica"
+    places = []
+    if build is not None:
+        text = _source(build)
+        if text is None:
+            return None, f"Keras {version}'s source cannot be read"
+        if BUILD_LINE in text:
+            places.append("build")
+    text = _source(reduce_fn)
+    if text is None:
+        return None, f"Keras {version}'s source cannot be read"
+    if LOGS_LINE in text:
+        places.append("logs")
+    return tuple(places), None
+
+
+def patch_trainer(module):
+    """Mend ``keras.src.backend.tensorflow.trainer``; True when something was changed."""
+    if getattr(module, _PATCHED, False):
+        return False
+    version = keras_version() or "(version unknown)"
+    places, why = _trainer_plan(module, version)
+    if why:
+        if multi_worker_job():
+            _say_once("skipped", SKIPPED.format(why=why))
+        return False
+    if not places:
+        if multi_worker_job():
+            _say_once("upstream", FIXED_UPSTREAM.format(version=version))
+        setattr(module, _PATCHED, True)
+        return False
+    what = "; ".join({"build": "the build looks at this worker's first batch",
+                      "logs": "the step's logs are averaged across replicas"}[p] for p in places)
+
+    def announce():
+        _say_once("notice", NOTICE.format(version=version, what=what))
+
+    if "build" in places:
+        _wrap_method(module.TensorFlowTrainer, "_maybe_symbolic_build", _first_local_batch,
+                     announce)
+    if "logs" in places:
+        _wrap_function(module, "reduce_per_replica", _logs_mean, announce)
+    setattr(module, _PATCHED, True)
+    return True
+
+
+# -- the callbacks ----------------------------------------------------------------------
+
+def _worker_of(model):
+    """(strategy, chief?, temporary folder name) under multi-worker MWMS, else None."""
+    strategy = getattr(model, "_distribute_strategy", None)
+    if strategy is None or not _multi_worker(strategy):
+        return None
+    extended = strategy.extended
+    chief = bool(getattr(extended, "should_checkpoint", True))
+    return strategy, chief, f"workertemp_{getattr(extended, '_task_id', 0)}"
+
+
+def _local_path(path):
+    return "://" not in str(path)
+
+
+def _remove_tree(path):
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_empty(path):
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def _patch_backup(module):
+    cls = getattr(module, "BackupAndRestore", None)
+    needed = ("_save_model", "on_train_end")
+    attributes = ("backup_dir", "_weights_path", "_training_metadata_path", "_prev_weights_path",
+                  "_prev_training_metadata_path")
+    if cls is None or not all(callable(getattr(cls, n, None)) for n in needed):
+        return f"Keras {keras_version()}'s BackupAndRestore has no {' or '.join(needed)}"
+    if getattr(cls, _PATCHED, False):
+        return None
+    save, train_end = cls._save_model, cls.on_train_end
+
+    def paths(self, folder):
+        names = {a: os.path.basename(str(getattr(self, a))) for a in attributes[1:]
+                 if hasattr(self, a)}
+        return {"backup_dir": folder, **{a: os.path.join(folder, n) for a, n in names.items()}}
+
+    def save_to(self, where):
+        before = {a: getattr(self, a) for a in where}
+        try:
+            for a, v in where.items():
+                setattr(self, a, v)
+            save(self)
+        finally:
+            for a, v in before.items():
+                setattr(self, a, v)
+
+    def _save_model(self):
+        worker = _worker_of(self.model)
+        if worker is None or not all(hasattr(self, a) for a in attributes[:3]):
+            return save(self)
+        _, chief, temp_name = worker
+        folder = str(self.backup_dir)
+        temp = os.path.join(folder, temp_name)
+        _say_once(f"backup-{folder}", CALLBACK_NOTICE.format(
+            version=keras_version(), callback="BackupAndRestore",
+            who=(CHIEF_WRITES if chief else OTHER_WRITES).format(
+                path=folder, temp=os.path.join(folder, "workertemp_<id>") if chief else temp)))
+        if not chief:
+            save_to(self, paths(self, temp))
+            _remove_tree(temp)
+            return None
+        if not _local_path(folder):
+            return save(self)
+        # The chief's backup: written beside, then moved into place file by file.
+        staging = os.path.join(folder, ".mwhelpers-saving")
+        os.makedirs(folder, exist_ok=True)
+        if getattr(self, "double_checkpoint", False):
+            for a in ("_weights_path", "_training_metadata_path"):
+                if os.path.exists(getattr(self, a)):
+                    shutil.copyfile(getattr(self, a), getattr(self, a) + ".bkp")
+        double, self.double_checkpoint = getattr(self, "double_checkpoint", False), False
+        try:
+            save_to(self, paths(self, staging))
+        finally:
+            self.double_checkpoint = double
+        for a in ("_weights_path", "_training_metadata_path"):
+            os.replace(os.path.join(staging, os.path.basename(getattr(self, a))), getattr(self, a))
+        _remove_tree(staging)
+        return None
+
+    def on_train_end(self, logs=None):
+        worker = _worker_of(self.model)
+        if worker is None:
+            return train_end(self, logs)
+        _, chief, temp_name = worker
+        folder = str(self.backup_dir)
+        if not getattr(self, "delete_checkpoint", True) or not _local_path(folder):
+            return train_end(self, logs) if chief else None
+        # Each removes what it wrote; the folder goes once it is empty, whoever is last.
+        if chief:
+            for a in attributes[1:]:
+                if hasattr(self, a) and os.path.exists(str(getattr(self, a))):
+                    os.remove(str(getattr(self, a)))
+            _remove_tree(os.path.join(folder, ".mwhelpers-saving"))
+        else:
+            _remove_tree(os.path.join(folder, temp_name))
+        _remove_empty(folder)
+        return None
+
+    for f, original in ((_save_model, save), (on_train_end, train_end)):
+        f.__wrapped__ = original
+        setattr(cls, f.__name__, f)
+    setattr(cls, _PATCHED, True)
+    return None
+
+
+def _patch_checkpoint(module):
+    cls = getattr(module, "ModelCheckpoint", None)
+    needed = ("_save_model", "_get_file_path")
+    if cls is None or not all(callable(getattr(cls, n, None)) for n in needed):
+        return f"Keras {keras_version()}'s ModelCheckpoint has no {' or '.join(needed)}"
+    if getattr(cls, _PATCHED, False):
+        return None
+    save, file_path = cls._save_model, cls._get_file_path
+
+    def _get_file_path(self, *args, **kwargs):
+        path = file_path(self, *args, **kwargs)
+        worker = _worker_of(self.model)
+        if worker is None:
+            return path
+        folder, name = os.path.split(str(path))
+        temp = os.path.join(folder, worker[2] if not worker[1] else "workertemp_<id>", name)
+        _say_once(f"checkpoint-{self.filepath}", CALLBACK_NOTICE.format(
+            version=keras_version(), callback="ModelCheckpoint",
+            who=(CHIEF_WRITES if worker[1] else OTHER_WRITES).format(path=path, temp=temp)))
+        return path if worker[1] else temp
+
+    def _save_model(self, *args, **kwargs):
+        result = save(self, *args, **kwargs)
+        worker = _worker_of(self.model)
+        if worker is not None and not worker[1]:
+            folder = os.path.dirname(str(file_path(self, *args, **kwargs)))
+            _remove_tree(os.path.join(folder, worker[2]))
+        return result
+
+    for f, original in ((_save_model, save), (_get_file_path, file_path)):
+        f.__wrapped__ = original
+        setattr(cls, f.__name__, f)
+    setattr(cls, _PATCHED, True)
+    return None
+
+
+def patch_callbacks(module):
+    """Make BackupAndRestore or ModelCheckpoint (whichever ``module`` defines) chief-aware."""
+    patch = _patch_backup if module.__name__ == BACKUP else _patch_checkpoint
+    why = patch(module)
+    if why and multi_worker_job():
+        _say_once(f"skipped-{module.__name__}", SKIPPED.format(why=why))
+
+
+def _safely(patch):
+    def run(module):
+        try:
+            patch(module)
+        except Exception as e:  # a Keras we do not know: run it unchanged
+            _say_once("skipped", SKIPPED.format(why=f"{type(e).__name__}: {e}"))
+    return run
+
+
+def install(after_import):
+    """Mend Keras as soon as it loads its trainer and callbacks (now, where it already has);
+    ``after_import(name, callback)`` is :func:`mwhelpers.tfdata.after_import`."""
+    after_import(TRAINER, _safely(patch_trainer))
+    after_import(BACKUP, _safely(patch_callbacks))
+    after_import(CHECKPOINT, _safely(patch_callbacks))
+
+
+def fix_keras_multi_worker() -> bool:
+    """Make Keras 3 ``fit``/``evaluate`` work under multi-worker MultiWorkerMirroredStrategy
+    in this process (keras-team/keras#20585), and its BackupAndRestore and ModelCheckpoint
+    chief-aware, for programs that mwhelpers did not start.
+
+    Call it anywhere before the first ``fit`` (before or after importing Keras). Calling it
+    again is harmless. Only a MultiWorkerMirroredStrategy in multi-worker mode behaves
+    differently; a Keras outside the tested releases, or with other internals, is left
+    unchanged and the first multi-worker use says why in one line (also when the installed
+    Keras has fixed the bug upstream). Returns True once the fix is armed.
+    """
+    from mwhelpers.tfdata import after_import
+
+    install(after_import)
+    return True
