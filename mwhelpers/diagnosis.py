@@ -27,6 +27,13 @@ from .failures import explained, last_exception, signal_of
 KERAS_ISSUE = "keras-team/keras#20585"
 _KERAS3_FIT = "Attempt to convert a value (PerReplica"
 _OP_FIRST = "Collective ops must be configured at program startup"
+# Keras 3 with steps_per_execution > 1 under a multi-replica strategy: its multi-step loop
+# checks for a next batch with a tf.cond that TensorFlow cannot run under the strategy.
+_MULTI_STEP = re.compile(r"You must feed a value for placeholder tensor '[^']*cond/Placeholder")
+_MULTI_STEP_WHERE = "multi_step_on_iterator"
+# What mwhelpers' fix of keras-team/keras#20585 writes in a task's log (kerasfix.py).
+_FIX_OFF = "MWHELPERS_KERAS_FIX=0"
+_FIX_SKIPPED = "[mwhelpers] the Keras 3 multi-worker fix"
 _NO_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
 _PEER_LOST = re.compile(r"stopped sending heartbeats|Socket closed|Connection reset by peer|"
                         r"failed to connect to all addresses|The cluster may have been shut down|"
@@ -85,8 +92,8 @@ def explain_failure(failures, runs=()):
         return []
     job = _Job(list(runs) or [])
     found = []
-    for rule in (_settings_differ, _keras3_fit, _op_before_strategy, _module_missing,
-                 _peer_finished_first, _foreign_sigkill):
+    for rule in (_settings_differ, _keras3_fit, _steps_per_execution, _op_before_strategy,
+                 _module_missing, _peer_finished_first, _foreign_sigkill):
         finding = rule(job, failures)
         if finding is not None:
             found.append(finding)
@@ -128,13 +135,39 @@ def _keras3_fit(job, failures):
         if facts and not facts["keras"].startswith("Keras 3"):
             continue  # the message, but not Keras 3: not this mistake
         used = f" ({facts['keras']})" if facts else ""
+        skipped = next((ln[len("[mwhelpers] "):] for ln in lines if ln.startswith(_FIX_SKIPPED)),
+                       None)
+        if skipped:
+            why = f"mwhelpers' fix was not applied in it: {skipped}"
+        elif run is not None and not getattr(run, "keras_fix", True):
+            why = f"mwhelpers' fix was turned off for it ({_FIX_OFF} or --no-keras-fix)"
+        else:
+            why = ("the program was not started by mwhelpers or did not get its fix; call "
+                   "mwhelpers.fix_keras_multi_worker() before fit")
         return Finding(
             "keras3-fit",
-            f"{f.task} ran model.fit under MultiWorkerMirroredStrategy with Keras 3{used}, which "
-            f"fails this way ({KERAS_ISSUE})",
-            "either use tf_keras: pip install tf_keras and set TF_USE_LEGACY_KERAS=1 before "
-            "TensorFlow is imported (in the kernel before launching, so every task gets it); "
-            "or keep Keras 3 and train with a custom loop (strategy.run in a tf.function)")
+            f"{f.task} ran model.fit under MultiWorkerMirroredStrategy with Keras 3{used} "
+            f"unmended, which fails this way ({KERAS_ISSUE}); {why}",
+            "leave mwhelpers' Keras fix on (the default: no --no-keras-fix, no "
+            f"{_FIX_OFF}) so that fit and evaluate work, or use tf_keras (pip install tf_keras, "
+            "TF_USE_LEGACY_KERAS=1 in the kernel before launching), or train with a custom "
+            "loop (strategy.run in a tf.function)")
+    return None
+
+
+def _steps_per_execution(job, failures):
+    for f in failures:
+        run = job.run_of(f)
+        lines = job.lines(run) if run else f.tail
+        if not any(_MULTI_STEP.search(ln) for ln in lines) or \
+                not any(_MULTI_STEP_WHERE in ln for ln in lines):
+            continue
+        return Finding(
+            "steps-per-execution",
+            f"{f.task} ran Keras fit with steps_per_execution > 1 under a multi-replica "
+            "strategy; Keras 3's loop of several steps per call cannot run there (its check "
+            "for a next batch fails on a placeholder), with or without mwhelpers' fix",
+            "compile with steps_per_execution=1 (the default) for a distributed fit")
     return None
 
 

@@ -25,6 +25,7 @@ import ast
 import re
 from pathlib import Path
 
+from .kerasfix import TESTED as KERAS_FIX_TESTED
 from .taskfacts import LEGACY_ENV, legacy_selected
 
 _MWMS = re.compile(r"(^|\.)(MultiWorkerMirroredStrategy|CollectiveAllReduceStrategy)$")
@@ -226,11 +227,29 @@ def _fit_calls(program):
             and isinstance(n.func, ast.Attribute) and n.func.attr == "fit"]
 
 
-def check(source, path, env, keras_version=None, tf_version=None, folders=(), cell=False):
+def _steps_per_execution(program):
+    """The first ``compile(..., steps_per_execution=N)`` with N other than 1, or None."""
+    for node in ast.walk(program.tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "compile":
+            for kw in node.keywords:
+                if kw.arg == "steps_per_execution" and not (
+                        isinstance(kw.value, ast.Constant) and kw.value.value in (1, None)):
+                    return node, ast.unparse(kw.value)
+    return None
+
+
+def _major_minor(version):
+    return tuple(int(n) for n in re.findall(r"\d+", version or "")[:2])
+
+
+def check(source, path, env, keras_version=None, tf_version=None, folders=(), cell=False,
+          keras_fix=True):
     """Warnings (plain sentences) about ``source`` (the program at ``path``; ``cell``: a
     notebook cell's code) run with the environment ``env``.  ``keras_version`` and
-    ``tf_version``: what the task's Python has installed (None: unknown, the Keras check
-    is skipped).  ``folders``: where modules
+    ``tf_version``: what the task's Python has installed (None: unknown, the Keras checks
+    are skipped).  ``keras_fix``: whether the task's start-up mends Keras 3's multi-worker
+    fit (:mod:`mwhelpers.kerasfix`).  ``folders``: where modules
     beside the program are looked for.  A program that does not parse gets no warnings
     (running it will say what is wrong)."""
     try:
@@ -250,13 +269,29 @@ def check(source, path, env, keras_version=None, tf_version=None, folders=(), ce
     fits = _fit_calls(program)
     uses_mwms = walker.mwms or any(_MWMS.search(program.qualified(n.func) or "")
                                    for n in ast.walk(program.tree) if isinstance(n, ast.Call))
-    if (uses_mwms and fits and _keras3(keras_version, tf_version)
-            and not legacy_selected(env.get(LEGACY_ENV)) and not _sets_legacy_itself(program)):
+    keras3 = (uses_mwms and _keras3(keras_version, tf_version)
+              and not legacy_selected(env.get(LEGACY_ENV)) and not _sets_legacy_itself(program))
+    low, high = KERAS_FIX_TESTED
+    if keras3 and fits and not keras_fix:
         warnings.append(
-            f"{program.where(fits[0])} calls fit under MultiWorkerMirroredStrategy, and the "
-            f"task will use Keras {keras_version} ({LEGACY_ENV} is not set): that fails "
-            "(keras-team/keras#20585). Set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported "
-            "(with tf_keras installed), or train with a custom loop.")
+            f"{program.where(fits[0])} calls fit under MultiWorkerMirroredStrategy with Keras "
+            f"{keras_version}, and mwhelpers' Keras fix is off for this task (--no-keras-fix or "
+            "MWHELPERS_KERAS_FIX=0): that fails (keras-team/keras#20585). Leave the fix on, or "
+            "set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (with tf_keras installed).")
+    elif keras3 and fits and not low <= _major_minor(keras_version) <= high:
+        warnings.append(
+            f"{program.where(fits[0])} calls fit under MultiWorkerMirroredStrategy with Keras "
+            f"{keras_version}; mwhelpers' fix of keras-team/keras#20585 was tested with Keras "
+            f"{'.'.join(map(str, low))} to {'.'.join(map(str, high))} and leaves this one "
+            "unchanged, so fit may fail. The task's log says whether this Keras still has the "
+            "bug.")
+    spe = _steps_per_execution(program) if keras3 else None
+    if spe:
+        warnings.append(
+            f"{program.where(spe[0])} compiles with steps_per_execution={spe[1]}: under "
+            "MultiWorkerMirroredStrategy, Keras 3's fit fails with more than one step per "
+            "execution (\"You must feed a value for placeholder tensor ...cond/Placeholder\"), "
+            "with or without mwhelpers' fix. Use steps_per_execution=1, the default.")
     where = _sets_tf_config(program)
     if where:
         warnings.append(
@@ -267,8 +302,5 @@ def check(source, path, env, keras_version=None, tf_version=None, folders=(), ce
 
 
 def _keras3(keras_version, tf_version):
-    def major_minor(v):
-        return tuple(int(n) for n in re.findall(r"\d+", v or "")[:2])
-
-    return bool(keras_version and tf_version) and major_minor(keras_version) >= (3, 0) \
-        and major_minor(tf_version) >= (2, 16)
+    return bool(keras_version and tf_version) and _major_minor(keras_version) >= (3, 0) \
+        and _major_minor(tf_version) >= (2, 16)

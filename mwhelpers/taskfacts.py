@@ -29,15 +29,35 @@ def legacy_selected(value):
     return (value or "").strip().lower() in ("1", "true", "yes")
 
 
-def _distribution_version(name):
+# Where each Keras keeps its version, so that it can be read without importing it.
+_VERSION_FILES = {"keras": ("src/version.py", "__init__.py"), "tf_keras": ("__init__.py",)}
+_VERSION = re.compile(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", re.M)
+
+
+def module_version(name):
+    """The version of the top-level package ``name`` as this Python would import it: from the
+    module when it is imported, else read from its files (whichever distribution installed
+    it: keras or keras-nightly, tf_keras or tf-keras-nightly), else None."""
+    version = getattr(sys.modules.get(name), "__version__", None)
+    if version:
+        return str(version)
     try:
-        from importlib.metadata import PackageNotFoundError, version
-    except ImportError:  # pragma: no cover - Python < 3.8
+        import importlib.util
+
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
         return None
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    for folder in folders:
+        for relative in _VERSION_FILES.get(name, ("__init__.py",)):
+            try:
+                with open(os.path.join(folder, relative), encoding="utf-8") as f:
+                    m = _VERSION.search(f.read())
+            except OSError:
+                continue
+            if m:
+                return m.group(1)
+    return None
 
 
 def keras_of(tf_version, legacy_value):
@@ -45,10 +65,10 @@ def keras_of(tf_version, legacy_value):
     'Keras 3.15.1', 'Keras 2.15.0' ('... (not installed)' when missing)."""
     numbers = [int(n) for n in re.findall(r"\d+", tf_version or "")[:2]]
     if numbers and tuple(numbers) < (2, 16):  # tf.keras was Keras 2 (the keras package)
-        return f"Keras {_distribution_version('keras') or '(not installed)'}"
+        return f"Keras {module_version('keras') or '(not installed)'}"
     if legacy_selected(legacy_value):
-        return f"tf_keras {_distribution_version('tf_keras') or '(not installed)'}"
-    return f"Keras {_distribution_version('keras') or '(not installed)'}"
+        return f"tf_keras {module_version('tf_keras') or '(not installed)'}"
+    return f"Keras {module_version('keras') or '(not installed)'}"
 
 
 def line_for(tf_module, environ=os.environ):

@@ -197,6 +197,7 @@ class TaskRun:
         self.host = host  # where it runs (None: this machine)
         self.cell = cell  # ``script`` holds a notebook cell's code
         self.gpus = None  # its CUDA_VISIBLE_DEVICES when the cluster assigns GPUs
+        self.keras_fix = True  # whether its start-up mends Keras 3 (kerasfix.py)
         self.ready_after = None  # seconds from start until ready
         self.note = ""  # who ended it, when not itself
         # Its life for the timeline: (time.time(), kind, text), kind one of launched, ready,

@@ -55,4 +55,9 @@ def installed(name: str) -> str | None:
     try:
         return version(name)
     except PackageNotFoundError:
-        return None
+        pass
+    if name in ("keras", "tf_keras"):  # keras-nightly, tf-keras-nightly: read the module's files
+        from .taskfacts import module_version
+
+        return module_version(name)
+    return None

@@ -369,9 +369,12 @@ class Runtime:
         keras_version, tf_version = (installed("keras"), installed("tensorflow")) \
             if same_python else (None, None)
         env = {**os.environ, **request.env}
+        keras_fix = self.keras_fix if request.keras_fix is None else request.keras_fix
+        if KERAS_FIX_ENV in request.env:
+            keras_fix = keras_fix_wanted(request.env)
         try:
             warnings = check(source, path, env, keras_version, tf_version, folders,
-                             cell=request.code is not None)
+                             cell=request.code is not None, keras_fix=keras_fix)
         except Exception as e:  # a look that fails must not stop the launch
             warnings = [f"the program could not be looked at before its launch "
                         f"({type(e).__name__}: {e}); it runs all the same"]
@@ -448,6 +451,7 @@ class Runtime:
                       cwd=spec.cwd, host=host, cell=spec.cell)
         if self.cluster.gpus is not None:
             run.gpus = spec.env.get("CUDA_VISIBLE_DEVICES", "")
+        run.keras_fix = keras_fix_wanted(spec.env)
         self.runs[task] = run
         self.history.append(run)
         self._marks.watch(run)

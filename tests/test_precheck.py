@@ -31,21 +31,51 @@ def look(folder, name, env=None, **versions):
 
 
 def test_the_tutorial_programs_get_no_warning(tutorial):
+    assert look(tutorial, "main.py") == []  # Keras 3: mwhelpers mends its fit
     assert look(tutorial, "main.py", LEGACY) == []
-    assert look(tutorial, "ctl_main.py") == []  # Keras 3 with a custom loop is right
+    assert look(tutorial, "ctl_main.py") == []
     # Keras 2 (TF 2.15) has no such problem with fit.
     assert look(tutorial, "main.py", keras_version="2.15.0", tf_version="2.15.0") == []
 
 
-def test_fit_under_mwms_with_keras3_selected(tutorial):
-    (warning,) = look(tutorial, "main.py")
-    assert warning.startswith("main.py line 25 calls fit under MultiWorkerMirroredStrategy, "
-                              "and the task will use Keras 3.15.1")
+def test_fit_under_mwms_with_keras3_and_the_fix_off(tutorial):
+    path = tutorial / "main.py"
+    (warning,) = check(path.read_text(), path, {}, folders=[str(tutorial)], keras_fix=False,
+                       **KERAS3)
+    assert warning.startswith("main.py line 25 calls fit under MultiWorkerMirroredStrategy with "
+                              "Keras 3.15.1, and mwhelpers' Keras fix is off for this task")
     assert "keras-team/keras#20585" in warning
     # Selected in the program itself, before TensorFlow: no warning.
-    text = (tutorial / "main.py").read_text()
-    (tutorial / "main.py").write_text('import os\nos.environ["TF_USE_LEGACY_KERAS"] = "1"\n' + text)
-    assert look(tutorial, "main.py") == []
+    text = path.read_text()
+    path.write_text('import os\nos.environ["TF_USE_LEGACY_KERAS"] = "1"\n' + text)
+    assert check(path.read_text(), path, {}, folders=[str(tutorial)], keras_fix=False,
+                 **KERAS3) == []
+
+
+def test_fit_with_a_keras_the_fix_was_not_tested_with(tutorial):
+    (warning,) = look(tutorial, "main.py", keras_version="3.99.0", tf_version="2.30.0")
+    assert "was tested with Keras 3.0 to 3.16 and leaves this one unchanged" in warning
+
+
+@pytest.mark.parametrize("value, warned", [("2", True), ("steps", True), ("1", False)])
+def test_steps_per_execution_above_one_under_mwms(value, warned):
+    source = ("import tensorflow as tf, keras\n"
+              "strategy = tf.distribute.MultiWorkerMirroredStrategy()\n"
+              "steps = 4\n"
+              "with strategy.scope():\n"
+              "    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])\n"
+              f"    model.compile(loss='mse', steps_per_execution={value})\n")
+    warnings = check(source, "job.py", {}, **KERAS3)
+    if not warned:
+        assert warnings == []
+        return
+    (warning,) = warnings
+    assert warning.startswith(f"job.py line 6 compiles with steps_per_execution={value}: ")
+    assert "You must feed a value for placeholder tensor" in warning
+    # tf_keras is not concerned, and neither is a program without MWMS.
+    assert check(source, "job.py", LEGACY, **KERAS3) == []
+    assert check(source.replace("MultiWorkerMirroredStrategy", "MirroredStrategy"), "job.py", {},
+                 **KERAS3) == []
 
 
 def test_an_op_before_the_strategy_even_inside_a_module_beside_it(tutorial):

@@ -1,8 +1,8 @@
 """A tiny MultiWorkerMirroredStrategy job for the tests and the benchmark.
 
-tf_keras (TF_USE_LEGACY_KERAS=1, set before TensorFlow is imported): Keras 3's
-fit fails under MWMS (keras-team/keras#20585).  Prints one JSON line
-``RESULT {...}`` with what the tests check.
+``tf.keras`` is whichever Keras the environment selects: Keras 3 by default (mended by
+mwhelpers' start-up for keras-team/keras#20585), tf_keras with TF_USE_LEGACY_KERAS=1.
+Prints one JSON line ``RESULT {...}`` with what the tests check.
 
     python mwms_train.py [--epochs N] [--steps N] [--backup DIR] [--save-freq F] [--log-steps]
                          [--step-seconds S]
@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 import tensorflow as tf

@@ -1,0 +1,181 @@
+"""Keras 3 ``fit`` under MultiWorkerMirroredStrategy, mended by mwhelpers (keras-team/keras#20585).
+
+Two real workers through the magics, with the Keras that TensorFlow ships (no
+TF_USE_LEGACY_KERAS): they train together, to the weights one process reaches alone on the
+same global batches; validation, evaluate, predict, dict inputs, a partial last batch and
+ModelCheckpoint work; BackupAndRestore survives a SIGKILL under supervise, restoring what
+Keras 3 restores (the epoch, from the weights of the last save).  The unmended failure is
+tested with the diagnosis (tests/test_diagnosis.py); the fix's own rules (what it changes, what
+it leaves alone) without workers below.
+"""
+
+import json
+import re
+import shutil
+import sys
+import types
+
+import pytest
+from conftest import ROOT
+
+from mwhelpers import kerasfix
+
+PROGRAMS = ROOT / "tests" / "programs"
+NOTICE = "[mwhelpers] Keras 3.15.1: fit and evaluate mended for multi-worker"
+
+
+def results(rt):
+    out = {}
+    for run in rt.runs.values():
+        lines = [ln for ln in run.lines() if ln.startswith("RESULT ")]
+        assert lines, f"{run.task} printed no RESULT; log tail:\n" + "\n".join(run.tail(40))
+        out[str(run.task)] = json.loads(lines[-1][len("RESULT "):])
+    return out
+
+
+def said(run, prefix):
+    return [ln for ln in run.lines() if ln.startswith(prefix)]
+
+
+@pytest.fixture
+def keras3(monkeypatch):
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+    monkeypatch.delenv(kerasfix.KERAS_FIX_ENV, raising=False)
+
+
+@pytest.mark.tf
+def test_two_workers_fit_with_keras3_like_one_process(ip, rt, keras3, tmp_path):
+    shutil.copy(PROGRAMS / "keras3_train.py", "train.py")
+    (tmp_path / "ckpt").mkdir()
+    ip.run_line_magic("cluster", "2")
+    ip.run_line_magic("worker", "0 --bg train.py ckpt")
+    ip.run_line_magic("worker", "1 --bg train.py ckpt")
+    ip.run_line_magic("waitworkers", "--timeout 150")
+    # Nothing warned before the launch: mwhelpers mends this fit.
+    assert not [ln for ln in rt.echo_lines if "warning" in ln], rt.echo_lines
+    res = results(rt)
+    w0, w1 = res["worker:0"], res["worker:1"]
+    for r in (w0, w1):
+        assert r["replicas"] == 2
+        assert r["loss"][-1] < r["loss"][0] * 0.1  # it learns
+        # The same weights after training as one process without a strategy reaches on the
+        # same global batches (the last one partial: 4 of 32, 2 per worker).
+        assert r["weights_sum"] == pytest.approx(r["alone_weights_sum"], rel=1e-5)
+        assert r["loss"] == pytest.approx(r["alone_loss"], rel=1e-5)
+        assert len(r["val_loss"]) == 3 and r["val_loss"][-1] < r["val_loss"][0]
+        assert r["predict_shape"] == [516, 1]  # every sample, gathered from both workers
+        assert r["predict_head"] == pytest.approx(r["alone_predict_head"], rel=1e-4, abs=1e-5)
+        # ModelCheckpoint: one file, the chief's; the other worker's copy is gone.
+        assert r["files"] == ["model.keras"]
+    # Synchronous: both workers hold the same weights and report the same numbers.
+    for key in ("weights_sum", "loss", "val_loss", "evaluate", "predict_head"):
+        assert w0[key] == w1[key], key
+    assert w0["saved_weights_sum"] == pytest.approx(w0["weights_sum"])  # the file is whole
+    for run in rt.runs.values():
+        assert len(said(run, NOTICE)) == 1, run.tail(40)
+        assert "keras-team/keras#20585" in said(run, NOTICE)[0]
+        (facts,) = said(run, "[mwhelpers] this task: ")
+        assert "with Keras 3.15.1 (TF_USE_LEGACY_KERAS=unset at import)" in facts
+    (other,) = said(rt.get_run("worker:1"), "[mwhelpers] Keras 3.15.1 ModelCheckpoint")
+    assert "this task saves to " in other and "workertemp_1/model.keras and deletes it" in other
+
+
+@pytest.mark.tf
+def test_backup_and_restore_after_a_sigkill_under_supervise(rt, keras3, tmp_path):
+    """The user's unchanged keras.callbacks.BackupAndRestore(dir, save_freq=4): worker 1 is
+    killed in epoch 3; both restart and resume at the start of the epoch the last backup was
+    made in, from that backup's weights and optimizer step (Keras 3 restores no batch)."""
+    backup = tmp_path / "bk"
+    rt.define_cluster(workers=2)
+    attempts = rt.supervise(
+        script=str(PROGRAMS / "mwms_train.py"), max_restarts=2, timeout=240, stream=False,
+        args=["--epochs", "4", "--steps", "10", "--backup", str(backup), "--save-freq", "4",
+              "--log-steps"],
+        inject=[("worker:1", r"^STEP 25 ")])
+    assert len(attempts) == 2
+    assert attempts[0]["failed"][0][0] == "worker:1"
+    first, second = attempts[0]["runs"][0], attempts[1]["runs"][0]
+    done = [int(m.group(1)) for ln in first.lines() if (m := re.match(r"^STEP (\d+) ", ln))]
+    # Saved every 4 steps: the last backup before the kill holds step 24 or (when the kill
+    # landed late) 28, made in epoch 3 (0-based 2), whose first step was 21.
+    saved = max(s for s in done if s % 4 == 0)
+    assert saved in (24, 28), done
+    resumed = [int(m.group(1)) for ln in second.lines() if (m := re.match(r"^STEP (\d+) ", ln))]
+    assert resumed[0] == saved + 1  # the optimizer's step carries on from the backup
+    res = results(rt)
+    for r in res.values():
+        assert r["epochs_run"] == [2, 3]  # epoch 3 again from its first batch, then epoch 4
+        assert r["iterations"] == saved + 20  # so its first saved - 20 steps are done twice
+        assert r["loss"][-1] < 1.0
+    assert res["worker:0"]["weights_sum"] == res["worker:1"]["weights_sum"]
+    assert not backup.exists() or not any(backup.iterdir())  # removed after a finished fit
+    (line,) = said(attempts[0]["runs"][1], "[mwhelpers] Keras 3.15.1 BackupAndRestore")
+    assert f"the chief writes {backup}; this task saves to {backup}/workertemp_1" in line
+
+
+# -- the rules of the fix, on Keras's own module objects, without workers ---------------------
+
+def _module(folder, name, build_line, logs_line):
+    """A stand-in for keras.src.backend.tensorflow.trainer with the given source lines."""
+    source = (
+        "class TensorFlowTrainer:\n"
+        "    def _maybe_symbolic_build(self, iterator=None, data_batch=None):\n"
+        f"        {build_line}\n"
+        "def reduce_per_replica(values, strategy, reduction):\n"
+        f"    {logs_line}\n")
+    path = folder / f"{name}.py"
+    path.write_text(source)
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    sys.modules[name] = module
+    exec(compile(source, str(path), "exec"), module.__dict__)
+    return module
+
+
+BUGGY_BUILD = 'data_batch = self.distribute_strategy.reduce("MEAN", batch, axis=None)'
+BUGGY_LOGS = 'return strategy.reduce("MEAN", v, axis=0)'
+
+
+@pytest.mark.parametrize("version, build, logs, changed, said_line", [
+    ("3.15.1", BUGGY_BUILD, BUGGY_LOGS, {"_maybe_symbolic_build", "reduce_per_replica"},
+     "fit and evaluate mended"),
+    ("3.4.1", "data_batch = batch", BUGGY_LOGS, {"reduce_per_replica"}, None),
+    ("3.16.0", "data_batch = first_local(batch)", 'return strategy.reduce("MEAN", v, axis=None)',
+     set(), "no longer has the lines of keras-team/keras#20585"),
+    ("3.17.0", BUGGY_BUILD, BUGGY_LOGS, set(), "outside the releases it was tested with"),
+    ("2.15.0", BUGGY_BUILD, BUGGY_LOGS, set(), "outside the releases it was tested with"),
+])
+def test_the_fix_changes_only_a_keras_that_has_the_lines(monkeypatch, capsys, tmp_path, version,
+                                                         build, logs, changed, said_line):
+    monkeypatch.setattr(kerasfix, "_said", set())
+    monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__=version))
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
+                                                "task": {"type": "worker", "index": 0}}))
+    module = _module(tmp_path, f"fake_trainer_{version.replace('.', '_')}", build, logs)
+    before = {"_maybe_symbolic_build": module.TensorFlowTrainer._maybe_symbolic_build,
+              "reduce_per_replica": module.reduce_per_replica}
+    kerasfix.patch_trainer(module)
+    after = {"_maybe_symbolic_build": module.TensorFlowTrainer._maybe_symbolic_build,
+             "reduce_per_replica": module.reduce_per_replica}
+    assert {k for k in before if before[k] is not after[k]} == changed
+    kerasfix.patch_trainer(module)  # idempotent: wrapped once
+    assert all(getattr(after[k], "__wrapped__", before[k]) is before[k] for k in after)
+    err = capsys.readouterr().err
+    if said_line is None or said_line == "fit and evaluate mended":
+        assert err == ""  # the notice comes with the first multi-worker fit, not at import
+    else:
+        assert said_line in err and len(err.splitlines()) == 1, err
+
+
+def test_the_fix_is_silent_outside_a_multi_worker_job(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(kerasfix, "_said", set())
+    monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__="3.99"))
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    kerasfix.patch_trainer(_module(tmp_path, "fake_trainer_alone", BUGGY_BUILD, BUGGY_LOGS))
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("value, wanted", [("0", False), ("off", False), ("false", False),
+                                           ("1", True), ("", True), (None, True)])
+def test_the_switch(value, wanted):
+    assert kerasfix.fix_wanted({} if value is None else {kerasfix.KERAS_FIX_ENV: value}) is wanted
