@@ -2,7 +2,9 @@
 
 A task's stdout and stderr go, merged, to one log file.  Progress bars
 rewrite their line with ``\\r``; every reader here keeps what such a line
-shows last, the way a terminal would.
+shows last, the way a terminal would, without the colour codes and
+backspaces that Keras 3's progress bar writes even into a file (it takes
+any POSIX system for a terminal: ``keras/src/utils/progbar.py``).
 """
 
 import os
@@ -14,8 +16,19 @@ TAIL = 15  # log lines quoted in errors and failure records
 _TAIL_WINDOW = 256 * 1024  # bytes read from the end for a short tail
 
 
+# Terminal control sequences (colours, cursor moves) and backspaces.
+_CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x08")
+
+
+def shown(line):
+    """What a terminal shows of one line: the text after its last carriage return, without
+    control sequences."""
+    line = line.rstrip("\r").rsplit("\r", 1)[-1]
+    return _CONTROL.sub("", line) if ("\x1b" in line or "\x08" in line) else line
+
+
 def _split(text):
-    lines = [ln.rsplit("\r", 1)[-1] for ln in text.replace("\r\n", "\n").split("\n")]
+    lines = [shown(ln) for ln in text.replace("\r\n", "\n").split("\n")]
     if lines and lines[-1] == "":
         lines.pop()
     return lines
@@ -60,7 +73,7 @@ class LogFollower:
         if final and self._partial:
             parts.append(self._partial)
             self._partial = b""
-        return [p.decode("utf-8", "replace").rstrip("\r").rsplit("\r", 1)[-1] for p in parts]
+        return [shown(p.decode("utf-8", "replace")) for p in parts]
 
 
 # TensorFlow's C++ log records (absl format): "I0000 00:00:1795362809.141083   26731 file.cc:467] ...".

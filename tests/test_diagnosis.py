@@ -15,8 +15,8 @@ import pytest
 
 from mwhelpers.errors import WorkerFailed, WorkerTimeout
 
-# A MultiWorkerMirroredStrategy fit of a tiny model: Keras 3 or tf_keras, as the task's
-# TF_USE_LEGACY_KERAS says.
+# A MultiWorkerMirroredStrategy fit of a tiny model: Keras 3 (mended by mwhelpers unless
+# --no-keras-fix) or tf_keras, as the task's TF_USE_LEGACY_KERAS says.
 FIT = textwrap.dedent("""
     import numpy as np
     import tensorflow as tf
@@ -67,23 +67,42 @@ def keys(diagnosis):
     return [d["key"] for d in diagnosis]
 
 
-def test_keras3_fit_under_mwms_is_named_with_both_ways_out(ip, rt):
-    launch_both(ip, FIT, "--env TF_USE_LEGACY_KERAS=0", "--env TF_USE_LEGACY_KERAS=0")
-    # Seen before the launch too: fit under MWMS with Keras 3 selected.
+def test_keras3_fit_unmended_is_named_with_the_ways_out(ip, rt):
+    launch_both(ip, FIT, "--no-keras-fix --env TF_USE_LEGACY_KERAS=0",
+                "--no-keras-fix --env TF_USE_LEGACY_KERAS=0")
+    # Seen before the launch too: fit under MWMS with Keras 3 and the fix off.
     warned = [ln for ln in rt.echo_lines if ln.startswith("[mwhelpers] warning:")]
     assert len(warned) == 1 and "keras-team/keras#20585" in warned[0], rt.echo_lines
+    assert "mwhelpers' Keras fix is off for this task" in warned[0]
     err = failed(ip)
     assert keys(err.diagnosis) == ["keras3-fit"]
     text = str(err).splitlines()
     assert text[0].startswith("worker:")  # the root cause first
+    assert "Attempt to convert a value (PerReplica" in str(err)
     assert text[1].startswith("What this means: ") and "Keras 3" in text[1]
     assert "keras-team/keras#20585" in text[1]
+    assert "mwhelpers' fix was turned off for it" in text[1]
     assert text[2].startswith("What to do: ")
-    assert "TF_USE_LEGACY_KERAS=1" in text[2] and "custom loop" in text[2]
-    # What the tasks ran is in their logs (the cells leave that line out).
+    assert "leave mwhelpers' Keras fix on" in text[2] and "TF_USE_LEGACY_KERAS=1" in text[2]
+    # What the tasks ran is in their logs (the cells leave that line out); nothing was mended.
     for run in rt.runs.values():
         facts = [ln for ln in run.lines() if ln.startswith("[mwhelpers] this task: ")]
         assert facts and "with Keras 3." in facts[0] and "TF_USE_LEGACY_KERAS=0" in facts[0]
+        assert not [ln for ln in run.lines() if "fit and evaluate mended" in ln]
+
+
+def test_steps_per_execution_above_one_is_named(ip, rt):
+    code = FIT.replace('model.compile("sgd", "mse")',
+                       'model.compile("sgd", "mse", steps_per_execution=2)')
+    launch_both(ip, code)
+    warned = [ln for ln in rt.echo_lines if ln.startswith("[mwhelpers] warning:")]
+    assert len(warned) == 1 and "steps_per_execution=2" in warned[0], rt.echo_lines
+    err = failed(ip)
+    assert keys(err.diagnosis) == ["steps-per-execution"]
+    text = str(err).splitlines()
+    assert "You must feed a value for placeholder tensor" in str(err)
+    assert "steps_per_execution > 1 under a multi-replica strategy" in text[1]
+    assert "steps_per_execution=1" in text[2]
 
 
 def test_tasks_with_different_keras_are_named_first(ip, rt):

@@ -113,6 +113,32 @@ def test_backup_and_restore_after_a_sigkill_under_supervise(rt, keras3, tmp_path
     assert f"the chief writes {backup}; this task saves to {backup}/workertemp_1" in line
 
 
+@pytest.mark.tf
+def test_the_tutorial_program_with_import_keras_trains_unchanged(ip, rt, keras3, tmp_path):
+    """The multi-worker Keras tutorial's main.py, unchanged, and its mnist_setup.py with
+    ``import keras`` in place of ``tf.keras`` (offline digits), on two workers."""
+    tutorial = PROGRAMS / "tutorial"
+    shutil.copy(tutorial / "main.py", "main.py")
+    setup = (tutorial / "mnist_setup.py").read_text()
+    setup = setup.replace("import tensorflow as tf\n", "import keras\nimport tensorflow as tf\n")
+    (tmp_path / "mnist_setup.py").write_text(setup.replace("tf.keras.", "keras."))
+    assert "tf.keras" not in (tmp_path / "mnist_setup.py").read_text()
+    ip.run_line_magic("cluster", "2")
+    ip.run_line_magic("worker", "0 --bg main.py 2 10")
+    ip.run_line_magic("worker", "1 main.py 2 10")  # in the foreground, as the tutorial does
+    ip.run_line_magic("waitworkers", "--timeout 150")
+    progress = {}
+    for run in rt.runs.values():
+        assert run.returncode == 0
+        assert len(said(run, NOTICE)) == 1
+        # Keras 3's progress bar, as the log reader shows it: the bar's last state, without its
+        # colour codes ("10/10 ━━━━ 1s 50ms/step - accuracy: 0.1 - loss: 2.3").
+        progress[str(run.task)] = [ln.split(" - ", 1)[1] for ln in run.lines()
+                                   if re.match(r"^10/10 ━+ .* - accuracy: ", ln)]
+    # Both workers report the same losses and accuracies, epoch by epoch.
+    assert len(progress["worker:0"]) == 2 and progress["worker:0"] == progress["worker:1"]
+
+
 # -- the rules of the fix, on Keras's own module objects, without workers ---------------------
 
 def _module(folder, name, build_line, logs_line):
@@ -179,3 +205,22 @@ def test_the_fix_is_silent_outside_a_multi_worker_job(monkeypatch, capsys, tmp_p
                                            ("1", True), ("", True), (None, True)])
 def test_the_switch(value, wanted):
     assert kerasfix.fix_wanted({} if value is None else {kerasfix.KERAS_FIX_ENV: value}) is wanted
+
+
+def test_keras3_progress_bars_read_as_a_terminal_shows_them(tmp_path):
+    """Keras 3 draws its bar with colour codes, backspaces and carriage returns even into a
+    file (keras/src/utils/progbar.py counts every POSIX system as a terminal); the log readers
+    keep the bar's last state as plain text, whole lines only while it grows."""
+    from mwhelpers.logs import LogFollower, tail_lines
+
+    bar = "\x1b[1m{n}/10\x1b[0m \x1b[32m{done}\x1b[0m\x1b[37m{todo}\x1b[0m \x1b[1m1s\x1b[0m 9ms/step"
+    log = tmp_path / "worker-0.log"
+    follower = LogFollower(log)
+    log.write_bytes(b"Epoch 1/2\n\r" + bar.format(n=1, done="━", todo="━━━").encode())
+    assert follower.poll() == ["Epoch 1/2"]
+    with open(log, "ab") as f:
+        f.write(("\x08" * 30 + "\r" + bar.format(n=10, done="━━━━", todo="") + " - loss: 0.25\n")
+                .encode())
+    shown = "10/10 ━━━━ 1s 9ms/step - loss: 0.25"
+    assert follower.poll() == [shown]
+    assert tail_lines(log, 0) == ["Epoch 1/2", shown]
