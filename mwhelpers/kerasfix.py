@@ -77,7 +77,7 @@ CHIEF_WRITES = "this task is the chief and writes {path}; the others save to {te
 OTHER_WRITES = "the chief writes {path}; this task saves to {temp} and deletes it"
 SKIPPED = ("[mwhelpers] the Keras 3 multi-worker fix (" + ISSUE + ") is not applied: {why}; "
            "the program runs Keras unchanged")
-FIXED_UPSTREAM = ("[mwhelpers] Keras {version} no longer has the lines of " + ISSUE
+FIXED_UPSTREAM = ("[mwhelpers] Keras {version} does not have the failing lines of " + ISSUE
                   + " in its trainer: nothing to mend, Keras runs unchanged")
 _said = set()
 _local = threading.local()

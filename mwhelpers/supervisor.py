@@ -72,7 +72,8 @@ def supervise(rt: workers.Runtime, script: str | os.PathLike | None = None, *, c
     ``restartable_exit_codes`` adds exit codes to restart on (besides
     signals and 128 + signal); when a task exits with one of them, the other
     tasks get up to ``peer_grace`` seconds to exit by themselves before they
-    are ended.  ``timeout`` bounds each attempt.
+    are ended.  ``timeout`` bounds each attempt.  ``stall_fix`` and ``keras_fix``
+    are the launch options of the same names (see :meth:`Runtime.launch`).
 
     Returns the list of attempts, each a dict: ``attempt`` (1, 2...),
     ``runs``, ``events`` (faults injected), ``failed`` ((task, outcome)
