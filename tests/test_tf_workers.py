@@ -69,15 +69,6 @@ def test_two_workers_train_through_the_magics(ip, rt, keras3, capsys):
     check_stall_fix_said_once(rt)
 
 
-def test_two_workers_train_through_the_api(rt, legacy_keras):
-    """tf_keras, the alternative to Keras 3, through the API."""
-    rt.define_cluster(workers=2)
-    for task in ("worker:0", "worker:1"):
-        rt.launch(task, script=str(TRAIN), args=["--epochs", "2"], background=True, timeout=120)
-    rt.wait(timeout=120)
-    check_trained_together(results(rt), epochs=2)
-
-
 def test_supervised_restart_resumes_from_backup_after_a_killed_worker(rt, legacy_keras, tmp_path):
     """Kill worker 1 mid-training; the supervisor restarts both and
     BackupAndRestore resumes at the saved epoch instead of from scratch."""
