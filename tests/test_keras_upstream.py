@@ -1,0 +1,115 @@
+"""The upstream report of keras-team/keras#20585 (docs/keras-20585/), run for real.
+
+The reproducer starts two MultiWorkerMirroredStrategy workers of the installed Keras 3:
+as is it must report the bug (exit 1); with ``--with-mwhelpers`` (our fix) and with the
+upstream patch applied to a copy of the installed Keras it must report FIXED (exit 0).
+Once the installed Keras has fixed the bug itself (its trainer no longer holds the failing
+lines), the tests that need the bug skip and say so.  Applying the patch needs GNU patch
+(Debian's ``patch`` package): without it that test skips, except under CI=true.
+"""
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+HERE = ROOT / "docs" / "keras-20585"
+REPRO, PATCH = HERE / "repro.py", HERE / "trainer.patch"
+FIXED = "FIXED: both workers trained, weights equal"
+# The two lines of keras/src/backend/tensorflow/trainer.py that fail (since Keras 3.5 and 3.3;
+# still in 3.16's development), each with the error the reproducer then reports first.
+FAILING_LINES = {
+    "data_batch = self.distribute_strategy.reduce(": "Attempt to convert a value (PerReplica",
+    'return strategy.reduce("MEAN", v, axis=0)': "Invalid reduction dimension 0 for input with 0",
+}
+
+
+def _keras_dir():
+    spec = importlib.util.find_spec("keras")  # finds the package without importing it
+    return Path(next(iter(spec.submodule_search_locations))) if spec else None
+
+
+KERAS_DIR = _keras_dir()
+TRAINER = KERAS_DIR / "src" / "backend" / "tensorflow" / "trainer.py" if KERAS_DIR else None
+pytestmark = [pytest.mark.tf, pytest.mark.skipif(
+    TRAINER is None or not TRAINER.is_file(), reason="no Keras 3 (with a TensorFlow trainer)")]
+
+
+def _present():
+    """The failing lines the installed trainer still holds (whitespace aside)."""
+    text = "".join(TRAINER.read_text().split())
+    return [line for line in FAILING_LINES if "".join(line.split()) in text]
+
+
+def _bug_reason():
+    """Why the installed Keras cannot show the bug, or "" when it can."""
+    if TRAINER is None or not TRAINER.is_file():
+        return "no Keras 3"
+    if not _present():
+        return (f"the installed Keras ({TRAINER}) no longer has the failing lines of "
+                "keras-team/keras#20585: fixed upstream")
+    return ""
+
+
+BUG_REASON = _bug_reason()
+needs_bug = pytest.mark.skipif(bool(BUG_REASON), reason=BUG_REASON)
+
+
+def repro(*args, env=None):
+    """Runs the reproducer; (exit code, its output)."""
+    done = subprocess.run([sys.executable, str(REPRO), "--timeout", "150", *args],
+                          capture_output=True, text=True, timeout=200,
+                          env={**os.environ, **(env or {})})
+    return done.returncode, done.stdout + done.stderr
+
+
+def verdict(output):
+    lines = [ln for ln in output.splitlines() if ln.startswith(("BUG PRESENT", "FIXED", "FAILED"))]
+    return lines[-1] if lines else "(no verdict)"
+
+
+@pytest.fixture(scope="session")
+def patched_keras(tmp_path_factory):
+    """A copy of the installed Keras with docs/keras-20585/trainer.patch applied (once per
+    session); the directory that holds its ``keras`` package."""
+    if shutil.which("patch") is None:
+        reason = "GNU patch is not installed (Debian package: patch)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must apply the upstream patch, but: {reason}")
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("patched-keras")
+    # copy2 keeps the modification times, so the copied bytecode stays valid (except the
+    # patched trainer's) and the workers start as fast as with the installed Keras.
+    shutil.copytree(KERAS_DIR, root / "keras", copy_function=shutil.copy2)
+    done = subprocess.run(["patch", "-p1", "--forward", "-i", str(PATCH)], cwd=root,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root
+
+
+@needs_bug
+def test_the_installed_keras_fails_with_the_known_error():
+    code, output = repro()
+    assert code == 1 and verdict(output).startswith("BUG PRESENT: "), output
+    assert FAILING_LINES[_present()[0]] in verdict(output), output
+
+
+def test_mwhelpers_fix_makes_both_workers_train():
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    code, output = repro("--with-mwhelpers", env={"PYTHONPATH": path})
+    assert code == 0 and verdict(output) == FIXED, output
+    if not BUG_REASON:  # our fix said that it mended Keras, once per worker
+        assert output.count("[mwhelpers] Keras ") == 2, output
+
+
+@needs_bug
+def test_the_upstream_patch_makes_both_workers_train(patched_keras):
+    code, output = repro("--patched-keras", str(patched_keras))
+    assert code == 0 and verdict(output) == FIXED, output
+    # The workers ran the patched copy, not the installed Keras.
+    assert output.count(f"({patched_keras / 'keras'})") == 2, output
