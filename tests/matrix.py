@@ -10,17 +10,33 @@ hosted service would have it. Then, as a user would:
    through the magics, run the multi-worker tutorial's worker program on 2 workers with the
    environment's own TensorFlow; check both trained together and that the end-of-fit stall
    workaround was applied (or, where the environment's TensorFlow lacks what it wraps, that
-   the log says so).
+   the log says so), and under Keras 3 that the Keras fix mended ``fit`` (its line in each
+   worker's log).
 
 Environments:
 
 * ``floor``: Python 3.10, TensorFlow 2.16 (tensorflow-cpu) with tf_keras 2.16,
   IPython 7.34 and ipykernel 6.29, psutil 5.9.0 and NumPy 1.23.5: the lowest versions the
   library declares, and the oldest TensorFlow we support. ``TF_USE_LEGACY_KERAS=1``.
-* ``keras3``: Python 3.13, TensorFlow 2.21 and Keras 3, no tf_keras, ``TF_USE_LEGACY_KERAS``
-  unset, the newest IPython and ipykernel, as on hosted notebook services. Keras 3 trains with a
-  custom loop here; the tutorial's ``fit`` program is run too, and must fail the known way
-  (keras-team/keras#20585) with the failure reported in the cell.
+* ``keras3``: Python 3.13, TensorFlow 2.21 and the Keras 3 pip resolves for it, no tf_keras,
+  ``TF_USE_LEGACY_KERAS`` unset, the newest IPython and ipykernel, as on hosted notebook
+  services. A Keras 3 custom loop trains on 2 workers with equal weights; the tutorial's ``fit``
+  program trains on 2 workers, each worker's log holding the Keras fix's line
+  (``[mwhelpers] Keras X: fit and evaluate mended ...``, keras-team/keras#20585) and no line
+  saying it was not applied; the same program with ``--no-keras-fix`` still fails the known way
+  (a ValueError, reported as WorkerFailed in the cell), so the matrix notices when Keras mends
+  it upstream.
+* ``keras3-floor``: Python 3.10, TensorFlow 2.16.2 with Keras 3.5.0, IPython 8.26 and
+  ipykernel 6.29.5, ``TF_USE_LEGACY_KERAS`` unset: the oldest TensorFlow with the oldest Keras 3
+  under which the workers train one model together. 3.5.0 is the first release with both
+  failing lines, and the first whose gradients reach the other workers at all: 3.0 to 3.4
+  all-reduce them, if at all, inside a merge_call, where nothing is reduced (MWMS takes that
+  path unless the step runs under XLA on GPUs only), so on CPU each worker trains alone
+  (fixed by keras-team/keras#19969). The tutorial's ``fit`` program trains on 2 workers with
+  the fix's line in both logs, as in ``keras3``. (3.5 to 3.7 sum the workers' gradients
+  without scaling the loss, so a step is N times the single-process one,
+  keras-team/keras#20609; upstream, not mended here. Measured per release in
+  docs/keras-versions.md.)
 * ``bare``: Python 3.12 with ipykernel alone, no mwhelpers: a notebook's first code cell,
   run in a kernel there, says how to install mwhelpers when no checkout is around, and installs
   it with ``%pip`` from the checkout the notebook sits in; then the magics work.
@@ -69,11 +85,25 @@ ENVS = {
         "user": ["tensorflow-cpu==2.21.0", "ipython==9.18.1", "ipykernel==7.4.0"],
         "user_no_deps": [],
         "legacy_keras": False,
+        "custom_loop": True,     # the Keras 3 custom loop, ctl_main.py
+        "unmended_fails": True,  # main.py with --no-keras-fix fails the known way
         "expect": {"tensorflow-cpu": "2.21.0", "ipython": "9.18.1"},
+    },
+    "keras3-floor": {
+        "python": "3.10",
+        "user": ["tensorflow-cpu==2.16.2", "keras==3.5.0", "ipython==8.26.0", "ipykernel==6.29.5"],
+        "user_no_deps": [],
+        "legacy_keras": False,
+        "custom_loop": False,
+        "unmended_fails": False,
+        "expect": {"tensorflow-cpu": "2.16.2", "keras": "3.5.0", "ipython": "8.26.0"},
     },
 }
 NOTICE = "[mwhelpers] tf.data autotuning is off"
 SKIPPED = "[mwhelpers] the end-of-fit stall workaround is not applied"
+# kerasfix.NOTICE's start, and what its "not applied" and "nothing to mend" lines start with
+KERAS_FIXED = re.compile(r"\[mwhelpers\] Keras (3\.\S+): fit and evaluate mended for multi-worker")
+KERAS_NOT_FIXED = ("[mwhelpers] the Keras 3 multi-worker fix", "in its trainer: nothing to mend")
 
 
 class MatrixFailure(Exception):
@@ -261,6 +291,79 @@ def check_workaround(text, tf_version, who):
     return "stall workaround applied" if notices else "stall workaround not applied (said why)"
 
 
+def keras_fix_line(text, who):
+    """The Keras version of the fix's one line in a worker's log; no line saying it was not
+    applied (or found nothing to mend)."""
+    found = KERAS_FIXED.findall(text)
+    check(len(found) == 1, f"{who}: expected the Keras fix's line once, found it {len(found)} times:\n"
+                           f"{text[-3000:]}")
+    for line in text.splitlines():
+        check(not any(p in line for p in KERAS_NOT_FIXED), f"{who}: {line.strip()}")
+    return found[0]
+
+
+def tutorial_fit(k, workdir, spec):
+    """The tutorial's fit program on 2 workers: both train (tf_keras, or Keras 3 mended)."""
+    facts = []
+    k.ok("%worker 0 --bg main.py 2 10", timeout=300)
+    out = k.ok("%worker 1 main.py 2 10", timeout=600)
+    check("[worker:1] Epoch 2/2" in out, out[-3000:])
+    k.ok("%waitworkers --timeout 300", timeout=400)
+    versions = set()
+    for i in (0, 1):
+        text = logs_of(workdir, i)
+        check("Epoch 2/2" in text and "10/10" in text, f"worker {i} did not train:\n{text[-3000:]}")
+        facts.append(f"worker {i}: " + check_workaround(text, spec["expect"]["tensorflow-cpu"],
+                                                       f"worker {i}"))
+        if not spec["legacy_keras"]:
+            versions.add(keras_fix_line(text, f"worker {i}"))
+    if spec["legacy_keras"]:
+        facts.append("the tutorial's fit program trained on 2 workers (tf_keras)")
+    else:
+        check(len(versions) == 1, versions)
+        version = versions.pop()
+        check(version == spec["expect"].get("keras", version), f"Keras {version} in the logs")
+        facts.append(f"the tutorial's fit program trained on 2 workers with Keras {version}, "
+                     "each log saying the fix mended fit (keras-team/keras#20585)")
+    return facts
+
+
+def tutorial_fit_unmended(k, workdir):
+    """The same program with --no-keras-fix: the known failure, reported in the cell. When this
+    fails, Keras may have mended it upstream: see docs/keras-versions.md."""
+    k.ok("%worker 0 --bg --no-keras-fix main.py 1 5", timeout=300)
+    status, out = k.run("%worker 1 --no-keras-fix main.py 1 5", timeout=600)
+    check(status == "error" and "WorkerFailed" in out, f"expected WorkerFailed:\n{out[-3000:]}")
+    k.ok("%killbgscripts")
+    text = logs_of(workdir, 0) + logs_of(workdir, 1)
+    check("ValueError" in text and not KERAS_FIXED.search(text),
+          f"no ValueError in the logs, or the fix's line:\n{text[-3000:]}")
+    return ["with --no-keras-fix the same program still fails with a ValueError "
+            "(keras-team/keras#20585), reported as WorkerFailed in the cell"]
+
+
+def custom_loop(k, workdir, spec):
+    """A Keras 3 custom training loop on 2 workers: equal weights, the loss goes down."""
+    facts = []
+    k.ok("%worker 0 --bg ctl_main.py 20", timeout=300)
+    k.ok("%worker 1 ctl_main.py 20", timeout=600)
+    k.ok("%waitworkers --timeout 300", timeout=400)
+    results = []
+    for i in (0, 1):
+        text = logs_of(workdir, i)
+        result = last(text.splitlines())
+        check(result is not None, f"worker {i} printed no RESULT:\n{text[-3000:]}")
+        results.append(result)
+        facts.append(f"worker {i}: " + check_workaround(text, spec["expect"]["tensorflow-cpu"],
+                                                       f"worker {i}"))
+    check(all(r["keras"].startswith("3.") for r in results), results)
+    check(abs(results[0]["weights_sum"] - results[1]["weights_sum"]) < 1e-3, results)
+    check(results[0]["last_loss"] < results[0]["first_loss"], results)
+    facts.append(f"a Keras {results[0]['keras']} custom loop trained on 2 workers, weights equal, "
+                 f"loss {results[0]['first_loss']:.3f} -> {results[0]['last_loss']:.3f}")
+    return facts
+
+
 def in_kernel(name, spec, py, work):
     workdir = work / f"{name}-work"
     shutil.rmtree(workdir, ignore_errors=True)
@@ -280,43 +383,11 @@ def in_kernel(name, spec, py, work):
         facts.append(next(ln for ln in out.splitlines() if ln.startswith("python ")))
         k.ok("%load_ext mwhelpers")
         check("worker:1" in k.ok("%cluster 2"), "the cluster was not shown")
-        if spec["legacy_keras"]:
-            k.ok("%worker 0 --bg main.py 2 10", timeout=300)
-            out = k.ok("%worker 1 main.py 2 10", timeout=600)
-            check("[worker:1] Epoch 2/2" in out, out[-3000:])
-            k.ok("%waitworkers --timeout 300", timeout=400)
-            for i in (0, 1):
-                text = logs_of(workdir, i)
-                check("Epoch 2/2" in text and "10/10" in text, f"worker {i} did not train:\n{text[-3000:]}")
-                facts.append(f"worker {i}: " + check_workaround(text, spec["expect"]["tensorflow-cpu"],
-                                                               f"worker {i}"))
-            facts.append("the tutorial's fit program trained on 2 workers (tf_keras)")
-        else:
-            k.ok("%worker 0 --bg ctl_main.py 20", timeout=300)
-            k.ok("%worker 1 ctl_main.py 20", timeout=600)
-            k.ok("%waitworkers --timeout 300", timeout=400)
-            results = []
-            for i in (0, 1):
-                text = logs_of(workdir, i)
-                result = last(text.splitlines())
-                check(result is not None, f"worker {i} printed no RESULT:\n{text[-3000:]}")
-                results.append(result)
-                facts.append(f"worker {i}: " + check_workaround(text, spec["expect"]["tensorflow-cpu"],
-                                                               f"worker {i}"))
-            check(all(r["keras"].startswith("3.") for r in results), results)
-            check(abs(results[0]["weights_sum"] - results[1]["weights_sum"]) < 1e-3, results)
-            check(results[0]["last_loss"] < results[0]["first_loss"], results)
-            facts.append(f"a Keras {results[0]['keras']} custom loop trained on 2 workers, weights equal, "
-                         f"loss {results[0]['first_loss']:.3f} -> {results[0]['last_loss']:.3f}")
-            # The tutorial's fit program under Keras 3: the known failure, reported in the cell.
-            k.ok("%worker 0 --bg main.py 1 5", timeout=300)
-            status, out = k.run("%worker 1 main.py 1 5", timeout=600)
-            check(status == "error" and "WorkerFailed" in out, f"expected WorkerFailed:\n{out[-3000:]}")
-            k.ok("%killbgscripts")
-            text = logs_of(workdir, 0) + logs_of(workdir, 1)
-            check("ValueError" in text, f"no ValueError in the logs:\n{text[-3000:]}")
-            facts.append("the tutorial's fit program fails under Keras 3 with a ValueError "
-                         "(keras-team/keras#20585), reported as WorkerFailed in the cell")
+        if spec.get("custom_loop"):
+            facts += custom_loop(k, workdir, spec)
+        facts += tutorial_fit(k, workdir, spec)
+        if spec.get("unmended_fails"):
+            facts += tutorial_fit_unmended(k, workdir)
     finally:
         k.close()
     return facts
