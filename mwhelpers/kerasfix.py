@@ -63,6 +63,18 @@ CHECKPOINT = "keras.src.callbacks.model_checkpoint"
 # The Keras releases this was tested with (major, minor), both ends included; others are left
 # alone with a warning.
 TESTED = ((3, 0), (3, 16))
+# Before 3.5 Keras all-reduces the gradients (3.2 to 3.4) inside a merge_call, where nothing is
+# reduced, or not at all (3.0, 3.1): each worker trains alone (keras-team/keras#19969). Mending
+# fit there would turn a failure into silently wrong training; left alone, said why.
+GRADIENTS_REDUCED_SINCE = (3, 5)
+# Upstream faults of multi-worker training that this does not mend, said with the notice.
+CAVEATS = (
+    ((3, 5), (3, 7), "Keras 3.5 to 3.7 add the workers' gradients without scaling the loss, so "
+                     "each step is as large as N single-process steps (keras-team/keras#20609, "
+                     "fixed in 3.8)"),
+    ((3, 8), (3, 9), "Keras 3.8 and 3.9 log a loss and metrics that differ from one process's "
+                     "(the weights do not; 3.10 logs them right)"),
+)
 # The failing lines, whitespace removed, as Keras 3.3 to 3.15 write them.
 BUILD_LINE = "data_batch=self.distribute_strategy.reduce("
 LOGS_LINE = 'strategy.reduce("MEAN",v,axis=0)'
@@ -220,6 +232,15 @@ def _wrap_function(module, name, rewrite, announce):
     setattr(module, name, function)
 
 
+def _trainer_class(module):
+    """Keras's TensorFlow trainer: TensorFlowTrainer (3.0 to 3.15), Trainer (3.16 nightlies)."""
+    for name in ("TensorFlowTrainer", "Trainer"):
+        cls = getattr(module, name, None)
+        if isinstance(cls, type) and cls.__module__ == module.__name__:
+            return cls
+    return None
+
+
 def _trainer_plan(module, version):
     """What to mend in this trainer module: (('build', 'logs') subsets, None) or (None, why)."""
     numbers = _numbers(version)
@@ -228,18 +249,26 @@ def _trainer_plan(module, version):
     if not TESTED[0] <= numbers <= TESTED[1]:
         low, high = (".".join(map(str, t)) for t in TESTED)
         return None, f"Keras {version} is outside the releases it was tested with ({low} to {high})"
-    cls = getattr(module, "TensorFlowTrainer", None)
+    if numbers < GRADIENTS_REDUCED_SINCE:
+        return None, (f"Keras {version} never all-reduces the gradients across the workers of a "
+                      "MultiWorkerMirroredStrategy (each worker would train its own copy of the "
+                      "model; fixed in Keras 3.5, keras-team/keras#19969): install keras>=3.5, "
+                      "or 3.10 or later for exact losses")
+    cls = _trainer_class(module)
+    if cls is None:
+        return None, f"Keras {version}'s trainer module has no TensorFlowTrainer or Trainer class"
     build = getattr(cls, "_maybe_symbolic_build", None)
+    if build is None:
+        return None, f"Keras {version}'s trainer has no _maybe_symbolic_build"
     reduce_fn = getattr(module, "reduce_per_replica", None)
     if reduce_fn is None:
         return None, f"Keras {version}'s trainer has no reduce_per_replica"
     places = []
-    if build is not None:
-        text = _source(build)
-        if text is None:
-            return None, f"Keras {version}'s source cannot be read"
-        if BUILD_LINE in text:
-            places.append("build")
+    text = _source(build)
+    if text is None:
+        return None, f"Keras {version}'s source cannot be read"
+    if BUILD_LINE in text:
+        places.append("build")
     text = _source(reduce_fn)
     if text is None:
         return None, f"Keras {version}'s source cannot be read"
@@ -265,12 +294,14 @@ def patch_trainer(module):
         return False
     what = "; ".join({"build": "the build looks at this worker's first batch",
                       "logs": "the step's logs are averaged across replicas"}[p] for p in places)
+    numbers = _numbers(version)
+    what += "".join(f"; not mended: {c}" for low, high, c in CAVEATS if low <= numbers <= high)
 
     def announce():
         _say_once("notice", NOTICE.format(version=version, what=what))
 
     if "build" in places:
-        _wrap_method(module.TensorFlowTrainer, "_maybe_symbolic_build", _first_local_batch,
+        _wrap_method(_trainer_class(module), "_maybe_symbolic_build", _first_local_batch,
                      announce)
     if "logs" in places:
         _wrap_function(module, "reduce_per_replica", _logs_mean, announce)

@@ -25,6 +25,7 @@ import ast
 import re
 from pathlib import Path
 
+from .kerasfix import GRADIENTS_REDUCED_SINCE
 from .kerasfix import TESTED as KERAS_FIX_TESTED
 from .taskfacts import LEGACY_ENV, legacy_selected
 
@@ -285,6 +286,12 @@ def check(source, path, env, keras_version=None, tf_version=None, folders=(), ce
             f"{'.'.join(map(str, low))} to {'.'.join(map(str, high))} and leaves this one "
             "unchanged, so fit may fail. The task's log says whether this Keras still has the "
             "bug.")
+    elif keras3 and fits and _major_minor(keras_version) < GRADIENTS_REDUCED_SINCE:
+        warnings.append(
+            f"{program.where(fits[0])} calls fit under MultiWorkerMirroredStrategy with Keras "
+            f"{keras_version}, which never all-reduces the gradients across workers: each "
+            "worker would train its own copy of the model (keras-team/keras#19969, fixed in "
+            "Keras 3.5). Install keras>=3.5 (3.10 or later for exact losses).")
     spe = _steps_per_execution(program) if keras3 else None
     if spe:
         warnings.append(

@@ -141,10 +141,11 @@ def test_the_tutorial_program_with_import_keras_trains_unchanged(ip, rt, keras3,
 
 # -- the rules of the fix, on Keras's own module objects, without workers ---------------------
 
-def _module(folder, name, build_line, logs_line):
-    """A stand-in for keras.src.backend.tensorflow.trainer with the given source lines."""
+def _module(folder, name, build_line, logs_line, cls="TensorFlowTrainer"):
+    """A stand-in for keras.src.backend.tensorflow.trainer with the given source lines (its class
+    is TensorFlowTrainer up to Keras 3.15, Trainer in the 3.16 nightlies)."""
     source = (
-        "class TensorFlowTrainer:\n"
+        f"class {cls}:\n"
         "    def _maybe_symbolic_build(self, iterator=None, data_batch=None):\n"
         f"        {build_line}\n"
         "def reduce_per_replica(values, strategy, reduction):\n"
@@ -165,7 +166,10 @@ BUGGY_LOGS = 'return strategy.reduce("MEAN", v, axis=0)'
 @pytest.mark.parametrize("version, build, logs, changed, said_line", [
     ("3.15.1", BUGGY_BUILD, BUGGY_LOGS, {"_maybe_symbolic_build", "reduce_per_replica"},
      "fit and evaluate mended"),
-    ("3.4.1", "data_batch = batch", BUGGY_LOGS, {"reduce_per_replica"}, None),
+    ("3.6.0", "data_batch = batch", BUGGY_LOGS, {"reduce_per_replica"}, None),
+    # before 3.5 the workers' gradients are never all-reduced: left alone, said why
+    ("3.4.1", "data_batch = batch", BUGGY_LOGS, set(), "never all-reduces the gradients"),
+    ("3.1.1", "data_batch = batch", "return v", set(), "never all-reduces the gradients"),
     ("3.16.0", "data_batch = first_local(batch)", 'return strategy.reduce("MEAN", v, axis=None)',
      set(), "does not have the failing lines of keras-team/keras#20585"),
     ("3.17.0", BUGGY_BUILD, BUGGY_LOGS, set(), "outside the releases it was tested with"),
@@ -191,6 +195,21 @@ def test_the_fix_changes_only_a_keras_that_has_the_lines(monkeypatch, capsys, tm
         assert err == ""  # the notice comes with the first multi-worker fit, not at import
     else:
         assert said_line in err and len(err.splitlines()) == 1, err
+
+
+def test_the_fix_finds_the_renamed_trainer(monkeypatch, capsys, tmp_path):
+    """keras-nightly 3.16.0.dev renamed TensorFlowTrainer to Trainer: both places are mended."""
+    monkeypatch.setattr(kerasfix, "_said", set())
+    monkeypatch.setitem(sys.modules, "keras.src.version",
+                        types.SimpleNamespace(__version__="3.16.0.dev2026102704"))
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
+                                                "task": {"type": "worker", "index": 0}}))
+    module = _module(tmp_path, "fake_trainer_renamed", BUGGY_BUILD, BUGGY_LOGS, cls="Trainer")
+    build, logs = module.Trainer._maybe_symbolic_build, module.reduce_per_replica
+    assert kerasfix.patch_trainer(module)
+    assert module.Trainer._maybe_symbolic_build.__wrapped__ is build
+    assert module.reduce_per_replica.__wrapped__ is logs
+    assert capsys.readouterr().err == ""
 
 
 def test_the_fix_is_silent_outside_a_multi_worker_job(monkeypatch, capsys, tmp_path):

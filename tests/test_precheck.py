@@ -55,6 +55,8 @@ def test_fit_under_mwms_with_keras3_and_the_fix_off(tutorial):
 def test_fit_with_a_keras_the_fix_was_not_tested_with(tutorial):
     (warning,) = look(tutorial, "main.py", keras_version="3.99.0", tf_version="2.30.0")
     assert "was tested with Keras 3.0 to 3.16 and leaves this one unchanged" in warning
+    (warning,) = look(tutorial, "main.py", keras_version="3.4.1", tf_version="2.16.2")
+    assert "never all-reduces the gradients across workers" in warning
 
 
 @pytest.mark.parametrize("value, warned", [("2", True), ("steps", True), ("1", False)])

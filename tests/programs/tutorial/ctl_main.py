@@ -1,5 +1,5 @@
-# A custom training loop under MultiWorkerMirroredStrategy, the way Keras 3 users train on
-# several workers (fit fails there: keras-team/keras#20585). Prints STEP lines and a RESULT line.
+# A custom training loop under MultiWorkerMirroredStrategy with Keras 3: strategy.run in a
+# tf.function, no Keras trainer involved. Prints STEP lines and a RESULT line.
 import json
 import os
 import sys
