@@ -52,7 +52,8 @@ def execute(name, tmp_path):
 def test_tour_runs_under_nbclient(tmp_path, pythonpath):
     nb = execute("00_mwhelpers_tour.ipynb", tmp_path)
     text = outputs_text(nb)
-    assert "[worker:1] TF_USE_LEGACY_KERAS = 1" in text  # environment inheritance shown
+    assert "[worker:1] CUDA_VISIBLE_DEVICES = ''" in text  # environment inheritance shown
+    assert "[worker:1] [mwhelpers] Keras 3." in text and "fit and evaluate mended" in text
     assert "[worker:0] ready after" in text  # --bg waited for the port
     assert "[worker:1] Epoch 2/2" in text  # worker 1 streamed into its cell
     assert "2 task(s) finished" in text
@@ -110,6 +111,14 @@ def test_multi_worker_notebook_runs_under_nbclient(tmp_path, pythonpath):
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(images) == 3  # the cluster, the sleep race, the loss per step
     assert (tmp_path / "main.py").exists() and (tmp_path / "mnist_setup.py").exists()
+    # Keras 3 under MWMS: the failure live, its two lines read from Keras, the fix's line in the logs
+    assert ("with an unsupported type (<class 'tensorflow.python.distribute.values.PerReplica'>) "
+            "to a Tensor.") in text
+    assert "ran model.fit under MultiWorkerMirroredStrategy with Keras 3" in text
+    assert "TensorFlowTrainer._maybe_symbolic_build, lines" in text and "reduce_per_replica, lines" in text
+    assert "a scalar, axis=0): Invalid reduction dimension 0 for input with 0 dimensions" in text
+    assert re.search(r"worker:1 \(unmended\.py, --no-keras-fix\) +\(no such line\)", text)
+    assert not (tmp_path / "unmended.py").read_text().count("mwhelpers")
     assert len(nb.cells) <= 35
 
 
@@ -121,8 +130,8 @@ def test_under_the_hood_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert re.search(r"worker:0 \(with the workaround\): fit returned 0\.\d\d s after", text)
     assert "float16 gradients send 50% fewer bytes" in text
     assert "worker:0: the late collective ended with DeadlineExceededError" in text
-    assert "unsupported type (<class 'tensorflow.python.distribute.values.PerReplica'>)" in text \
-        or "looks fixed" in text
+    assert "worker:1 job.py" in text and "worker:0 mixed.py" in text  # section 4: each run's lines
+    assert "[mwhelpers] Keras 3." in text and "TF_USE_LEGACY_KERAS=unset at import" in text
     assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
 
 
