@@ -28,9 +28,13 @@ to ``<folder>/workertemp_<task id>/`` and deletes it right after (each worker
 still saves, as saving may run collectives).  ``BackupAndRestore`` restores
 what Keras 3 saves: the weights, the optimizer's state and the epoch to start
 from, never a batch inside an epoch (with an integer ``save_freq`` the epoch
-starts again from its first batch, with the weights of the last save).  The
-chief's backup is written beside and then moved into place, so a worker killed
-while saving leaves the previous backup whole.
+starts again from its first batch, with the weights of the last save).  Keras 3
+writes into each backup the epoch it counted itself, from 0 in every new process,
+so until a restarted epoch ends its backups would say epoch 0 and a second fault
+would go back to the start; here the count starts at the epoch restored.  The
+chief's backup is written beside and then moved into place file by file, weights
+first: a worker killed while saving never leaves a half-written file, at worst
+new weights with the previous epoch's number (that epoch is then run again).
 
 Everything else runs Keras's own code: each replacement checks that the
 strategy is a MultiWorkerMirroredStrategy in multi-worker mode and otherwise
@@ -338,14 +342,14 @@ def _remove_empty(path):
 
 def _patch_backup(module):
     cls = getattr(module, "BackupAndRestore", None)
-    needed = ("_save_model", "on_train_end")
+    needed = ("_save_model", "on_train_begin", "on_train_end")
     attributes = ("backup_dir", "_weights_path", "_training_metadata_path", "_prev_weights_path",
                   "_prev_training_metadata_path")
     if cls is None or not all(callable(getattr(cls, n, None)) for n in needed):
         return f"Keras {keras_version()}'s BackupAndRestore has no {' or '.join(needed)}"
     if getattr(cls, _PATCHED, False):
         return None
-    save, train_end = cls._save_model, cls.on_train_end
+    save, train_begin, train_end = cls._save_model, cls.on_train_begin, cls.on_train_end
 
     def paths(self, folder):
         names = {a: os.path.basename(str(getattr(self, a))) for a in attributes[1:]
@@ -396,6 +400,15 @@ def _patch_backup(module):
         _remove_tree(staging)
         return None
 
+    def on_train_begin(self, logs=None):
+        result = train_begin(self, logs)
+        restored = getattr(self.model, "_initial_epoch", None)
+        # Keras counts finished epochs from 0 in every process and saves that count: start it
+        # at the epoch restored, so that the restarted epoch's backups say where they are.
+        if _worker_of(self.model) is not None and restored and hasattr(self, "_current_epoch"):
+            self._current_epoch = restored
+        return result
+
     def on_train_end(self, logs=None):
         worker = _worker_of(self.model)
         if worker is None:
@@ -415,7 +428,8 @@ def _patch_backup(module):
         _remove_empty(folder)
         return None
 
-    for f, original in ((_save_model, save), (on_train_end, train_end)):
+    for f, original in ((_save_model, save), (on_train_begin, train_begin),
+                        (on_train_end, train_end)):
         f.__wrapped__ = original
         setattr(cls, f.__name__, f)
     setattr(cls, _PATCHED, True)
