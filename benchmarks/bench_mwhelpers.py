@@ -97,7 +97,7 @@ def mw_launch(rt):
 def bench_launch(rounds):
     from mwhelpers.workers import Runtime
 
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    os.environ.pop("TF_USE_LEGACY_KERAS", None)  # Keras 3, mended in the workers
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     workdir = Path(tempfile.mkdtemp(prefix="mwbench-"))
     with Runtime(log_dir=workdir / "logs", echo=lambda line: None) as rt:

@@ -8,8 +8,8 @@ its constraints file (read from git at REF, default the last 0.1.0 commit), whic
 `tensorflow` distribution (pulled by tf-keras) beside `tensorflow-cpu`. "after" is the lock,
 ``pip install --no-deps -r requirements/test.txt``. Both are made anew in one run (pip's cache
 serves the wheels). Then, interleaved, N times each: the CPU seconds (user + system) of a fresh
-``python -c 'import tensorflow, tf_keras'`` with ``TF_USE_LEGACY_KERAS=1``, as every worker
-starts, and the same with Keras 3. Prints figures and the after/before ratios.
+``python -c 'import tensorflow, keras'``, as every worker starts (Keras 3; the lock no longer
+holds tf_keras). Prints figures and the after/before ratios.
 """
 
 import argparse
@@ -30,11 +30,7 @@ from mwhelpers.versions import TF_DISTRIBUTIONS  # noqa: E402
 
 LAST_010 = "c7d097c"  # the last commit with 0.1.0's packaging
 
-IMPORT = {
-    "tf_keras": ("import os; os.environ['TF_USE_LEGACY_KERAS'] = '1'\n"
-                 "import tensorflow, tf_keras"),
-    "keras3": "import tensorflow, keras",
-}
+IMPORT = {"keras3": "import tensorflow, keras"}
 PROBE = ("import os, sys; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '0'\n"
          "import tensorflow as tf\n"
          "print(json.dumps({'cuda_build': tf.sysconfig.get_build_info().get('is_cuda_build'),"

@@ -58,7 +58,7 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--ssh", action="store_true", help="on two test hosts over SSH")
     a = p.parse_args()
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    os.environ.pop("TF_USE_LEGACY_KERAS", None)  # Keras 3, mended in the workers
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from mwhelpers.workers import Runtime
 

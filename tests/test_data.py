@@ -54,7 +54,6 @@ def test_auto_uses_keras_cached_file_when_present(offline, tmp_path, monkeypatch
 
 def test_auto_falls_back_when_keras_cannot_download(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))  # no cached file
-    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
     import socket
 
     def no_network(*args, **kwargs):

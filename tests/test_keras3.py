@@ -96,12 +96,12 @@ def test_backup_and_restore_after_a_sigkill_under_supervise(rt, keras3, tmp_path
     assert attempts[0]["failed"][0][0] == "worker:1"
     first, second = attempts[0]["runs"][0], attempts[1]["runs"][0]
     done = [int(m.group(1)) for ln in first.lines() if (m := re.match(r"^STEP (\d+) ", ln))]
-    # Saved every 4 steps: the last backup before the kill holds step 24 or (when the kill
-    # landed late) 28, made in epoch 3 (0-based 2), whose first step was 21.
-    saved = max(s for s in done if s % 4 == 0)
-    assert saved in (24, 28), done
     resumed = [int(m.group(1)) for ln in second.lines() if (m := re.match(r"^STEP (\d+) ", ln))]
-    assert resumed[0] == saved + 1  # the optimizer's step carries on from the backup
+    # The optimizer's step carries on from the backup's. Saved every 4 steps: the last backup
+    # before the kill (at step 25 of worker 1) holds step 24, or 28 when the kill landed late,
+    # made in epoch 3 (0-based 2), whose first step was 21.
+    saved = resumed[0] - 1
+    assert saved in (24, 28) and saved <= max(done), (done, resumed)
     res = results(rt)
     for r in res.values():
         assert r["epochs_run"] == [2, 3]  # epoch 3 again from its first batch, then epoch 4

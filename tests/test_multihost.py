@@ -367,9 +367,12 @@ CHAOS_ARGS = ["--epochs", "3", "--steps", "15", "--save-freq", str(SAVE_FREQ), "
 
 
 def supervise_under_chaos(rt, tmp_path, kills, seed):
-    """supervise a 2-worker job with BackupAndRestore (every SAVE_FREQ steps) while
+    """supervise a 2-worker Keras 3 job with BackupAndRestore (every SAVE_FREQ steps) while
     :class:`chaos.Chaos` SIGKILLs a random worker ``kills`` times; checks what must hold
-    and returns the attempts and the kills."""
+    and returns the attempts and the kills.  Keras 3 restores the optimizer's step and the
+    epoch, which it runs again from its first batch: the step count carries on past
+    epochs x steps by the batches of an epoch done before its backup, at most one epoch per
+    restart."""
     monkey = Chaos(rt, kills, low=SAVE_FREQ, high=2 * SAVE_FREQ, seed=seed)
     monkey.start()
     try:
@@ -382,13 +385,15 @@ def supervise_under_chaos(rt, tmp_path, kills, seed):
     for record, (attempt, task, _, _) in zip(attempts, monkey.kills, strict=False):
         assert record["attempt"] == attempt and str(record["root_cause"].task) == task
         assert record["restarted"], record
-    total = 3 * 15
+    total, per_epoch = 3 * 15, 15
+    (final,) = {r["iterations"] for r in results(rt).values()}  # the same on both workers
+    assert total <= final < total + kills * per_epoch, final
     done = {s for a in attempts for r in a["runs"] for s, _ in steps_of(r)}
-    assert done == set(range(1, total + 1))  # every step of every epoch, none skipped
+    assert done == set(range(1, final + 1))  # no step skipped
     again = redone(attempts)
     assert all(0 <= n <= SAVE_FREQ for n in again), again  # resumed from the newest backup
     for r in results(rt).values():
-        assert r["iterations"] == total and r["epochs_run"][-1] == 2
+        assert r["epochs_run"][-1] == 2
     spread = max(max(r.launched_wall for r in a["runs"]) - min(r.launched_wall for r in a["runs"])
                  for a in attempts)
     print(f"{kills} kills {[(k[1], k[3]) for k in monkey.kills]}; steps done twice per restart: "
@@ -397,9 +402,7 @@ def supervise_under_chaos(rt, tmp_path, kills, seed):
 
 
 @pytest.mark.tf
-def test_random_kills_of_remote_workers_are_survived_with_backups(remote_rt, env, tmp_path,
-                                                                   monkeypatch):
-    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+def test_random_kills_of_remote_workers_are_survived_with_backups(remote_rt, env, tmp_path):
     remote_rt.define_cluster(2, hosts=env.names)
     supervise_under_chaos(remote_rt, tmp_path, kills=3, seed=1)
 
@@ -412,9 +415,7 @@ def test_slurm_outside_an_allocation_says_how_to_get_one(remote_rt, env):
 
 
 @pytest.mark.tf
-def test_a_killed_slurm_worker_is_restarted_from_its_backup(remote_rt, env, allocation, tmp_path,
-                                                           monkeypatch):
-    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+def test_a_killed_slurm_worker_is_restarted_from_its_backup(remote_rt, env, allocation, tmp_path):
     remote_rt.define_cluster(2, slurm=True)
     supervise_under_chaos(remote_rt, tmp_path, kills=1, seed=2)
 

@@ -17,7 +17,7 @@ import mwhelpers.versions
 
 TF_DISTRIBUTIONS = set(mwhelpers.versions.TF_DISTRIBUTIONS)
 # Installed by the lock without the dependencies they declare (see requirements/tutorials.txt).
-WITHOUT_DEPS = {"tf-keras", "mlxtend"}
+WITHOUT_DEPS = {"mlxtend"}
 
 
 def norm(name):
@@ -59,7 +59,7 @@ def test_the_lock_satisfies_the_library_ranges_and_has_one_tensorflow():
     for r in map(Requirement, project()["dependencies"]):
         assert Version(pins[norm(r.name)]) in r.specifier, f"lock {pins[norm(r.name)]} outside {r}"
     assert set(pins) & TF_DISTRIBUTIONS == {"tensorflow-cpu"}
-    assert pins["tf-keras"].rsplit(".", 1)[0] == pins["tensorflow-cpu"].rsplit(".", 1)[0]
+    assert "tf-keras" not in pins  # the notebooks run TensorFlow's own Keras 3
     assert not {"scipy", "scikit-learn", "pandas"} & set(pins)  # mlxtend without its stack
     assert not set(pins) & set(lock("test.txt"))
 
@@ -75,8 +75,7 @@ def test_the_installed_environment_is_the_lock_with_one_tensorflow():
     broken = sorted(ln for ln in out.splitlines() if ln.strip())
     assert broken == sorted(
         [f"mlxtend 0.25.0 requires {d}, which is not installed." for d in
-         ("joblib", "pandas", "scikit-learn", "scipy")]
-        + ["tf-keras 2.21.0 requires tensorflow, which is not installed."]), broken
+         ("joblib", "pandas", "scikit-learn", "scipy")]), broken
 
 
 def test_the_tensorflow_that_runs_is_the_cpu_build():
@@ -90,8 +89,7 @@ def test_environment_yml_is_the_lock_less_what_needs_no_deps():
     text = (ROOT / "environment.yml").read_text()
     wanted = lock("tutorials.txt") | lock("test.txt")
     assert environment_yml_pins() == {n: v for n, v in wanted.items() if n not in WITHOUT_DEPS}
-    apart = " ".join(f"{n.replace('-', '_') if n == 'tf-keras' else n}=={wanted[n]}"
-                     for n in sorted(WITHOUT_DEPS))
+    apart = " ".join(f"{n}=={wanted[n]}" for n in sorted(WITHOUT_DEPS))
     assert f"pip install --no-deps {apart} -e ." in text
     assert "python=3.11" in text
 
@@ -143,9 +141,9 @@ def test_the_public_api_has_type_hints_that_resolve():
 
 def test_versions_name_the_tensorflow_distribution_without_importing_it():
     code = ("import sys, mwhelpers\n"
-            "print(mwhelpers.versions('tensorflow', 'tf_keras', 'no-such-package'))\n"
+            "print(mwhelpers.versions('tensorflow', 'keras', 'no-such-package'))\n"
             "print(mwhelpers.tensorflow_distributions(), 'tensorflow' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=ROOT).stdout.splitlines()
-    assert out[0] == "TensorFlow 2.21.0 (tensorflow-cpu) | tf_keras 2.21.0 | no-such-package not installed"
+    assert out[0] == "TensorFlow 2.21.0 (tensorflow-cpu) | keras 3.15.1 | no-such-package not installed"
     assert out[1] == "[('tensorflow-cpu', '2.21.0')] False"

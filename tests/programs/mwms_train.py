@@ -59,7 +59,9 @@ if a.log_steps or a.step_seconds:
                 print(f"STEP {int(self.model.optimizer.iterations.numpy())} at={time.time():.3f}",
                       flush=True)
 
-    callbacks.append(LogSteps())
+    # First: a step is logged once it is done, before a backup of it can be written (a task
+    # ended between the two would otherwise leave a saved step that no log shows).
+    callbacks.insert(0, LogSteps())
 
 history = model.fit(ds, epochs=a.epochs, steps_per_epoch=a.steps, verbose=2, callbacks=callbacks)
 task = json.loads(os.environ["TF_CONFIG"])["task"]
