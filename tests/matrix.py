@@ -75,7 +75,7 @@ ENVS = {
         "python": "3.10",
         "user": ["tensorflow-cpu==2.16.2", "ipython==7.34.0", "ipykernel==6.29.5",
                  "psutil==5.9.0", "numpy==1.23.5"],
-        "user_no_deps": ["tf-keras==2.16.0"],  # as the lock does: no second TensorFlow
+        "user_no_deps": ["tf-keras==2.16.0"],  # --no-deps: it names `tensorflow`, a second one
         "legacy_keras": True,
         "expect": {"tensorflow-cpu": "2.16.2", "ipython": "7.34.0", "psutil": "5.9.0",
                    "numpy": "1.23.5", "tf-keras": "2.16.0"},
