@@ -74,6 +74,12 @@ class _Job:
     def facts(self, run):
         return taskfacts.parse(self.lines(run))
 
+    def failed_logs(self, failures):
+        """(failure, its run or None, its log lines: the run's, else the failure's tail)."""
+        for f in failures:
+            run = self.run_of(f)
+            yield f, run, self.lines(run) if run else f.tail
+
     def run_of(self, failure):
         return next((r for r in self.runs if str(r.task) == failure.task and r.pid == failure.pid),
                     None)
@@ -126,9 +132,7 @@ def _settings_differ(job, failures):
 
 
 def _keras3_fit(job, failures):
-    for f in failures:
-        run = job.run_of(f)
-        lines = job.lines(run) if run else f.tail
+    for f, run, lines in job.failed_logs(failures):
         if not any(_KERAS3_FIT in ln for ln in lines):
             continue
         facts = taskfacts.parse(lines)
@@ -156,9 +160,7 @@ def _keras3_fit(job, failures):
 
 
 def _steps_per_execution(job, failures):
-    for f in failures:
-        run = job.run_of(f)
-        lines = job.lines(run) if run else f.tail
+    for f, _, lines in job.failed_logs(failures):
         if not any(_MULTI_STEP.search(ln) for ln in lines) or \
                 not any(_MULTI_STEP_WHERE in ln for ln in lines):
             continue
@@ -172,9 +174,7 @@ def _steps_per_execution(job, failures):
 
 
 def _op_before_strategy(job, failures):
-    for f in failures:
-        run = job.run_of(f)
-        lines = job.lines(run) if run else f.tail
+    for f, _, lines in job.failed_logs(failures):
         if _OP_FIRST in last_exception(lines):
             return Finding(
                 "op-before-strategy",
