@@ -128,7 +128,8 @@ def keras_version():
     return None
 
 
-def _numbers(version):
+def major_minor(version):
+    """(3, 15) for '3.15.1', '3.15.0.dev2026', ...; () when there are no numbers."""
     return tuple(int(n) for n in re.findall(r"\d+", version or "")[:2])
 
 
@@ -247,7 +248,7 @@ def _trainer_class(module):
 
 def _trainer_plan(module, version):
     """What to mend in this trainer module: (('build', 'logs') subsets, None) or (None, why)."""
-    numbers = _numbers(version)
+    numbers = major_minor(version)
     if not numbers:
         return None, "the Keras version is unknown"
     if not TESTED[0] <= numbers <= TESTED[1]:
@@ -298,7 +299,7 @@ def patch_trainer(module):
         return False
     what = "; ".join({"build": "the build looks at this worker's first batch",
                       "logs": "the step's logs are averaged across replicas"}[p] for p in places)
-    numbers = _numbers(version)
+    numbers = major_minor(version)
     what += "".join(f"; not mended: {c}" for low, high, c in CAVEATS if low <= numbers <= high)
 
     def announce():

@@ -25,7 +25,7 @@ import ast
 import re
 from pathlib import Path
 
-from .kerasfix import GRADIENTS_REDUCED_SINCE
+from .kerasfix import GRADIENTS_REDUCED_SINCE, major_minor
 from .kerasfix import TESTED as KERAS_FIX_TESTED
 from .taskfacts import LEGACY_ENV, legacy_selected
 
@@ -240,10 +240,6 @@ def _steps_per_execution(program):
     return None
 
 
-def _major_minor(version):
-    return tuple(int(n) for n in re.findall(r"\d+", version or "")[:2])
-
-
 def check(source, path, env, keras_version=None, tf_version=None, folders=(), cell=False,
           keras_fix=True):
     """Warnings (plain sentences) about ``source`` (the program at ``path``; ``cell``: a
@@ -279,14 +275,14 @@ def check(source, path, env, keras_version=None, tf_version=None, folders=(), ce
             f"{keras_version}, and mwhelpers' Keras fix is off for this task (--no-keras-fix or "
             "MWHELPERS_KERAS_FIX=0): that fails (keras-team/keras#20585). Leave the fix on, or "
             "set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (with tf_keras installed).")
-    elif keras3 and fits and not low <= _major_minor(keras_version) <= high:
+    elif keras3 and fits and not low <= major_minor(keras_version) <= high:
         warnings.append(
             f"{program.where(fits[0])} calls fit under MultiWorkerMirroredStrategy with Keras "
             f"{keras_version}; mwhelpers' fix of keras-team/keras#20585 was tested with Keras "
             f"{'.'.join(map(str, low))} to {'.'.join(map(str, high))} and leaves this one "
             "unchanged, so fit may fail. The task's log says whether this Keras still has the "
             "bug.")
-    elif keras3 and fits and _major_minor(keras_version) < GRADIENTS_REDUCED_SINCE:
+    elif keras3 and fits and major_minor(keras_version) < GRADIENTS_REDUCED_SINCE:
         warnings.append(
             f"{program.where(fits[0])} calls fit under MultiWorkerMirroredStrategy with Keras "
             f"{keras_version}, which never all-reduces the gradients across workers: each "
@@ -309,5 +305,5 @@ def check(source, path, env, keras_version=None, tf_version=None, folders=(), ce
 
 
 def _keras3(keras_version, tf_version):
-    return bool(keras_version and tf_version) and _major_minor(keras_version) >= (3, 0) \
-        and _major_minor(tf_version) >= (2, 16)
+    return bool(keras_version and tf_version) and major_minor(keras_version) >= (3, 0) \
+        and major_minor(tf_version) >= (2, 16)
