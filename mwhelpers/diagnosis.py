@@ -34,6 +34,15 @@ _MULTI_STEP_WHERE = "multi_step_on_iterator"
 # What mwhelpers' fix of keras-team/keras#20585 writes in a task's log (kerasfix.py).
 _FIX_OFF = "MWHELPERS_KERAS_FIX=0"
 _FIX_SKIPPED = "[mwhelpers] the Keras 3 multi-worker fix"
+# TensorFlow's words when the members of one collective did not agree (what was measured: a
+# shape, a data type), e.g. "Shape mismatch in the collective instance 100. Op at device ...
+# expected shape [178] but another member in the group expected shape [1]" and "Collective
+# instance 100 expected type 0 and data_type 1 but got type 0 and data_type 2".
+_COLLECTIVE_MISMATCH = re.compile(
+    r"Shape mismatch in the collective instance (?P<shape>\d+)\. Op at device \S+ expected shape "
+    r"(?P<mine>\[[^\]]*\]) but another member in the group expected shape (?P<other>\[[^\]]*\])|"
+    r"Collective instance (?P<dtype>\d+) expected type \d+ and data_type (?P<want>\d+) but got "
+    r"type \d+ and data_type (?P<got>\d+)")
 _NO_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
 _PEER_LOST = re.compile(r"stopped sending heartbeats|Socket closed|Connection reset by peer|"
                         r"failed to connect to all addresses|The cluster may have been shut down|"
@@ -99,7 +108,7 @@ def explain_failure(failures, runs=()):
     job = _Job(list(runs) or [])
     found = []
     for rule in (_settings_differ, _keras3_fit, _steps_per_execution, _op_before_strategy,
-                 _module_missing, _peer_finished_first, _foreign_sigkill):
+                 _collectives_differ, _module_missing, _peer_finished_first, _foreign_sigkill):
         finding = rule(job, failures)
         if finding is not None:
             found.append(finding)
@@ -171,6 +180,33 @@ def _steps_per_execution(job, failures):
             "for a next batch fails on a placeholder), with or without mwhelpers' fix",
             "compile with steps_per_execution=1 (the default) for a distributed fit")
     return None
+
+
+def _collectives_differ(job, failures):
+    for f, _, lines in job.failed_logs(failures):
+        m = next(filter(None, map(_COLLECTIVE_MISMATCH.search, lines)), None)
+        if m is None:
+            continue
+        if m.group("shape"):
+            what = (f"collective instance {m.group('shape')} had shape {m.group('mine')} there and "
+                    f"{m.group('other')} on another task")
+        else:
+            what = (f"collective instance {m.group('dtype')} had data type "
+                    f"{_DTYPES.get(m.group('want'), m.group('want'))} on one task and "
+                    f"{_DTYPES.get(m.group('got'), m.group('got'))} on another")
+        return Finding(
+            "collectives-differ",
+            f"the tasks did not run the same collective at the same point ({f.task}: {what}): "
+            "they ran different steps, epochs, models or code paths",
+            "run the same program with the same model, epochs and steps_per_epoch on every task, "
+            "and let nothing that runs collectives depend on the task's index or its own share "
+            "of the data (a step count computed from a worker's shard, a branch on the index)")
+    return None
+
+
+# TensorFlow's DataType numbers (types.proto) of the usual tensors.
+_DTYPES = {"1": "float32", "2": "float64", "3": "int32", "9": "int64", "10": "bool",
+           "19": "float16", "14": "bfloat16"}
 
 
 def _op_before_strategy(job, failures):
