@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import stacks, taskfacts
-from .failures import explained, last_exception, signal_of
+from .failures import PEER_LOST, explained, last_exception, signal_of
 
 KERAS_ISSUE = "keras-team/keras#20585"
 _KERAS3_FIT = "Attempt to convert a value (PerReplica"
@@ -44,9 +44,6 @@ _COLLECTIVE_MISMATCH = re.compile(
     r"Collective instance (?P<dtype>\d+) expected type \d+ and data_type (?P<want>\d+) but got "
     r"type \d+ and data_type (?P<got>\d+)")
 _NO_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
-_PEER_LOST = re.compile(r"stopped sending heartbeats|Socket closed|Connection reset by peer|"
-                        r"failed to connect to all addresses|The cluster may have been shut down|"
-                        r"UnavailableError|Collective ops is aborted", re.IGNORECASE)
 _SAME_STEPS = ("every worker must run exactly the same steps: the same epochs and "
                "steps_per_epoch, and the same number of batches in every worker's shard")
 # Keras progress and the usual "step N" lines of a custom loop: where a task had got to.
@@ -273,7 +270,7 @@ def _peer_finished_first(job, failures):
     root = failures[0]
     root_run = job.run_of(root)
     lines = job.lines(root_run) if root_run else root.tail
-    if not _PEER_LOST.search(last_exception(lines) or "\n".join(lines[-5:])):
+    if not PEER_LOST.search(last_exception(lines) or "\n".join(lines[-5:])):
         return None
     done = [r for r in job.runs if r.returncode == 0 and r.ended_wall is not None
             and r.ended_wall <= root.ended_at]

@@ -25,8 +25,9 @@ from .logs import TAIL, tail_lines
 FAULT = "fault"
 PROGRAM_ERROR = "program error"
 
-# Exceptions and messages that mean a peer or the cluster went away, not a bug.
-_PEER_LOST = re.compile(
+# Exceptions and messages that mean a peer or the cluster went away, not a bug (the supervisor's
+# restart decision and the diagnosis read the same pattern).
+PEER_LOST = re.compile(
     r"UnavailableError|DeadlineExceededError|AbortedError|stopped sending heartbeats"
     r"|Socket closed|Connection reset by peer|failed to connect to all addresses"
     r"|preempt|The cluster may have been shut down|CoordinationService",
@@ -83,12 +84,12 @@ def classify(returncode, log_lines, note="", restartable_exit_codes=()):
     if returncode in restartable_exit_codes:
         return FAULT, f"exit code {returncode} is listed as restartable"
     exc = last_exception(log_lines)
-    if exc and _PEER_LOST.search(exc):
+    if exc and PEER_LOST.search(exc):
         return FAULT, f"it lost a peer ({exc[:160]}): a restart can succeed"
     if exc:
         return PROGRAM_ERROR, (f"the program raised {exc[:160]}: a program error, "
                                "a restart would fail the same way")
-    if any(_PEER_LOST.search(ln) for ln in log_lines[-5:]):
+    if any(PEER_LOST.search(ln) for ln in log_lines[-5:]):
         return FAULT, "its last log lines say it lost a peer: a restart can succeed"
     return PROGRAM_ERROR, (f"the program exited with code {returncode} without a traceback: "
                            "treated as a program error (pass restartable_exit_codes to "
