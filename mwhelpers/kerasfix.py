@@ -1,10 +1,11 @@
 """Keras 3 ``fit`` and ``evaluate`` under multi-worker MultiWorkerMirroredStrategy.
 
-Keras 3 (``tf.keras`` since TensorFlow 2.16) fails to train with
+Keras 3.3 and later (``tf.keras`` since TensorFlow 2.16) fail to train with
 MultiWorkerMirroredStrategy when two or more worker processes take part:
-keras-team/keras#20585.  Two places in Keras's TensorFlow trainer
-(``keras/src/backend/tensorflow/trainer.py``) cause it, and both must be
-mended for training to work:
+keras-team/keras#20585.  (Keras 3.0 to 3.2 do not fail, but each worker trains
+its own copy of the model; before 3.5 this is left alone, see below.)  Two
+places in Keras's TensorFlow trainer (``keras/src/backend/tensorflow/trainer.py``)
+cause it, and both must be mended for training to work:
 
 1. ``TensorFlowTrainer._maybe_symbolic_build`` (Keras 3.5 and later) asks the
    strategy to reduce one whole input batch, ``strategy.reduce("MEAN", (x, y),
@@ -18,7 +19,8 @@ mended for training to work:
    multi-worker mode with ``strategy.reduce("MEAN", v, axis=0)``; the logs are
    scalars, so that fails with ``Invalid reduction dimension 0 for input with
    0 dimensions``.  Here that call is made with ``axis=None`` (the mean across
-   replicas, what tf_keras does and what Keras does in one process).
+   replicas, as Keras does in one process; tf_keras too reduces these logs with
+   ``axis=None``).
 
 Keras 3's ``BackupAndRestore`` and ``ModelCheckpoint`` have no notion of a
 chief: every worker writes the same files, and two workers writing one HDF5
@@ -31,7 +33,8 @@ from, never a batch inside an epoch (with an integer ``save_freq`` the epoch
 starts again from its first batch, with the weights of the last save).  Keras 3
 writes into each backup the epoch it counted itself, from 0 in every new process,
 so until a restarted epoch ends its backups would say epoch 0 and a second fault
-would go back to the start; here the count starts at the epoch restored.  The
+would run the epochs from 0 again on the latest weights; here the count starts at
+the epoch restored.  The
 chief's backup is written beside and then moved into place file by file, weights
 first: a worker killed while saving never leaves a half-written file, at worst
 new weights with the previous epoch's number (that epoch is then run again).
@@ -46,7 +49,8 @@ changed and the log says why in one line.
 Workers started by mwhelpers get this without calling anything (their
 start-up, ``_bootstrap.py``, arms it); ``MWHELPERS_KERAS_FIX=0``,
 ``%%worker --no-keras-fix`` or ``Runtime.keras_fix = False`` turn it off.
-Other programs call :func:`fix_keras_multi_worker` before their first ``fit``.
+Other programs call :func:`fix_keras_multi_worker` before their first ``fit``;
+``MWHELPERS_KERAS_FIX=0`` turns that call off too.
 
 This file imports only the standard library at module level, so the worker
 start-up can load it by path without the mwhelpers package.
@@ -67,8 +71,8 @@ CHECKPOINT = "keras.src.callbacks.model_checkpoint"
 # The Keras releases this was tested with (major, minor), both ends included; others are left
 # alone with a warning.
 TESTED = ((3, 0), (3, 16))
-# Before 3.5 Keras all-reduces the gradients (3.2 to 3.4) inside a merge_call, where nothing is
-# reduced, or not at all (3.0, 3.1): each worker trains alone (keras-team/keras#19969). Mending
+# Before 3.5 Keras all-reduces the gradients (3.2.1 to 3.4) inside a merge_call, where nothing
+# is reduced, or not at all (3.0 to 3.2.0): each worker trains alone (keras-team/keras#19969). Mending
 # fit there would turn a failure into silently wrong training; left alone, said why.
 GRADIENTS_REDUCED_SINCE = (3, 5)
 # Upstream faults of multi-worker training that this does not mend, said with the notice.
@@ -95,6 +99,8 @@ SKIPPED = ("[mwhelpers] the Keras 3 multi-worker fix (" + ISSUE + ") is not appl
            "the program runs Keras unchanged")
 FIXED_UPSTREAM = ("[mwhelpers] Keras {version} does not have the failing lines of " + ISSUE
                   + " in its trainer: nothing to mend, Keras runs unchanged")
+OFF = ("[mwhelpers] fix_keras_multi_worker(): not armed, " + KERAS_FIX_ENV + "=0 says off "
+       "(Keras runs unchanged)")
 _said = set()
 _local = threading.local()
 
@@ -507,9 +513,15 @@ def fix_keras_multi_worker() -> bool:
     again is harmless. Only a MultiWorkerMirroredStrategy in multi-worker mode behaves
     differently; a Keras outside the tested releases, or with other internals, is left
     unchanged and the first multi-worker use says why in one line (also when the installed
-    Keras has fixed the bug upstream). Returns True once the fix is armed.
+    Keras has fixed the bug upstream). Returns True once the fix is armed, False when
+    ``MWHELPERS_KERAS_FIX=0`` (or ``%%worker --no-keras-fix``) says off, which it then says
+    in one line.
     """
     from mwhelpers.tfdata import after_import
+
+    if not fix_wanted(os.environ):
+        _say_once("off", OFF)
+        return False
 
     install(after_import)
     return True

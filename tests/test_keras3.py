@@ -243,3 +243,14 @@ def test_keras3_progress_bars_read_as_a_terminal_shows_them(tmp_path):
     shown = "10/10 ━━━━ 1s 9ms/step - loss: 0.25"
     assert follower.poll() == [shown]
     assert tail_lines(log, 0) == ["Epoch 1/2", shown]
+
+
+def test_the_switch_also_turns_off_the_explicit_call(monkeypatch, capsys):
+    """A program that calls fix_keras_multi_worker() itself, launched with --no-keras-fix (or
+    MWHELPERS_KERAS_FIX=0): the call arms nothing and says so."""
+    monkeypatch.setattr(kerasfix, "_said", set())
+    monkeypatch.setenv(kerasfix.KERAS_FIX_ENV, "0")
+    armed = [f for f in sys.meta_path if getattr(f, "name", "") == kerasfix.TRAINER]
+    assert kerasfix.fix_keras_multi_worker() is False
+    assert [f for f in sys.meta_path if getattr(f, "name", "") == kerasfix.TRAINER] == armed
+    assert capsys.readouterr().err.strip() == kerasfix.OFF
