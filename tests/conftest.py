@@ -216,3 +216,28 @@ def write(tmp_path):
         return path
 
     return _write
+
+
+# -- the training program the tests share (tests/programs/mwms_train.py) ---------------------
+TRAIN = ROOT / "tests" / "programs" / "mwms_train.py"
+
+
+def results(rt):
+    """{task: the dict of its last ``RESULT {...}`` line} for every task of ``rt``."""
+    out = {}
+    for run in rt.runs.values():
+        lines = [ln for ln in run.lines() if ln.startswith("RESULT ")]
+        assert lines, f"{run.task} printed no RESULT; log tail:\n" + "\n".join(run.tail(40))
+        out[str(run.task)] = json.loads(lines[-1][len("RESULT "):])
+    return out
+
+
+def check_trained_together(res, epochs):
+    """Two workers of mwms_train.py trained one model: the loss fell, and both hold the same
+    weights and report the same losses."""
+    assert set(res) == {"worker:0", "worker:1"}
+    for r in res.values():
+        assert r["replicas"] == 2
+        assert len(r["loss"]) == epochs and r["loss"][-1] < r["loss"][0] * 0.5
+    assert res["worker:0"]["weights_sum"] == pytest.approx(res["worker:1"]["weights_sum"])
+    assert res["worker:0"]["loss"] == pytest.approx(res["worker:1"]["loss"])

@@ -13,24 +13,16 @@ import json
 import re
 import shutil
 import sys
+import time
 import types
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, results
 
 from mwhelpers import kerasfix
 
 PROGRAMS = ROOT / "tests" / "programs"
 NOTICE = "[mwhelpers] Keras 3.15.1: fit and evaluate mended for multi-worker"
-
-
-def results(rt):
-    out = {}
-    for run in rt.runs.values():
-        lines = [ln for ln in run.lines() if ln.startswith("RESULT ")]
-        assert lines, f"{run.task} printed no RESULT; log tail:\n" + "\n".join(run.tail(40))
-        out[str(run.task)] = json.loads(lines[-1][len("RESULT "):])
-    return out
 
 
 def said(run, prefix):
@@ -41,6 +33,7 @@ def said(run, prefix):
 def keras3(monkeypatch):
     monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
     monkeypatch.delenv(kerasfix.KERAS_FIX_ENV, raising=False)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # TF's "Started server" line in the logs
 
 
 @pytest.mark.tf
@@ -116,7 +109,9 @@ def test_backup_and_restore_after_a_sigkill_under_supervise(rt, keras3, tmp_path
 @pytest.mark.tf
 def test_the_tutorial_program_with_import_keras_trains_unchanged(ip, rt, keras3, tmp_path):
     """The multi-worker Keras tutorial's main.py, unchanged, and its mnist_setup.py with
-    ``import keras`` in place of ``tf.keras`` (offline digits), on two workers."""
+    ``import keras`` in place of ``tf.keras`` (offline digits), on two workers, the tutorial's
+    way: worker 0 in the background (ready once its port opens), worker 1 in the foreground,
+    streaming into the cell."""
     tutorial = PROGRAMS / "tutorial"
     shutil.copy(tutorial / "main.py", "main.py")
     setup = (tutorial / "mnist_setup.py").read_text()
@@ -125,12 +120,22 @@ def test_the_tutorial_program_with_import_keras_trains_unchanged(ip, rt, keras3,
     assert "tf.keras" not in (tmp_path / "mnist_setup.py").read_text()
     ip.run_line_magic("cluster", "2")
     ip.run_line_magic("worker", "0 --bg main.py 2 10")
+    w0 = rt.get_run("worker:0")
+    assert w0.ready_after is not None and w0.running
+    # Worker 0's server is up and it waits for worker 1; its log says so (TF writes the line
+    # just after the port opens).
+    deadline = time.monotonic() + 10
+    while not any("Started server with target" in ln for ln in w0.tail(0)):
+        assert time.monotonic() < deadline, "\n".join(w0.tail(0))
+        time.sleep(0.05)
     ip.run_line_magic("worker", "1 main.py 2 10")  # in the foreground, as the tutorial does
+    assert any(ln.startswith("[worker:1] Epoch 2/2") for ln in rt.echo_lines)
     ip.run_line_magic("waitworkers", "--timeout 150")
     progress = {}
     for run in rt.runs.values():
         assert run.returncode == 0
         assert len(said(run, NOTICE)) == 1
+        assert len(said(run, "[mwhelpers] tf.data autotuning is off")) == 1
         # Keras 3's progress bar, as the log reader shows it: the bar's last state, without its
         # colour codes ("10/10 ━━━━ 1s 50ms/step - accuracy: 0.1 - loss: 2.3").
         progress[str(run.task)] = [ln.split(" - ", 1)[1] for ln in run.lines()

@@ -1,8 +1,10 @@
 """The upstream report of keras-team/keras#20585 (docs/keras-20585/), run for real.
 
-The reproducer starts two MultiWorkerMirroredStrategy workers of the installed Keras 3:
-as is it must report the bug (exit 1); with ``--with-mwhelpers`` (our fix) and with the
-upstream patch applied to a copy of the installed Keras it must report FIXED (exit 0).
+The reproducer starts two MultiWorkerMirroredStrategy workers of the installed Keras 3: with
+``--with-mwhelpers`` (our fix) and with the upstream patch applied to a copy of the installed
+Keras it must report FIXED (exit 0).  The unmended failure itself is shown through the magics
+(tests/test_diagnosis.py, with --no-keras-fix), in notebook 03 and in the matrix's keras3
+environment.
 Once the installed Keras has fixed the bug itself (its trainer no longer holds the failing
 lines), the tests that need the bug skip and say so.  Applying the patch needs GNU patch
 (Debian's ``patch`` package): without it that test skips, except under CI=true.
@@ -22,11 +24,11 @@ HERE = ROOT / "docs" / "keras-20585"
 REPRO, PATCH = HERE / "repro.py", HERE / "trainer.patch"
 FIXED = "FIXED: both workers trained, weights equal"
 # The two lines of keras/src/backend/tensorflow/trainer.py that fail (since Keras 3.5 and 3.3;
-# still in 3.16's development), each with the error the reproducer then reports first.
-FAILING_LINES = {
-    "data_batch = self.distribute_strategy.reduce(": "Attempt to convert a value (PerReplica",
-    'return strategy.reduce("MEAN", v, axis=0)': "Invalid reduction dimension 0 for input with 0",
-}
+# still in 3.16's development): the patch applies only where they are.
+FAILING_LINES = (
+    "data_batch = self.distribute_strategy.reduce(",
+    'return strategy.reduce("MEAN", v, axis=0)',
+)
 
 
 def _keras_dir():
@@ -90,13 +92,6 @@ def patched_keras(tmp_path_factory):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     return root
-
-
-@needs_bug
-def test_the_installed_keras_fails_with_the_known_error():
-    code, output = repro()
-    assert code == 1 and verdict(output).startswith("BUG PRESENT: "), output
-    assert FAILING_LINES[_present()[0]] in verdict(output), output
 
 
 def test_mwhelpers_fix_makes_both_workers_train():

@@ -19,8 +19,17 @@ import time
 
 import pytest
 from chaos import Chaos, redone, steps_of
-from conftest import ROOT, STUBBORN, gone_within, json_line, pid_alive, task_pids
-from test_tf_workers import TRAIN, check_trained_together, results
+from conftest import (
+    ROOT,
+    STUBBORN,
+    TRAIN,
+    check_trained_together,
+    gone_within,
+    json_line,
+    pid_alive,
+    results,
+    task_pids,
+)
 
 from mwhelpers.errors import InfrastructureError, UsageError, WorkerFailed
 from mwhelpers.testhosts import missing
