@@ -91,20 +91,6 @@ def test_keras3_fit_unmended_is_named_with_the_ways_out(ip, rt):
         assert not [ln for ln in run.lines() if "fit and evaluate mended" in ln]
 
 
-def test_steps_per_execution_above_one_is_named(ip, rt):
-    code = FIT.replace('model.compile("sgd", "mse")',
-                       'model.compile("sgd", "mse", steps_per_execution=2)')
-    launch_both(ip, code)
-    warned = [ln for ln in rt.echo_lines if ln.startswith("[mwhelpers] warning:")]
-    assert len(warned) == 1 and "steps_per_execution=2" in warned[0], rt.echo_lines
-    err = failed(ip)
-    assert keys(err.diagnosis) == ["steps-per-execution"]
-    text = str(err).splitlines()
-    assert "You must feed a value for placeholder tensor" in str(err)
-    assert "steps_per_execution > 1 under a multi-replica strategy" in text[1]
-    assert "steps_per_execution=1" in text[2]
-
-
 def test_tasks_with_different_keras_are_named_first(ip, rt):
     # A learner selects tf_keras for one task only (and this environment, like the lock, has no
     # tf_keras at all): worker 0 cannot build its model, worker 1 loses its peer. With tf_keras

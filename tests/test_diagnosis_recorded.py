@@ -44,3 +44,14 @@ def test_a_log_without_the_evidence_gets_no_finding(tmp_path):
     f = Failure(task="worker:0", pid=1, returncode=1, exit="exit code 1", note="", ended_at=0.0,
                 uptime=1.0, log_path=str(path), tail=tail_lines(path))
     assert explain_failure([f]) == []
+
+
+def test_steps_per_execution_above_one():
+    """Keras 3.15 fit with compile(steps_per_execution=2) on two MWMS workers (mended), as
+    recorded: its several-steps loop fails on a placeholder."""
+    (finding,) = explain_failure([failure_of("steps-per-execution.log", task="worker:0")])
+    assert finding.key == "steps-per-execution"
+    assert finding.cause.startswith("worker:0 ran Keras fit with steps_per_execution > 1 under a "
+                                    "multi-replica strategy")
+    assert finding.advice == "compile with steps_per_execution=1 (the default) for a distributed fit"
+
