@@ -117,7 +117,7 @@ def main(argv):
     elif job == "matrix":
         cmd = [str(PY), str(ROOT / "tests" / "matrix.py"), *rest]
     else:
-        cmd = [str(PY), "-m", "mwhelpers.suite", *rest]
+        cmd = [str(PY), "-m", "mwhelpers.workshop.suite", *rest]
     return subprocess.call(cmd, cwd=ROOT, env=env)
 
 

@@ -3,7 +3,7 @@
 
     sudo .venv/bin/python benchmarks/bench_multihost.py [--rounds N] [--workers N]
 
-Makes two test hosts (network namespaces with sshd, ``mwhelpers/testhosts.py``; needs
+Makes two test hosts (network namespaces with sshd, ``mwhelpers/workshop/testhosts.py``; needs
 root and openssh-server), then in interleaved rounds starts the same cluster of real
 MultiWorkerMirroredStrategy workers (``tests/programs/mwms_train.py``) locally and
 over SSH, each worker in the background, and times from the first launch until
@@ -43,7 +43,7 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--workers", type=int, default=2)
     a = p.parse_args()
-    from mwhelpers.testhosts import TestHosts, missing
+    from mwhelpers.workshop.testhosts import TestHosts, missing
 
     why = missing()
     if why:

@@ -13,7 +13,7 @@
    on (the default): the seconds from the end of training (``on_train_end``) to the
    return of ``fit`` on each worker, with notebook 03b's job.py at the upstream
    tutorial's length (3 epochs x 70 steps, batch 32 per worker).
-3. The whole suite at smoke sizes (``python -m mwhelpers.suite``), one notebook at a
+3. The whole suite at smoke sizes (``python -m mwhelpers.workshop.suite``), one notebook at a
    time and then with the default ``--jobs``, with the CPU seconds it used. Goal: <= 150 s.
 """
 
@@ -167,7 +167,7 @@ def run_suite(out, jobs):
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "mwhelpers.suite", "--output", str(out),
+    proc = subprocess.run([sys.executable, "-m", "mwhelpers.workshop.suite", "--output", str(out),
                            "--jobs", str(jobs)],
                           cwd=ROOT, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -181,7 +181,7 @@ def run_suite(out, jobs):
 def bench_suite():
     """The suite one notebook at a time (the baseline), then side by side (the default
     --jobs), into the same output folder so the second run can start the longest first."""
-    from mwhelpers.suite import default_jobs
+    from mwhelpers.workshop.suite import default_jobs
 
     out = Path(tempfile.mkdtemp(prefix="bench-suite-"))
     cores = os.cpu_count()

@@ -12,13 +12,14 @@ __version__ = "0.2.0"
 _LAZY = {
     "Cluster": "cluster", "Task": "cluster", "parse_task": "cluster",
     "Runtime": "workers", "runtime": "workers", "TaskRun": "workers",
-    "load_mnist": "data", "avoid_teardown_stall": "tfdata",
+    "avoid_teardown_stall": "tfdata",
     "fix_keras_multi_worker": "kerasfix",
     "Failure": "failures", "LaunchRequest": "taskrun",
     "MWHelpersError": "errors", "UsageError": "errors", "WorkerError": "errors",
     "WorkerFailed": "errors", "WorkerTimeout": "errors", "InfrastructureError": "errors",
-    "register_backend": "backends", "available_backends": "backends", "Launcher": "launchers",
-    "Process": "launchers", "Placement": "launchers", "LaunchSpec": "launchers",
+    "register_backend": "backends", "available_backends": "backends", "Launcher": "backends",
+    "AgentLauncher": "backends", "Option": "backends", "Process": "backends",
+    "Placement": "backends", "LaunchSpec": "backends", "write_sbatch": "backends.slurm",
     "versions": "versions", "tensorflow_distributions": "versions",
     "Results": "results", "read_results": "results",
 }

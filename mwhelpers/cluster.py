@@ -98,7 +98,7 @@ class Cluster:
 
     Local (default): every task on ``host`` at a port reserved on this machine.
     Placed by a backend: ``placement`` gives ``{task: (host, address, port[, hold])}``
-    (:class:`mwhelpers.launchers.Placement`), where ``host`` is how the backend reaches
+    (:class:`mwhelpers.backends.Placement`), where ``host`` is how the backend reaches
     it (an SSH destination, a Slurm node; None: this machine), ``address`` is what
     TF_CONFIG names (reachable by the others) and ``hold`` keeps the port reserved until
     :meth:`close`.  ``kind`` names the backend; ``remote``: its tasks run elsewhere

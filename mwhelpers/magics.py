@@ -12,6 +12,7 @@
     %killbgscripts
 """
 
+import argparse
 import contextlib
 import os
 import re
@@ -28,9 +29,57 @@ from .proctree import parse_signal
 from .taskrun import LAUNCH_OPTIONS, LaunchRequest, launch_help, launch_usage
 from .workers import BG_ENV, runtime
 
-# define_cluster's arguments that %cluster gives with flags of their own
-_OWN_FLAGS = ("workers", "chief", "ps", "evaluator", "hosts", "slurm", "job", "python", "cwd",
-              "gpus_per_task", "backend")
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, raising our UsageError (what was wrong, and the usage) instead of exiting."""
+
+    backend_options = ()
+
+    def error(self, message):
+        raise UsageError(f"{self.prog}: {message}\n{self.format_usage().strip()}")
+
+
+def cluster_parser(line):
+    """The parser of ``%cluster`` for the backend ``line`` names, and that name: the
+    general flags, then the backend's own options as flags (``--hosts``, ``--job``...)."""
+    from .backends import available_backends, backend_class, options_of
+
+    words = line.split()
+    backend = None
+    for i, w in enumerate(words):
+        if w == "--backend" and i + 1 < len(words):
+            backend = words[i + 1]
+        elif w.startswith("--backend="):
+            backend = w.partition("=")[2]
+    slurm = "--slurm" in words
+    hosts = any(w == "--hosts" or w.startswith("--hosts=") for w in words)
+    if slurm and hosts:
+        raise UsageError("give either --hosts (SSH) or --slurm, not both")
+    if slurm and backend not in (None, "slurm"):
+        raise UsageError(f"--slurm means the slurm backend, not {backend!r}")
+    name = backend or ("slurm" if slurm else "ssh" if hosts else "local")
+    p = _Parser(prog="%cluster", add_help=False,
+                description=f"Define a cluster. Backends: {', '.join(available_backends())}.")
+    p.add_argument("workers", nargs="?", type=int, default=None, help="number of workers (default 2)")
+    p.add_argument("--chief", action="store_true", help="add a chief task")
+    p.add_argument("--ps", type=int, default=0, metavar="K", help="add K parameter servers")
+    p.add_argument("--evaluator", action="store_true", help="add an evaluator task")
+    p.add_argument("--gpus-per-task", type=int, default=None, metavar="K",
+                   help="give each task K GPUs of its host of its own (CUDA_VISIBLE_DEVICES)")
+    p.add_argument("--backend", default=None, metavar="NAME",
+                   help="how the tasks are started (default local; --hosts alone means ssh, "
+                        "--slurm means slurm)")
+    p.add_argument("--slurm", action="store_true", help="short for --backend slurm")
+    p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                   help="an option of the backend, repeatable (the same as its flag)")
+    p.add_argument("-h", "--help", action="store_true", help="show this help and the backend's "
+                   "options (with --backend NAME: that backend's)")
+    own = p.add_argument_group(f"options of the {name} backend")
+    p.backend_options = tuple(options_of(backend_class(name)).values())
+    for option in p.backend_options:
+        own.add_argument(option.flag, dest=option.name, default=None, metavar=option.metavar,
+                         help=option.help)
+    return p, name
 
 
 def _parse(magic, line):
@@ -119,64 +168,53 @@ class WorkerMagics(Magics):
         return getattr(self.shell, "kernel", None) is not None
 
     @line_magic
-    @magic_arguments()
-    @argument("workers", nargs="?", type=int, default=None, help="number of workers (default 2)")
-    @argument("--chief", action="store_true", help="add a chief task")
-    @argument("--ps", type=int, default=0, metavar="K", help="add K parameter servers")
-    @argument("--evaluator", action="store_true", help="add an evaluator task")
-    @argument("--hosts", default=None, metavar="H1,H2",
-              help="run the tasks on these SSH hosts, in turn (as ssh takes them: alias, "
-                   "user@host, address)")
-    @argument("--slurm", action="store_true",
-              help="run the tasks on the nodes of this kernel's Slurm allocation")
-    @argument("--job", default=None, metavar="ID", help="with --slurm: the allocation's job id "
-              "(default: $SLURM_JOB_ID)")
-    @argument("--python", default=None, metavar="PATH",
-              help="the Python of the remote tasks (default: the kernel's)")
-    @argument("--cwd", default=None, metavar="DIR",
-              help="the folder remote tasks start in (default: the kernel's)")
-    @argument("--gpus-per-task", type=int, default=None, metavar="K",
-              help="give each task K GPUs of its host of its own (CUDA_VISIBLE_DEVICES)")
-    @argument("--backend", default=None, metavar="NAME",
-              help="how the tasks are started: local, ssh, slurm, or a backend a package "
-                   "registered (default: local; --hosts alone means ssh, --slurm means slurm)")
-    @argument("--option", action="append", default=[], metavar="K=V",
-              help="an option of the backend, repeatable (--hosts, --job, --python and --cwd "
-                   "are options too)")
     def cluster(self, line):
         """Define the cluster, or show the current one; returns it (``c = %cluster 2``).
 
-        N workers (default 2), optionally a chief job, K parameter servers
-        and an evaluator, on free localhost ports reserved for this kernel.
-        With --hosts, the tasks are placed over SSH hosts in turn; with
-        --slurm, over the nodes of the Slurm allocation; ports are then
-        chosen free on each host.  Shows every task, where it runs and the
-        TF_CONFIG it gets.  With no arguments, shows the current cluster.
+        %cluster [N] [--chief] [--ps K] [--evaluator] [--gpus-per-task K]
+                 [--backend NAME | --hosts H1,H2 | --slurm] [BACKEND OPTIONS] [--help]
+
+        N workers (default 2), optionally a chief job, K parameter servers and an
+        evaluator.  The backend says how the tasks are started: ``local`` (the
+        default: this machine, on free ports reserved for this kernel), ``ssh``
+        (``--hosts H1,H2`` is short for ``--backend ssh --hosts H1,H2``: the tasks
+        placed over these hosts in turn), ``slurm`` (``--slurm``: the nodes of this
+        kernel's Slurm allocation) or one a package registered.  Each backend's own
+        options are flags too (``--python PATH``, ``--job ID``, ``--heartbeat S``...),
+        or ``--option NAME=VALUE``; ``%cluster --backend NAME --help`` lists them.
+        Shows every task, where it runs and the TF_CONFIG it gets.  With no
+        arguments, shows the current cluster.
         """
         if not line.strip():
             if self.rt.cluster is None:
                 print("No cluster is defined yet; %cluster N defines one "
                       "(the first %%worker defines 2 workers).")
             return self.rt.cluster
-        a = _parse(self.cluster, line)
-        workers = 2 if a.workers is None else a.workers
-        with_slurm = a.slurm or a.backend == "slurm"
-        if a.job and not with_slurm:
-            raise UsageError("--job goes with --slurm")
-        slurm = (a.job or True) if with_slurm else None
+        parser, name = cluster_parser(line)
+        try:
+            a = parser.parse_args(shlex.split(line))
+        except ValueError as e:
+            raise UsageError(f"%cluster: cannot parse {line!r}: {e}") from None
+        if a.help:
+            print(parser.format_help())
+            return None
         options = {}
         for item in a.option:
             key, eq, value = item.partition("=")
             if not eq or not key.isidentifier():
                 raise UsageError(f"--option takes NAME=VALUE (an option of the backend), "
                                  f"got {item!r}")
-            if key in _OWN_FLAGS:
-                raise UsageError(f"{key} has a flag of its own: --{key.replace('_', '-')}")
             options[key] = value
+        for option in parser.backend_options:
+            value = getattr(a, option.name)
+            if value is not None:
+                if option.name in options:
+                    raise UsageError(f"{option.name} given twice: as {option.flag} and --option")
+                options[option.name] = value
+        workers = 2 if a.workers is None else a.workers
         # Returned, not displayed: shown as the cell's result, or kept by ``c = %cluster 2``.
         return self.rt.define_cluster(workers, chief=a.chief, ps=a.ps, evaluator=a.evaluator,
-                                      hosts=a.hosts, slurm=slurm, python=a.python, cwd=a.cwd,
-                                      gpus_per_task=a.gpus_per_task, backend=a.backend, **options)
+                                      gpus_per_task=a.gpus_per_task, backend=name, **options)
 
     @line_cell_magic
     def worker(self, line, cell=None):

@@ -22,6 +22,7 @@ import socket
 import tempfile
 from pathlib import Path
 
+from . import settings
 from .errors import UsageError
 
 DEFAULT_RANGE = (20000, 32767)
@@ -35,19 +36,9 @@ def lock_dir():
 
 def port_range():
     """The (low, high) range ports are drawn from, both ends included."""
-    text = os.environ.get("MWHELPERS_PORT_RANGE", "").strip()
-    if text:
-        try:
-            low, high = (int(p) for p in text.split("-"))
-        except ValueError:
-            raise UsageError(
-                f"MWHELPERS_PORT_RANGE={text!r} is not LOW-HIGH (for example 20000-30000)"
-            ) from None
-        if not 1024 <= low <= high <= 65535:
-            raise UsageError(
-                f"MWHELPERS_PORT_RANGE={text!r} must satisfy 1024 <= LOW <= HIGH <= 65535"
-            )
-        return low, high
+    given = settings.get("MWHELPERS_PORT_RANGE")
+    if given is not None:
+        return given
     low, high = DEFAULT_RANGE
     try:
         eph_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])

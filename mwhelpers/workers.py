@@ -31,22 +31,21 @@ from typing import Any
 import psutil
 
 from . import failures as failure_records
-from . import proctree, results, supervisor
-from .backends import create_backend
+from . import proctree, results, settings, supervisor
+from .backends import create_backend, pick_backend
 from .cluster import Cluster, Task, job_tasks, parse_task
 from .diagnosis import explain_failure
 from .errors import UsageError, WorkerFailed
 from .failures import Failure
 from .gpus import assign, check_per_task
 from .kerasfix import KERAS_FIX_ENV
-from .kerasfix import fix_wanted as keras_fix_wanted
-from .launchers import LaunchSpec, end_local, end_together
+from .backends.base import LaunchSpec, end_local, end_together
 from .logs import LogFollower
 from .ports import holder_of, port_in_use, port_range
 from .precheck import check
 from .status import StatusTable
 from .taskrun import LaunchRequest, TaskRun, parse_timeout
-from .tfdata import STALL_FIX_ENV, stall_fix_wanted
+from .tfdata import STALL_FIX_ENV
 from .timeline import LogMarks, Timeline
 from .timeouts import not_ready_error, timeout_error
 from .versions import installed
@@ -74,7 +73,7 @@ def port_accepts(port, host="127.0.0.1"):
 
 
 def default_log_dir(session_name=None):
-    root = os.environ.get("MWHELPERS_LOG_DIR")
+    root = settings.get("MWHELPERS_LOG_DIR")
     root = Path(root) if root else Path.cwd() / "worker_logs"
     name = session_name or os.environ.get("JPY_SESSION_NAME") or "kernel"
     stem = Path(name).stem or "kernel"
@@ -115,10 +114,10 @@ class Runtime:
         self._launchers = []  # it, for the finalizer
         self.session = claim_session()
         # The end-of-fit stall fix in every worker (tfdata.py); per launch: stall_fix=.
-        self.stall_fix = stall_fix_wanted(os.environ)
+        self.stall_fix = settings.get("MWHELPERS_STALL_FIX")
         # Keras 3 fit under multi-worker MWMS mended in every worker (kerasfix.py); per
         # launch: keras_fix=.
-        self.keras_fix = keras_fix_wanted(os.environ)
+        self.keras_fix = settings.get("MWHELPERS_KERAS_FIX")
         # Cells show a task's output without TF's informational C++ lines (logs keep them).
         self.verbose = False
         # At exit (or when this object is collected) the launchers end what still runs.
@@ -171,38 +170,26 @@ class Runtime:
         return [r for r in self.runs.values() if r.running]
 
     def define_cluster(self, workers: int = 2, chief: bool = False, ps: int = 0,
-                       evaluator: bool = False, host: str | None = None,
-                       hosts: str | Sequence[str] | None = None, slurm: bool | str | None = None,
-                       python: str | None = None, cwd: str | None = None, ssh: str | None = None,
-                       gpus_per_task: int | None = None, backend: str | None = None,
-                       **options: Any) -> Cluster:
+                       evaluator: bool = False, gpus_per_task: int | None = None,
+                       backend: str | None = None, **options: Any) -> Cluster:
         """Replace the current cluster (its ports are released, its backend closed).
 
         ``backend`` names how the tasks are started (:mod:`mwhelpers.backends`):
-        ``"local"`` (default: this machine, TF_CONFIG naming ``host``, default
-        localhost), ``"ssh"``, ``"slurm"`` or one a package registered; the other
-        keyword arguments are that backend's options.  Short forms:
-        ``hosts=["node1", "me@node2", ...]`` is ``backend="ssh"`` (tasks placed over
-        these SSH hosts in turn, task i on host i mod len(hosts), ports chosen free on
-        each host, TF_CONFIG naming the address each host was reached at);
-        ``slurm=True`` (or a job id) is ``backend="slurm"`` over the nodes of the
-        allocation this kernel is in.  ``python`` and ``cwd`` (default: the kernel's)
-        are the interpreter and folder of tasks on other machines; ``ssh`` replaces the
-        ssh command (default ``ssh`` or ``$MWHELPERS_SSH``).  ``gpus_per_task=K``:
-        each task gets K GPUs of its host of its own, as ``CUDA_VISIBLE_DEVICES``
-        (see :mod:`mwhelpers.gpus`); UsageError when a host has too few.  A host that
-        cannot be used raises :class:`~mwhelpers.errors.InfrastructureError`.
+        ``"local"`` (this machine), ``"ssh"``, ``"slurm"`` or one a package
+        registered; the other keyword arguments are that backend's options, checked
+        against what it declares (``%cluster --backend NAME --help`` lists them).
+        Without ``backend``: the one backend that takes every option given, so
+        ``hosts=["node1", "me@node2"]`` means ``ssh`` (tasks placed over these hosts in
+        turn, TF_CONFIG naming the address each host was reached at) and ``job=ID``
+        means ``slurm`` (the nodes of that allocation); no option means ``local``
+        (``host=`` names the address TF_CONFIG gives, default localhost).
+        ``gpus_per_task=K``: each task gets K GPUs of its host of its own, as
+        ``CUDA_VISIBLE_DEVICES`` (see :mod:`mwhelpers.gpus`); UsageError when a host has
+        too few.  A host that cannot be used raises
+        :class:`~mwhelpers.errors.InfrastructureError`.
         """
         check_per_task(gpus_per_task)
-        if hosts and slurm:
-            raise UsageError("give either hosts (SSH) or slurm, not both")
-        name = backend or ("slurm" if slurm else "ssh" if hosts else "local")
-        options = {"host": host, "hosts": hosts, "python": python, "cwd": cwd, "ssh": ssh,
-                   **options}
-        if slurm:
-            if name != "slurm":
-                raise UsageError(f"slurm= goes with the slurm backend, not {name!r}")
-            options["job"] = slurm
+        name = backend or pick_backend(options)
         tasks = job_tasks(workers, chief, ps, evaluator)
         with self._lock:
             busy = self.running_runs()
@@ -371,7 +358,7 @@ class Runtime:
         env = {**os.environ, **request.env}
         keras_fix = self.keras_fix if request.keras_fix is None else request.keras_fix
         if KERAS_FIX_ENV in request.env:
-            keras_fix = keras_fix_wanted(request.env)
+            keras_fix = settings.get("MWHELPERS_KERAS_FIX", request.env)
         try:
             warnings = check(source, path, env, keras_version, tf_version, folders,
                              cell=request.code is not None, keras_fix=keras_fix)
@@ -451,7 +438,7 @@ class Runtime:
                       cwd=spec.cwd, host=host, cell=spec.cell)
         if self.cluster.gpus is not None:
             run.gpus = spec.env.get("CUDA_VISIBLE_DEVICES", "")
-        run.keras_fix = keras_fix_wanted(spec.env)
+        run.keras_fix = settings.get("MWHELPERS_KERAS_FIX", spec.env)
         self.runs[task] = run
         self.history.append(run)
         self._marks.watch(run)

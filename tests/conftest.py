@@ -188,9 +188,9 @@ def rt(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def hosts(tmp_path_factory):
-    """Two test hosts with sshd and a one-box Slurm (``mwhelpers/testhosts.py``), made once for the
+    """Two test hosts with sshd and a one-box Slurm (``mwhelpers/workshop/testhosts.py``), made once for the
     test process that runs the tests marked ``xdist_group("testhosts")``."""
-    from mwhelpers.testhosts import TestHosts
+    from mwhelpers.workshop.testhosts import TestHosts
 
     with TestHosts(2, slurm=True, workdir=tmp_path_factory.mktemp("hosts")) as h:
         yield h

@@ -19,8 +19,9 @@ import re
 import subprocess
 
 from mwhelpers import register_backend
+from mwhelpers.backends import AgentLauncher, Option
+from mwhelpers.backends.agent import host_list
 from mwhelpers.errors import InfrastructureError, UsageError
-from mwhelpers.remote import AgentLauncher
 
 
 def namespace_address(ns):
@@ -39,14 +40,14 @@ class NetnsLauncher(AgentLauncher):
     """Tasks in named network namespaces on this machine (ip netns exec)."""
 
     name = "netns"
-    options = {"hosts": "the namespaces, a list or NS1,NS2",
-               "python": "the tasks' interpreter (default: the kernel's)",
-               "cwd": "the folder tasks start in (default: the kernel's)"}
+    # the agent's options (hosts, python, cwd, heartbeat), its hosts being namespaces
+    options = (Option("hosts", host_list, None, "the namespaces, a list or NS1,NS2", "H1,H2"),
+               *AgentLauncher.options[1:])
 
-    def __init__(self, hosts=None, python=None, cwd=None):
+    def __init__(self, hosts=None, python=None, cwd=None, heartbeat=None):
         if os.geteuid() != 0:
             raise UsageError("the netns backend needs root (ip netns exec)")
-        super().__init__(python, cwd, hosts=hosts)
+        super().__init__(python, cwd, heartbeat, hosts=hosts)
 
     def transport(self, host, argv):
         return ["ip", "netns", "exec", host, *argv]

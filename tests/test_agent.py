@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from mwhelpers.remote import AGENT_CODE
+from mwhelpers.backends.agent import AGENT_CODE
 
 
 def run_agent(header, tmp_path, timeout=30):
@@ -107,8 +107,8 @@ def test_pings_keep_the_task_alive_and_are_answered(tmp_path):
 
 
 def test_a_bad_heartbeat_setting_is_refused_with_what_to_give(monkeypatch):
+    from mwhelpers.backends.ssh import SSHLauncher
     from mwhelpers.errors import UsageError
-    from mwhelpers.remote import SSHLauncher
 
     for bad in ("ten", "-1", "0.5"):
         monkeypatch.setenv("MWHELPERS_HEARTBEAT", bad)

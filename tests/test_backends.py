@@ -23,7 +23,7 @@ from conftest import ROOT, STUBBORN, TREE, gone_within, json_line, pid_alive, ta
 from mwhelpers import available_backends, register_backend
 from mwhelpers.errors import UsageError
 from mwhelpers.proctree import carrying
-from mwhelpers.testhosts import missing
+from mwhelpers.workshop.testhosts import missing
 
 REMOTE = ("ssh", "slurm", "netns")
 REASON = missing(slurm=True)
@@ -250,7 +250,7 @@ def test_a_backend_declared_as_an_entry_point_is_found_and_runs_tasks(rt, tmp_pa
     (site / "mwh_demo-1.0.dist-info" / "entry_points.txt").write_text(
         "[mwhelpers.backends]\ndemo = mwh_demo:Demo\nbroken = mwh_demo:Missing\n")
     (site / "mwh_demo.py").write_text(textwrap.dedent("""
-        from mwhelpers.launchers import LocalLauncher
+        from mwhelpers.backends.local import LocalLauncher
 
         class Demo(LocalLauncher):
             '''This machine, with every task told it ran under the demo backend.'''
@@ -283,19 +283,48 @@ def test_backend_names_and_registrations_are_checked(rt):
         rt.define_cluster(2, backend="kube")
     with pytest.raises(UsageError, match="'ssh' is a built-in backend"):
         register_backend("ssh", netns_backend.NetnsLauncher)
-    with pytest.raises(UsageError, match="is not a subclass of mwhelpers.launchers.Launcher"):
+    with pytest.raises(UsageError, match="is not a subclass of mwhelpers.backends.Launcher"):
         register_backend("mine", object)
-    with pytest.raises(UsageError, match=r"the local backend does not take python, ssh"):
-        rt.define_cluster(2, python="/usr/bin/python3", ssh="ssh -F cfg")
-    with pytest.raises(UsageError, match="slurm= goes with the slurm backend, not 'netns'"):
-        rt.define_cluster(2, backend="netns", slurm=True)
+    with pytest.raises(UsageError, match=r"the local backend does not take python, ssh; it takes "
+                                         r"host \(%cluster --backend local --help"):
+        rt.define_cluster(2, backend="local", python="/usr/bin/python3", ssh="ssh -F cfg")
+    with pytest.raises(UsageError, match="slurm, ssh all take python: name one with backend=NAME"):
+        rt.define_cluster(2, python="/usr/bin/python3")
+    with pytest.raises(UsageError, match="no backend takes all of hosts, job"):
+        rt.define_cluster(2, hosts=["a"], job=12)
+    # values are checked against each option's type before the backend is made
+    with pytest.raises(UsageError, match=r"the slurm backend's option job cannot be 'abc' \(a job "
+                                         r"id is a number"):
+        rt.define_cluster(2, job="abc")
+    with pytest.raises(UsageError, match=r"option heartbeat cannot be '0.5' \(1 s or more, or 0"):
+        rt.define_cluster(2, backend="ssh", hosts="a", heartbeat="0.5")
+    with pytest.raises(UsageError, match=r"the netns backend's option hosts cannot be ''"):
+        rt.define_cluster(2, backend="netns", hosts="")
     assert rt.cluster is None
 
 
-def test_the_cluster_magic_names_a_backend_and_its_options(ip, rt):
+def test_the_cluster_magic_builds_its_flags_from_the_backend(ip, rt, capsys):
     c = ip.run_line_magic("cluster", "1 --backend local --option host=127.0.0.2")
     assert c.kind == "local" and c.address("worker:0").startswith("127.0.0.2:")
+    c = ip.run_line_magic("cluster", "1 --host 127.0.0.3")  # the local backend's option, a flag
+    assert c.address("worker:0").startswith("127.0.0.3:")
     with pytest.raises(UsageError, match=r"--option takes NAME=VALUE .* got 'host'"):
         ip.run_line_magic("cluster", "1 --option host")
-    with pytest.raises(UsageError, match="hosts has a flag of its own: --hosts"):
-        ip.run_line_magic("cluster", "1 --backend netns --option hosts=a")
+    with pytest.raises(UsageError, match="hosts given twice: as --hosts and --option"):
+        ip.run_line_magic("cluster", "1 --backend netns --hosts a --option hosts=a")
+    with pytest.raises(UsageError, match=r"unrecognized arguments: --job 5"):
+        ip.run_line_magic("cluster", "1 --hosts a --job 5")  # --job is slurm's, not ssh's
+    with pytest.raises(UsageError, match="either --hosts .SSH. or --slurm, not both"):
+        ip.run_line_magic("cluster", "1 --hosts a --slurm")
+    with pytest.raises(UsageError, match=r"option heartbeat cannot be 'soon'"):
+        ip.run_line_magic("cluster", "1 --backend netns --hosts a --heartbeat soon")
+    capsys.readouterr()
+    assert ip.run_line_magic("cluster", "--backend netns --help") is None
+    shown = capsys.readouterr().out
+    assert "options of the netns backend:" in shown
+    assert all(f in shown for f in ("--hosts H1,H2", "--python PATH", "--heartbeat SECONDS"))
+    ip.run_line_magic("cluster", "--help")
+    shown = capsys.readouterr().out
+    assert "options of the local backend:" in shown and "--host ADDRESS" in shown
+    ip.run_line_magic("cluster", "--slurm --help")
+    assert "--job ID" in capsys.readouterr().out

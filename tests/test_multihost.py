@@ -1,7 +1,7 @@
 """Tasks on other machines: SSH hosts and a Slurm cluster, made real as network namespaces.
 
-The hosts (``mwhelpers/testhosts.py``, the session's ``hosts`` fixture) are made once: two namespaces with
-their own address and sshd, munged, slurmctld and one slurmd per namespace.
+The hosts (``mwhelpers/workshop/testhosts.py``, the session's ``hosts`` fixture) are made
+once: two namespaces with their own address and sshd, munged, slurmctld and one slurmd per namespace.
 Under CI=true they must be made; elsewhere the module skips with the reason.
 """
 
@@ -32,7 +32,7 @@ from conftest import (
 )
 
 from mwhelpers.errors import InfrastructureError, UsageError, WorkerFailed
-from mwhelpers.testhosts import missing
+from mwhelpers.workshop.testhosts import missing
 
 REASON = missing(slurm=True)
 if REASON and os.environ.get("CI") == "true":
@@ -463,7 +463,7 @@ def _wait_job(job, until, timeout):
 
 @pytest.mark.tf
 def test_sbatch_script_runs_the_same_program_without_a_notebook(env, tmp_path):
-    from mwhelpers.slurm import write_sbatch
+    from mwhelpers.backends.slurm import write_sbatch
 
     # Both tasks on one node: one address, so ports must differ by task, not by node.
     # Keras 3, as TensorFlow ships it: the tasks start through mwhelpers' start-up, which mends
@@ -490,7 +490,7 @@ def test_sbatch_script_runs_the_same_program_without_a_notebook(env, tmp_path):
 
 
 def test_scancel_ends_a_batch_job_whose_workers_ignore_sigterm(env, tmp_path):
-    from mwhelpers.slurm import write_sbatch
+    from mwhelpers.backends.slurm import write_sbatch
 
     prog = tmp_path / "stubborn.py"
     prog.write_text(STUBBORN)

@@ -221,7 +221,7 @@ def run_suite(*args, pythonpath=str(ROOT), owner=None):
     env = {**__import__("os").environ, "PYTHONPATH": pythonpath}
     if owner is not None:
         env[OWNER_ENV] = str(owner)
-    return subprocess.run([sys.executable, "-m", "mwhelpers.suite", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "mwhelpers.workshop.suite", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600, env=env)
 
 
@@ -341,7 +341,8 @@ def test_ctrl_c_stops_the_suite_and_ends_every_notebooks_workers(tmp_path):
              "import time\ntime.sleep(300)"]
     nbs = [str(make_nb(tmp_path / f"{name}.ipynb", cells)) for name in ("one", "two")]
     proc = subprocess.Popen(  # Ctrl-C in a terminal: SIGINT to the suite's process group
-        [sys.executable, "-m", "mwhelpers.suite", *nbs, "--output", str(tmp_path / "out"), "-j", "2"],
+        [sys.executable, "-m", "mwhelpers.workshop.suite", *nbs, "--output", str(tmp_path / "out"),
+         "-j", "2"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), OWNER_ENV: str(tmp_path)},
         start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -363,7 +364,7 @@ def test_ctrl_c_stops_the_suite_and_ends_every_notebooks_workers(tmp_path):
 
 
 def test_suite_starts_the_notebooks_that_took_longest_last_time_first(tmp_path):
-    from mwhelpers.suite import longest_first
+    from mwhelpers.workshop.suite import longest_first
 
     out = tmp_path / "out"
     out.mkdir()

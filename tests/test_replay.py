@@ -13,7 +13,7 @@ import nbformat
 import pytest
 from conftest import ROOT
 
-from mwhelpers.replay import Recording, RecordingError, record, stale
+from mwhelpers.workshop.replay import Recording, RecordingError, record, stale
 
 NB10 = ROOT / "notebooks" / "10_more_machines.ipynb"
 REC10 = ROOT / "notebooks" / "recorded" / "10_more_machines.json"
@@ -57,7 +57,7 @@ def test_a_recorded_cell_is_shown_where_it_cannot_run(tmp_path, monkeypatch):
 
     # A laptop: the kernel starts in the notebook's folder, and the cell shows the recording.
     here = notebook(tmp_path / "nb" / "here.ipynb", [(
-        "from mwhelpers.replay import Recording\n"
+        "from mwhelpers.workshop.replay import Recording\n"
         "Recording.find('demo').show('hosts', 'no hosts given')", "hosts")])
     nb = execute(here, tmp_path / "nb")
     shown = nb.cells[0].outputs
@@ -111,13 +111,13 @@ def test_a_missing_broken_or_stale_recording_is_named(tmp_path):
 
 
 def test_the_command_line_says_what_went_wrong(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "mwhelpers.replay", str(tmp_path / "no.ipynb"),
+    proc = subprocess.run([sys.executable, "-m", "mwhelpers.workshop.replay", str(tmp_path / "no.ipynb"),
                            str(tmp_path / "r.json")], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
 
 
 def test_notebook_10s_recording_matches_its_cells_and_shows_a_real_run():
-    assert stale(NB10, REC10) == [], "re-record it: see the docstring of mwhelpers/replay.py"
+    assert stale(NB10, REC10) == [], "re-record it: see the docstring of mwhelpers/workshop/replay.py"
     rec = Recording.load(REC10)
     text = {key: "".join(o.get("text") or o["data"]["text/plain"] for o in cell["outputs"])
             for key, cell in rec.cells.items()}
@@ -131,8 +131,8 @@ def test_notebook_10s_recording_matches_its_cells_and_shows_a_real_run():
 def test_notebook_10_without_hosts_shows_the_recorded_run(tmp_path):
     # The suite runs the kernel in its output folder, here outside the checkout: the recording is
     # found beside the notebook all the same.
-    proc = subprocess.run([sys.executable, "-m", "mwhelpers.suite", str(NB10), "--output", str(tmp_path),
-                           "-p", "ssh_hosts", ""], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    proc = subprocess.run([sys.executable, "-m", "mwhelpers.workshop.suite", str(NB10), "--output",
+                           str(tmp_path), "-p", "ssh_hosts", ""], capture_output=True, text=True, cwd=tmp_path, timeout=300,
                           env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     nb = nbformat.read(tmp_path / NB10.name, as_version=4)

@@ -1,4 +1,4 @@
-"""``python -m mwhelpers.suite`` from an installed copy (no checkout around it): it takes a
+"""``python -m mwhelpers.workshop.suite`` from an installed copy (no checkout around it): it takes a
 notebook folder, and refuses clearly when there is nothing to run."""
 
 import shutil
@@ -21,7 +21,7 @@ def installed(tmp_path):
 
 def suite(site, cwd, *args):
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(cwd)}
-    return subprocess.run([sys.executable, "-m", "mwhelpers.suite", "-j", "1", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "mwhelpers.workshop.suite", "-j", "1", *args], cwd=cwd,
                           env=env, capture_output=True, text=True, timeout=180)
 
 

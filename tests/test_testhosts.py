@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from mwhelpers import testhosts
-from mwhelpers.testhosts import TestHosts, missing
+from mwhelpers.workshop import testhosts
+from mwhelpers.workshop.testhosts import TestHosts, missing
 
 REASON = missing()
 if REASON and os.environ.get("CI") == "true":

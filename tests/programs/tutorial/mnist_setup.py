@@ -4,7 +4,7 @@
 import numpy as np
 import tensorflow as tf
 
-from mwhelpers import load_mnist
+from mwhelpers.workshop import load_mnist
 
 
 def mnist_dataset(batch_size):

@@ -23,18 +23,27 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
-from .errors import InfrastructureError, UsageError
-from .kerasfix import KERAS_FIX_ENV
-from .launchers import BOOTSTRAP
-from .remote import AgentLauncher
-from .tfdata import STALL_FIX_ENV
+from ..errors import InfrastructureError, UsageError
+from ..kerasfix import KERAS_FIX_ENV
+from ..tfdata import STALL_FIX_ENV
+from .agent import AGENT_OPTIONS, AgentLauncher
+from .base import BOOTSTRAP, Option
+
+
+def job_id(value: str | int) -> str:
+    """A Slurm job id: digits (an array task's ``1234_5`` too)."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not re.fullmatch(r"\d+(_\d+)?", text):
+        raise ValueError("a job id is a number, as squeue shows it")
+    return text
 
 HOW_TO_ALLOCATE = (
     "start the kernel inside an allocation (salloc -N 2 jupyter lab, or in an sbatch job), or "
     "get one with 'salloc -N 2 --no-shell' and give its id: %cluster N --slurm --job ID "
-    "(define_cluster(..., slurm=ID))"
+    "(define_cluster(..., backend='slurm', job=ID))"
 )
 
 
@@ -80,13 +89,15 @@ class SlurmLauncher(AgentLauncher):
     """Tasks as one-task job steps of a Slurm allocation."""
 
     name = "slurm"
-    options = {"job": "the allocation's job id (default: $SLURM_JOB_ID)",
-               "python": "the tasks' interpreter on the nodes (default: the kernel's)",
-               "cwd": "the folder tasks start in there (default: the kernel's)"}
+    options = (Option("job", job_id, None, "the allocation's job id (default: $SLURM_JOB_ID)",
+                      "ID"),
+               *AGENT_OPTIONS[1:])
 
-    def __init__(self, job=None, python=None, cwd=None, environ=None):
+    def __init__(self, job: str | int | None = None, python: str | None = None,
+                 cwd: str | None = None, heartbeat: float | None = None,
+                 environ: Mapping[str, str] | None = None) -> None:
         environ = os.environ if environ is None else environ
-        job = job if job not in (None, True, "") else environ.get("SLURM_JOB_ID")
+        job = job if job not in (None, "") else environ.get("SLURM_JOB_ID")
         if not job:
             raise InfrastructureError("this kernel is not inside a Slurm allocation (SLURM_JOB_ID "
                                       f"is not set): {HOW_TO_ALLOCATE}")
@@ -95,7 +106,7 @@ class SlurmLauncher(AgentLauncher):
                                       "need Slurm's client commands where the kernel runs")
         self.job = str(job)
         self.nodes = job_nodes(self.job)
-        super().__init__(python, cwd, hosts=self.nodes)
+        super().__init__(python, cwd, heartbeat, hosts=self.nodes)
         self.addresses = node_addresses(self.nodes)
 
     def transport(self, host, argv):
@@ -177,7 +188,7 @@ def write_sbatch(path, script, *, tasks=2, nodes=None, args=(), python=None, env
         lines.append(f"#SBATCH --time={time_limit}")
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
-    lines += ["# Written by mwhelpers.slurm.write_sbatch: each task builds its TF_CONFIG from",
+    lines += ["# Written by mwhelpers.backends.slurm.write_sbatch: each task builds its TF_CONFIG from",
               "# SLURM_PROCID, the step's nodes and tasks per node; worker i listens on",
               "# PORT_BASE + i (distinct even where nodes share an address).",
               "set -euo pipefail"]

@@ -1,11 +1,11 @@
 """Test hosts on this machine: network namespaces with their own address and sshd,
 and optionally a one-box Slurm cluster whose nodes are those namespaces.
 
-    python -m mwhelpers.testhosts up [--hosts 2] [--slurm] [--dir DIR]   # prints what to export
-    python -m mwhelpers.testhosts down --dir DIR
+    python -m mwhelpers.workshop.testhosts up [--hosts 2] [--slurm] [--dir DIR]   # prints what to export
+    python -m mwhelpers.workshop.testhosts down --dir DIR
 
 To try the SSH and Slurm backends (and notebook 10) with no other machine; the
-suite (``python -m mwhelpers.suite``) and the tests use :class:`TestHosts` as a
+suite (``python -m mwhelpers.workshop.suite``) and the tests use :class:`TestHosts` as a
 context manager.  It needs root, iproute2,
 OpenSSH's server and, for Slurm, munge and slurm-wlm (``.ci/run`` installs them);
 it installs nothing.  Everything it starts it ends by PID, and it removes the
@@ -422,7 +422,7 @@ def main(argv=None):
         print(f"test hosts up: {', '.join(f'{n}={h.addresses[n]}' for n in h.names)}")
         for k, v in h.env().items():
             print(f"export {k}={v!r}")
-        print(f"end them with: {sys.executable} -m mwhelpers.testhosts down --dir {h.dir}")
+        print(f"end them with: {sys.executable} -m mwhelpers.workshop.testhosts down --dir {h.dir}")
         return 0
     state = json.loads((Path(a.dir) / "hosts.json").read_text())
     h = TestHosts(len(state["hosts"]), "SLURM_CONF" in state["env"], a.dir)

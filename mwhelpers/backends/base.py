@@ -16,22 +16,26 @@ first is decided by these stamps.  Listeners registered with
 :meth:`Process.on_exit` are called from that thread.
 """
 
+from __future__ import annotations
+
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from . import proctree
-from .gpus import visible_gpus
-from .ports import reserve_ports
+from .. import proctree
+from ..errors import UsageError
 
-BOOTSTRAP = str(Path(__file__).with_name("_bootstrap.py"))
+if TYPE_CHECKING:
+    from ..cluster import Task
+
+BOOTSTRAP = str(Path(__file__).parents[1] / "_bootstrap.py")
 
 
 @dataclass
@@ -155,30 +159,6 @@ class Process:
         return f"pid {self.pid}"
 
 
-class LocalProcess(Process):
-    """A process on this machine, leader of its own session and process group."""
-
-    def __init__(self, popen):
-        super().__init__(popen.pid)
-        self.popen = popen
-        self._start_waiter(popen.wait)
-
-    def processes(self):
-        if not self.running:
-            # Descendants that outlived it stay in its process group.
-            return [p for p in proctree.group_members(self.pid) if p.pid != os.getpid()]
-        procs = proctree.tree(self.pid)
-        seen = {p.pid for p in procs}
-        procs += [p for p in proctree.group_members(self.pid) if p.pid not in seen]
-        return [p for p in procs if p.pid != os.getpid()]
-
-    def end(self, escalation=proctree.DEFAULT_ESCALATION, who=""):
-        lines, ended = end_local(self.processes(), escalation, who)
-        self.wait(2)
-        self.ended_by = ended.get(self.pid, self.ended_by)
-        return lines
-
-
 def end_local(procs, escalation, who=""):
     """End the psutil processes ``procs`` through ``escalation``: lines saying what ended
     with which signal (``who`` names their task) and what could not be ended, and
@@ -210,100 +190,88 @@ def end_together(jobs):
     return [line for lines in out if lines for line in lines]
 
 
+def text(value: object) -> str:
+    """A non-empty string."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("a non-empty string")
+    return value.strip()
+
+
+def seconds(value: object) -> float:
+    """A number of seconds >= 0, or text that is one."""
+    if isinstance(value, bool):
+        raise ValueError("a number of seconds")
+    number = float(value)  # type: ignore[arg-type]  # ValueError/TypeError say why
+    if number < 0:
+        raise ValueError("a number of seconds, not below 0")
+    return number
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option a backend takes: ``define_cluster(..., NAME=value)``, ``%cluster
+    --NAME value`` (underscores as dashes) and ``--option NAME=value``.
+
+    ``type`` turns what was given (a Python value, or the text of a flag) into the
+    value the backend's constructor gets, raising ValueError or TypeError when it
+    cannot; ``default`` is what the constructor gets when the option is not given
+    (``None``: the backend decides, as ``help`` says); ``metavar`` names the value in
+    the help."""
+
+    name: str
+    type: Callable[[Any], Any] = text
+    default: Any = None
+    help: str = ""
+    metavar: str = "VALUE"
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def convert(self, value: Any, backend: str) -> Any:
+        try:
+            return self.type(value)
+        except (TypeError, ValueError) as e:
+            why = f" ({e})" if str(e) else ""
+            raise UsageError(f"the {backend} backend's option {self.name} cannot be {value!r}"
+                             f"{why}: it is {self.help}") from None
+
+
 class Launcher:
     """A backend: places a cluster's tasks and starts them (one instance per cluster).
 
     A subclass gives ``name`` (how :mod:`mwhelpers.backends` finds it), ``options``
-    (the keyword arguments it takes, each with what it means), :meth:`place` and
+    (the keyword arguments its constructor takes, each an :class:`Option`: checked and
+    converted before it is called), :meth:`place` and
     :meth:`start`, and may give :meth:`task_env`, :meth:`host_gpus` and :meth:`close`.
     The base :meth:`close` ends the processes listed in ``self.started`` that still run:
     a backend that keeps that list (the built-in ones do) gets it for free.
     """
 
-    name = None
-    remote = False  # True: tasks run elsewhere (their ports are probed at their address)
-    options = {}  # option -> what it means
-    python = sys.executable  # the tasks' interpreter
-    cwd = None  # the folder tasks start in (None: the kernel's, when each starts)
+    name: ClassVar[str | None] = None
+    remote: ClassVar[bool] = False  # True: tasks run elsewhere (ports probed at their address)
+    options: ClassVar[tuple[Option, ...]] = ()  # the keyword arguments its constructor takes
+    python: str = sys.executable  # the tasks' interpreter
+    cwd: str | None = None  # the folder tasks start in (None: the kernel's, when each starts)
 
-    def place(self, tasks, port_range):
+    def place(self, tasks: Sequence[Task], port_range: tuple[int, int]) -> dict[Task, Placement]:
         """``{task: Placement}`` for the cluster's ``tasks`` (ports in ``port_range``)."""
         raise NotImplementedError
 
-    def task_env(self, environ):
+    def task_env(self, environ: Mapping[str, str]) -> dict[str, str]:
         """What a task's environment starts from, given the kernel's (TF_CONFIG and
         mwhelpers' variables go on top)."""
         return dict(environ)
 
-    def host_gpus(self):
+    def host_gpus(self) -> dict[str | None, list[str]]:
         """``{host: [GPU ids]}`` of the hosts :meth:`place` chose."""
         return {}
 
-    def start(self, spec):
+    def start(self, spec: LaunchSpec) -> Process:
         """Start ``spec`` and return its :class:`Process`."""
         raise NotImplementedError
 
-    def close(self):
+    def close(self) -> None:
         """End what still runs (SIGKILL) and release what the launcher holds."""
         live = [p for p in getattr(self, "started", []) if p.running]
         end_together([partial(p.end, ((signal.SIGKILL, 3.0),)) for p in live])
-
-
-class LocalLauncher(Launcher):
-    """Tasks on this machine, each a child process in a session of its own.
-
-    It holds the parent-death guard: a pipe whose write end only this
-    process holds.  Every child gets the read end (``MWHELPERS_GUARD_FD``)
-    and kills its own process group when the pipe reaches end of file,
-    which happens when this process dies, however it dies, or when the
-    launcher is closed.
-    """
-
-    name = "local"
-    options = {"host": "the address TF_CONFIG names (default localhost)"}
-
-    def __init__(self, host="localhost"):
-        self.host = host
-        self._guard_r, self._guard_w = os.pipe()
-        self.started = []  # the Processes it started that may still run
-
-    def place(self, tasks, port_range=None):
-        """Ports free on this machine, reserved across processes until the cluster closes."""
-        held = reserve_ports(len(tasks))
-        return {t: Placement(None, self.host, r.port, r) for t, r in zip(tasks, held, strict=True)}
-
-    def host_gpus(self):
-        return {None: visible_gpus()}
-
-    def start(self, spec):
-        if self.closed:
-            raise RuntimeError("this launcher was closed; create a new Runtime")
-        spec.cwd = spec.cwd or os.getcwd()
-        env = dict(spec.env, MWHELPERS_GUARD_FD=str(self._guard_r))
-        argv = [sys.executable, "-u", BOOTSTRAP, *(["--cell"] if spec.cell else []),
-                spec.script, *spec.args]
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(spec.log_path, "wb") as logf:
-            popen = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                env=env, cwd=spec.cwd, start_new_session=True,
-                pass_fds=(self._guard_r,),
-            )
-        proc = LocalProcess(popen)
-        self.started = [p for p in self.started if p.running] + [proc]
-        return proc
-
-    def close(self):
-        """SIGKILL whatever still runs, then close the guard pipe."""
-        super().close()
-        for fd in (self._guard_r, self._guard_w):
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self._guard_r = self._guard_w = None
-
-    @property
-    def closed(self):
-        return self._guard_w is None

@@ -1,4 +1,4 @@
-"""Run notebooks headless: ``python -m mwhelpers.suite [--full] [-j N] [NOTEBOOK | FOLDER ...]``.
+"""Run notebooks headless: ``python -m mwhelpers.workshop.suite [--full] [-j N] [NOTEBOOK | FOLDER ...]``.
 
 NOTEBOOK or FOLDER (its ``*.ipynb``); without any, the ``notebooks/`` folder of the
 current directory, or of this checkout when mwhelpers runs from one.
@@ -16,7 +16,7 @@ status is non-zero when any notebook failed.  Every process a notebook's kernel 
 the notebook is done, even when it failed half-way.
 
 Notebooks that take ``ssh_hosts`` (the multi-host one) run against test hosts
-that the suite makes for the run (``mwhelpers/testhosts.py``: network namespaces
+that the suite makes for the run (``mwhelpers/workshop/testhosts.py``: network namespaces
 with sshd and a one-box Slurm; root and Debian's openssh-server, slurm-wlm and
 munge needed), unless ``-p ssh_hosts H1,H2`` names real ones.  Where test
 hosts cannot be made, the suite says why and those notebooks run their local
@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # This checkout, when mwhelpers runs from one (not from an installed wheel).
 CHECKOUT = ROOT if (ROOT / "pyproject.toml").is_file() and (ROOT / "notebooks").is_dir() else None
 SUITE_ENV = "MWHELPERS_SUITE_RUN"
@@ -86,7 +86,7 @@ def find_notebooks(names):
         folder = here if here.is_dir() else (CHECKOUT / "notebooks" if CHECKOUT else None)
         if folder is None:
             raise SuiteError("no notebook folder here: name the notebooks or their folder, "
-                             "e.g. python -m mwhelpers.suite path/to/notebooks")
+                             "e.g. python -m mwhelpers.workshop.suite path/to/notebooks")
         names = [folder]
     paths = []
     for name in names:
@@ -107,7 +107,7 @@ def find_notebooks(names):
 
 def end_leftovers(run_id):
     """End processes that carry this suite run's mark (a notebook's leaked workers)."""
-    from .proctree import carrying, end_processes
+    from ..proctree import carrying, end_processes
 
     ended, _ = end_processes(carrying(SUITE_ENV, run_id, exclude={os.getpid()}))
     return len(ended)

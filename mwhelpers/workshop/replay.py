@@ -7,8 +7,8 @@ source, to a JSON file kept next to the notebook.  On a machine without the host
 calls ``recording.show(KEY)``, which displays those outputs under a line saying they were
 recorded elsewhere and not run here::
 
-    python -m mwhelpers.suite notebooks/10_more_machines.ipynb         # runs on test hosts
-    python -m mwhelpers.replay output/10_more_machines.ipynb notebooks/recorded/10_more_machines.json
+    python -m mwhelpers.workshop.suite notebooks/10_more_machines.ipynb         # runs on test hosts
+    python -m mwhelpers.workshop.replay output/10_more_machines.ipynb notebooks/recorded/10_more_machines.json
 
 A recorded cell whose source has changed since is stale; :func:`stale` lists them, so a
 test can insist that the recording is made again.
@@ -180,7 +180,7 @@ class Recording:
 def main(argv=None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m mwhelpers.replay",
+    p = argparse.ArgumentParser(prog="python -m mwhelpers.workshop.replay",
                                 description="Save the outputs of an executed notebook's replay:KEY cells.")
     p.add_argument("executed", help="a notebook that ran where those cells could (with outputs)")
     p.add_argument("recording", help="the JSON file to write (e.g. notebooks/recorded/NAME.json)")

@@ -1,0 +1,155 @@
+"""Backends: the ways of starting a cluster's tasks, found by name.
+
+A backend is a :class:`Launcher` subclass with a ``name`` and the
+:class:`Option` s its constructor takes.  ``define_cluster(2, backend="ssh",
+hosts=["node1", "node2"])`` looks the name up here, checks and converts the
+other keyword arguments against the backend's options, makes one instance for
+that cluster, asks it where each task goes (``place``) and then has it start
+every task; the runtime never asks which backend it holds.  ``%cluster`` builds
+its flags from the same options (``%cluster --backend ssh --help`` lists them).
+
+Built in, one module each: ``local`` (:mod:`.local`, this machine), ``ssh``
+(:mod:`.ssh`, SSH hosts) and ``slurm`` (:mod:`.slurm`, the nodes of a Slurm
+allocation); both remote ones run tasks through the agent of :mod:`.agent`,
+whose :class:`AgentLauncher` a backend for another transport subclasses.
+The interface every backend keeps is in :mod:`.base`.
+
+Another package adds one in either of two ways:
+
+* an entry point in its ``pyproject.toml``, found without importing it first::
+
+      [project.entry-points."mwhelpers.backends"]
+      kube = "mypackage.kube:KubeLauncher"
+
+* or a call, from code that runs before the cluster is defined::
+
+      mwhelpers.register_backend("kube", KubeLauncher)
+
+A name registered by a call wins over an entry point of the same name; a
+built-in name cannot be taken.  ``tests/netns_backend.py`` is a whole backend
+in one file, registered the second way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING, Any
+
+from ..errors import UsageError
+from .base import Launcher, LaunchSpec, Option, Placement, Process
+
+if TYPE_CHECKING:
+    from .agent import AgentLauncher
+
+__all__ = ["AgentLauncher", "LaunchSpec", "Launcher", "Option", "Placement", "Process",
+           "available_backends", "backend_class", "create_backend", "pick_backend",
+           "register_backend"]
+
+ENTRY_POINT_GROUP = "mwhelpers.backends"
+BUILT_IN = {name: EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in (
+    ("local", "mwhelpers.backends.local:LocalLauncher"), ("ssh", "mwhelpers.backends.ssh:SSHLauncher"),
+    ("slurm", "mwhelpers.backends.slurm:SlurmLauncher"))}
+_REGISTERED: dict[str, type[Launcher]] = {}  # name -> class, from register_backend
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AgentLauncher":  # imported on demand: the local backend does not need it
+        from .agent import AgentLauncher
+
+        return AgentLauncher
+    raise AttributeError(f"module 'mwhelpers.backends' has no attribute {name!r}")
+
+
+def _entry_points() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def register_backend(name: str, cls: type[Launcher]) -> None:
+    """Make ``cls`` (a :class:`Launcher` subclass) the backend ``name``:
+    ``define_cluster(..., backend=name)`` and ``%cluster --backend name``."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise UsageError(f"a backend's name is a word such as 'kube', got {name!r}")
+    if name in BUILT_IN:
+        raise UsageError(f"{name!r} is a built-in backend; register yours under another name")
+    if not (isinstance(cls, type) and issubclass(cls, Launcher)):
+        raise UsageError(f"backend {name!r}: {cls!r} is not a subclass of "
+                         "mwhelpers.backends.Launcher")
+    _REGISTERED[name] = cls
+
+
+def available_backends() -> list[str]:
+    """Every backend name that can be given: built in, registered, or from entry points."""
+    return sorted({*BUILT_IN, *_REGISTERED, *_entry_points()})
+
+
+def backend_class(name: str) -> type[Launcher]:
+    """The backend class registered as ``name``."""
+    if name in BUILT_IN:
+        return BUILT_IN[name].load()
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    found = _entry_points().get(name)
+    if found is None:
+        raise UsageError(f"no backend is called {name!r}; there are: "
+                         f"{', '.join(available_backends())}. A package adds one with an entry "
+                         f"point in the group {ENTRY_POINT_GROUP!r} or mwhelpers.register_backend")
+    try:
+        return found.load()
+    except Exception as e:  # a broken plugin: say which one, not a traceback from inside it
+        raise UsageError(f"backend {name!r} ({found.value}, from an entry point) could not be "
+                         f"loaded: {type(e).__name__}: {e}") from None
+
+
+def options_of(cls: type[Launcher]) -> dict[str, Option]:
+    """The options ``cls`` declares, by name.  A backend written for mwhelpers 0.2 declared
+    a dict of name -> help; its values are then passed on as given."""
+    declared: Any = cls.options
+    if isinstance(declared, Mapping):
+        return {k: Option(k, _as_given, None, str(v)) for k, v in declared.items()}
+    return {o.name: o for o in declared}
+
+
+def _as_given(value: Any) -> Any:
+    return value
+
+
+def pick_backend(options: Mapping[str, Any]) -> str:
+    """The backend that ``define_cluster`` uses when none is named: ``local`` when no option
+    is given or it takes them all; otherwise the one backend that takes every option given
+    (``hosts=`` means ``ssh``, ``job=`` means ``slurm``)."""
+    given = {k for k, v in options.items() if v is not None}
+    if given <= set(options_of(backend_class("local"))):
+        return "local"
+    takers = []
+    for name in available_backends():
+        try:
+            if given <= set(options_of(backend_class(name))):
+                takers.append(name)
+        except UsageError:  # a broken plugin takes nothing
+            continue
+    if len(takers) == 1:
+        return takers[0]
+    what = ", ".join(sorted(given))
+    if not takers:
+        raise UsageError(f"no backend takes all of {what}; %cluster --backend NAME --help "
+                         f"lists a backend's options (backends: {', '.join(available_backends())})")
+    raise UsageError(f"{', '.join(takers)} all take {what}: name one with backend=NAME")
+
+
+def create_backend(name: str, options: Mapping[str, Any]) -> Launcher:
+    """A new instance of backend ``name`` for one cluster, with ``options`` (None: not
+    given) checked against the ones it declares and converted by their types."""
+    cls = backend_class(name)
+    declared = options_of(cls)
+    given = {k: v for k, v in options.items() if v is not None}
+    unknown = sorted(set(given) - set(declared))
+    if unknown:
+        takes = ", ".join(declared) or "no options"
+        raise UsageError(f"the {name} backend does not take {', '.join(unknown)}; it takes "
+                         f"{takes} (%cluster --backend {name} --help says what each means)")
+    values = {k: declared[k].convert(v, name) for k, v in given.items()}
+    for k, option in declared.items():
+        if k not in values and option.default is not None:
+            values[k] = option.default
+    return cls(**values)

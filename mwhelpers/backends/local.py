@@ -1,0 +1,96 @@
+"""The ``local`` backend: tasks on this machine, each a child process in a session of its own."""
+
+import os
+import subprocess
+import sys
+
+from .. import proctree
+from ..gpus import visible_gpus
+from ..ports import reserve_ports
+from .base import BOOTSTRAP, Launcher, Option, Placement, Process, end_local, text
+
+
+class LocalProcess(Process):
+    """A process on this machine, leader of its own session and process group."""
+
+    def __init__(self, popen):
+        super().__init__(popen.pid)
+        self.popen = popen
+        self._start_waiter(popen.wait)
+
+    def processes(self):
+        if not self.running:
+            # Descendants that outlived it stay in its process group.
+            return [p for p in proctree.group_members(self.pid) if p.pid != os.getpid()]
+        procs = proctree.tree(self.pid)
+        seen = {p.pid for p in procs}
+        procs += [p for p in proctree.group_members(self.pid) if p.pid not in seen]
+        return [p for p in procs if p.pid != os.getpid()]
+
+    def end(self, escalation=proctree.DEFAULT_ESCALATION, who=""):
+        lines, ended = end_local(self.processes(), escalation, who)
+        self.wait(2)
+        self.ended_by = ended.get(self.pid, self.ended_by)
+        return lines
+
+
+
+class LocalLauncher(Launcher):
+    """Tasks on this machine, each a child process in a session of its own.
+
+    It holds the parent-death guard: a pipe whose write end only this
+    process holds.  Every child gets the read end (``MWHELPERS_GUARD_FD``)
+    and kills its own process group when the pipe reaches end of file,
+    which happens when this process dies, however it dies, or when the
+    launcher is closed.
+    """
+
+    name = "local"
+    options = (Option("host", text, "localhost", "the address TF_CONFIG names for every task "
+                      "(default localhost)", "ADDRESS"),)
+
+    def __init__(self, host: str = "localhost") -> None:
+        self.host = host
+        self._guard_r, self._guard_w = os.pipe()
+        self.started = []  # the Processes it started that may still run
+
+    def place(self, tasks, port_range=None):
+        """Ports free on this machine, reserved across processes until the cluster closes."""
+        held = reserve_ports(len(tasks))
+        return {t: Placement(None, self.host, r.port, r) for t, r in zip(tasks, held, strict=True)}
+
+    def host_gpus(self):
+        return {None: visible_gpus()}
+
+    def start(self, spec):
+        if self.closed:
+            raise RuntimeError("this launcher was closed; create a new Runtime")
+        spec.cwd = spec.cwd or os.getcwd()
+        env = dict(spec.env, MWHELPERS_GUARD_FD=str(self._guard_r))
+        argv = [sys.executable, "-u", BOOTSTRAP, *(["--cell"] if spec.cell else []),
+                spec.script, *spec.args]
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(spec.log_path, "wb") as logf:
+            popen = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                env=env, cwd=spec.cwd, start_new_session=True,
+                pass_fds=(self._guard_r,),
+            )
+        proc = LocalProcess(popen)
+        self.started = [p for p in self.started if p.running] + [proc]
+        return proc
+
+    def close(self):
+        """SIGKILL whatever still runs, then close the guard pipe."""
+        super().close()
+        for fd in (self._guard_r, self._guard_w):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._guard_r = self._guard_w = None
+
+    @property
+    def closed(self):
+        return self._guard_w is None

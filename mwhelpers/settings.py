@@ -1,0 +1,146 @@
+"""Every ``MWHELPERS_*`` environment variable in one table, read in one place.
+
+:data:`SETTINGS` holds the variables a user sets (each with its type, its
+default and what it means) and :data:`SET_BY_MWHELPERS` the ones mwhelpers sets
+in a task's environment for the task's own program to read.  :func:`get`
+reads a user setting, checked: a bad value is a
+:class:`~mwhelpers.errors.UsageError` that names the variable and says what to
+give.  The README's list is :func:`markdown` (``python -m mwhelpers.settings``
+prints it; a test keeps the README equal to it).
+
+Two switches are also read inside workers by code that runs without this
+package (:mod:`mwhelpers.tfdata` and :mod:`mwhelpers.kerasfix` are loaded by
+path in a task's start-up): they read the value the kernel passed on as
+:func:`switch` does here, and a test holds them to it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import UsageError
+
+OFF_WORDS = ("0", "false", "no", "off")
+
+
+def switch(text: str) -> bool:
+    """On unless the text says off (``0``, ``false``, ``no``, ``off``)."""
+    return text.strip().lower() not in OFF_WORDS
+
+
+def seconds_or_off(text: str) -> float:
+    """Seconds, at least 1; 0 means off."""
+    value = float(text)
+    if value < 0 or 0 < value < 1:
+        raise ValueError("below 1")
+    return value
+
+
+def port_range_text(text: str) -> tuple[int, int]:
+    """``LOW-HIGH``, both ends included, within 1024..65535."""
+    low, high = (int(p) for p in text.split("-"))
+    if not 1024 <= low <= high <= 65535:
+        raise ValueError("out of order or outside 1024..65535")
+    return low, high
+
+
+def command(text: str) -> list[str]:
+    """A command line, split as a shell would; not empty."""
+    words = shlex.split(text)
+    if not words:
+        raise ValueError("empty")
+    return words
+
+
+def port(text: str) -> int:
+    value = int(text)
+    if not 1024 <= value <= 65535:
+        raise ValueError("outside 1024..65535")
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: ``parse`` turns its text into the value (raising
+    ValueError when it cannot), ``default`` is used when it is unset or blank."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    shown_default: str
+    meaning: str
+    give: str  # what to give, said when the value is bad
+
+    def read(self, environ: Mapping[str, str] | None = None) -> Any:
+        text = (os.environ if environ is None else environ).get(self.name, "").strip()
+        if not text:
+            return self.default
+        try:
+            return self.parse(text)
+        except ValueError:
+            raise UsageError(f"{self.name}={text!r}: give {self.give}") from None
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("MWHELPERS_LOG_DIR", str, None, "`./worker_logs`",
+            "the folder under which each kernel's task logs go (one subfolder per notebook and "
+            "kernel)", "a folder"),
+    Setting("MWHELPERS_PORT_RANGE", port_range_text, None,
+            "20000 to just below the ephemeral range",
+            "the ports a local cluster's tasks get (reserved across notebooks with file locks)",
+            "LOW-HIGH with 1024 <= LOW <= HIGH <= 65535, for example 20000-30000"),
+    Setting("MWHELPERS_SSH", command, ["ssh"], "`ssh`",
+            "the ssh command of the ssh backend, for example `ssh -F my_config` (its `ssh` "
+            "option wins)", "a command, for example 'ssh -F my_config'"),
+    Setting("MWHELPERS_HEARTBEAT", seconds_or_off, 10.0, "10",
+            "seconds of silence after which a task on another host counts as lost and its "
+            "agent ends it; 0 turns the heartbeat off (the ssh and slurm backends' `heartbeat` "
+            "option wins)",
+            "the seconds of silence after which a remote task counts as lost (1 or more; 0 "
+            "turns the heartbeat off)"),
+    Setting("MWHELPERS_STALL_FIX", switch, True, "on",
+            "`0` turns off, for the kernel's launches, the end-of-fit stall fix (tf.data "
+            "autotuning off in MultiWorkerMirroredStrategy workers); `--no-stall-fix` per launch",
+            "1 or 0"),
+    Setting("MWHELPERS_KERAS_FIX", switch, True, "on",
+            "`0` turns off the Keras 3 multi-worker fix (keras-team/keras#20585), also an "
+            "explicit `fix_keras_multi_worker()` call; `--no-keras-fix` per launch", "1 or 0"),
+    Setting("MWHELPERS_PORT_BASE", port, None, "from the Slurm job id",
+            "in a batch script from `write_sbatch`: the first of the ports its tasks use",
+            "a port number between 1024 and 65535"),
+)
+
+# What mwhelpers puts in a task's environment (not settings: read them, do not set them).
+SET_BY_MWHELPERS: tuple[tuple[str, str], ...] = (
+    ("MWHELPERS_TASK", "the task, for example `worker:1`"),
+    ("MWHELPERS_ATTEMPT", "1, 2, ...: which attempt of a supervised job this is"),
+    ("MWHELPERS_SESSION", "the kernel's mark, by which escaped processes of its tasks are found"),
+    ("MWHELPERS_BG", "set in what a `%%script --bg` cell starts, so that `%killbgscripts` "
+                     "finds what escaped from it"),
+    ("MWHELPERS_GUARD_FD", "the pipe by which a local task notices that its kernel died"),
+)
+
+BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """The value of the setting ``name``, from ``environ`` (default: this process's)."""
+    return BY_NAME[name].read(environ)
+
+
+def markdown() -> str:
+    """The settings as the README lists them."""
+    lines = ["| variable | default | what it does |", "|---|---|---|"]
+    lines += [f"| `{s.name}` | {s.shown_default} | {s.meaning} |" for s in SETTINGS]
+    lines += ["", "Set by mwhelpers in every task's environment, for its program to read:", "",
+              "| variable | what it holds |", "|---|---|"]
+    lines += [f"| `{name}` | {meaning} |" for name, meaning in SET_BY_MWHELPERS]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown())
