@@ -104,7 +104,17 @@ def wait_gone(procs, timeout):
         time.sleep(0.02)
 
 
-DEFAULT_ESCALATION = ((signal.SIGINT, 1.0), (signal.SIGTERM, 1.0), (signal.SIGKILL, 3.0))
+# How a process tree is ended, by name: each step a signal and the seconds given to it.
+ESCALATIONS = {
+    # politely, as a terminal's Ctrl-C would, then firmer (%killbgscripts, end_all)
+    "gentle": ((signal.SIGINT, 1.0), (signal.SIGTERM, 1.0), (signal.SIGKILL, 3.0)),
+    # the user interrupted a cell: a chance to exit, then gone
+    "interrupt": ((signal.SIGTERM, 1.0), (signal.SIGKILL, 3.0)),
+    # at once: peers of a failed task (nothing to save: a synchronous job cannot go on), a
+    # stuck task once its stacks are dumped, everything when the runtime closes
+    "now": ((signal.SIGKILL, 3.0),),
+}
+DEFAULT_ESCALATION = ESCALATIONS["gentle"]
 
 
 def end_processes(procs, escalation=DEFAULT_ESCALATION):

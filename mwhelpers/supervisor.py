@@ -24,18 +24,24 @@ from typing import Any
 
 from .errors import UsageError, WorkerFailed
 from .failures import explained, report
+from .job import JobHost
 from .proctree import parse_signal
 from .taskrun import LaunchRequest
 
 
-def _start_all(rt, requests, attempt):
+def _start(job, requests):
     """Start every task of an attempt at once; if one cannot start, the others are ended."""
     try:
-        return rt.start_all(requests, attempt=attempt)
+        runs = job.start(requests)
     except BaseException:
-        rt.echo(f"[mwhelpers] attempt {attempt} could not start every task; the ones started "
-                "were ended")
+        job.host.echo(f"[mwhelpers] attempt {job.attempt} could not start every task; the ones "
+                      "started were ended")
         raise
+    for run in runs:  # ready once started: a task's peers find it through TF's own retries
+        run.mark_ready()
+        job.host.echo(f"[{run.task}] started in the background (pid {run.pid}); log: "
+                      f"{run.log_path}")
+    return runs
 
 
 def _echo_diagnosis(rt, root):
@@ -56,7 +62,7 @@ def _let_peers_finish(runs, codes, grace):
             r.wait(max(0.0, deadline - time.monotonic()))
 
 
-def supervise(rt: workers.Runtime, script: str | os.PathLike | None = None, *, code: str | None = None,
+def supervise(rt: JobHost, script: str | os.PathLike | None = None, *, code: str | None = None,
               args: Sequence[str] = (), tasks: Iterable | None = None, max_restarts: int = 3,
               timeout: float | str | None = None,
               env: Mapping[str, str] | Sequence[str] | None = None, inject: Iterable[tuple] = (),
@@ -108,16 +114,17 @@ def supervise(rt: workers.Runtime, script: str | os.PathLike | None = None, *, c
                 for t in tasks]
     attempts = []
     for attempt in range(1, max_restarts + 2):
-        runs = _start_all(rt, requests, attempt)
+        job = rt.new_job(attempt, supervised=True)
+        runs = _start(job, requests)
         pending = list(faults) if attempt == 1 else []
         events = []
 
-        def on_line(run, line, pending=pending, events=events):
+        def on_line(run, line, pending=pending, events=events, job=job):
             for fault in list(pending):
                 if fault[0] == run.task and fault[1].search(line) and run.running:
                     pending.remove(fault)
                     sig = fault[2]
-                    rt.kill(run.task, sig, why="fault injected by the supervisor")
+                    job.signal(run, sig, "fault injected by the supervisor")
                     verb = "killed" if sig == signal.SIGKILL else f"sent {sig.name} to"
                     events.append(f"fault injected: {verb} {run.task} after it logged {line!r}")
                     rt.echo(f"[mwhelpers] {events[-1]}")
@@ -126,10 +133,10 @@ def supervise(rt: workers.Runtime, script: str | os.PathLike | None = None, *, c
         def attempt_over(runs=runs, workers=workers):
             return any(r.failed for r in runs) or all(not r.running for r in workers)
 
-        rt.watch(runs, timeout, stream=stream, on_line=on_line, until=attempt_over)
+        job.watch(runs, timeout, stream=stream, on_line=on_line, until=attempt_over)
         _let_peers_finish(runs, codes, peer_grace)
-        ended = rt.end(runs, "ended by the supervisor")
-        failed = rt.failures(runs, codes)
+        ended = job.end(runs, "now", "ended by the supervisor")
+        failed = job.failures(runs, codes)
         record = {"attempt": attempt, "runs": runs, "events": events,
                   "failed": [(f.task, f.outcome) for f in failed],
                   "root_cause": failed[0] if failed else None,
@@ -162,8 +169,3 @@ def supervise(rt: workers.Runtime, script: str | os.PathLike | None = None, *, c
                 f"(restart {attempt} of {max_restarts})")
         _echo_diagnosis(rt, root)
     return attempts
-
-
-# Runtime.supervise is this function, so workers imports this module; the name for the
-# annotation above is bound last, when ``supervise`` exists whichever module came first.
-from . import workers  # noqa: E402

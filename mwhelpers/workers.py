@@ -24,22 +24,20 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from . import failures as failure_records
 from . import proctree, results, settings, supervisor
 from .backends import create_backend, pick_backend
+from .backends.base import LaunchSpec
 from .cluster import Cluster, Task, job_tasks, parse_task
-from .diagnosis import explain_failure
-from .errors import UsageError, WorkerFailed
+from .errors import UsageError
 from .failures import Failure
 from .gpus import assign, check_per_task
+from .job import Job
 from .kerasfix import KERAS_FIX_ENV
-from .backends.base import LaunchSpec, end_local, end_together
 from .logs import LogFollower
 from .ports import holder_of, port_in_use, port_range
 from .precheck import check
@@ -47,9 +45,9 @@ from .status import StatusTable
 from .taskrun import LaunchRequest, TaskRun, parse_timeout
 from .tfdata import STALL_FIX_ENV
 from .timeline import LogMarks, Timeline
-from .timeouts import not_ready_error, timeout_error
+from .timeouts import not_ready_error
 from .versions import installed
-from .watcher import SERVER_JOBS, Watcher, await_ready, echo_lines
+from .watcher import SERVER_JOBS, await_ready, cell_limits
 
 TaskSpec = str | int | Task  # "worker:1", 1 (worker:1), "chief", Task("worker", 1)
 
@@ -103,6 +101,7 @@ class Runtime:
         self._log_dir = Path(log_dir) if log_dir else None
         self.echo = echo
         self.cluster = None
+        self.job = None  # the current attempt's Job (mwhelpers.job)
         self.runs = {}  # Task -> latest TaskRun
         self.history = []  # every TaskRun, oldest first
         self._launch_counts = {}
@@ -120,6 +119,9 @@ class Runtime:
         self.keras_fix = settings.get("MWHELPERS_KERAS_FIX")
         # Cells show a task's output without TF's informational C++ lines (logs keep them).
         self.verbose = False
+        # How much of a task's output a cell shows (mwhelpers.watcher.CellLimits): the
+        # process's own, mwhelpers.watcher.cell_limits (rt.cell_limits.head = 1000, say).
+        self.cell_limits = cell_limits
         # At exit (or when this object is collected) the launchers end what still runs.
         self._finalizer = weakref.finalize(self, _close_launchers, self._launchers)
 
@@ -129,7 +131,7 @@ class Runtime:
         if not self._finalizer.alive:
             return
         with self._lock:
-            self.end(self.running_runs(), "ended when the runtime was closed")
+            self.end(self.running_runs(), "ended when the runtime was closed", "now")
             if self.cluster is not None:
                 self.cluster.close()
         self._finalizer()
@@ -222,6 +224,7 @@ class Runtime:
             self._launchers.append(launcher)
             self._cluster_from = len(self.history)
             self.runs = {}
+            self.job = None
             return new
 
     def ensure_cluster(self):
@@ -285,52 +288,67 @@ class Runtime:
                                       verbose=verbose)
         return self.start(request)
 
-    def start(self, request, attempt=1):
+    def new_job(self, attempt: int = 1, supervised: bool = False) -> Job:
+        """A new :class:`~mwhelpers.job.Job` for ``attempt`` of the current cluster's tasks;
+        it becomes the runtime's current job (``self.job``)."""
+        self.job = Job(self, attempt)
+        self.job.supervised = supervised
+        return self.job
+
+    def _interactive_job(self):
+        """The job that tasks launched one by one join: attempt 1, until a cluster is
+        defined again or a supervised run made its own."""
+        if self.job is None or self.job.supervised:
+            self.new_job(1)
+        return self.job
+
+    def start(self, request: LaunchRequest) -> TaskRun:
         """Launch a checked :class:`LaunchRequest` (see :meth:`launch`)."""
         with self._lock:
             created = self.cluster is None
             self.ensure_cluster()
             try:
-                task = self._checked_task(request)
+                self.checked_tasks([request])
             except UsageError:
                 if created:
                     self.cluster.close()
                     self.cluster = None
                 raise
-            self._look_before_launch(task, request)
-            run = self._spawn(task, request, attempt)
+            job = self._interactive_job()
+            run = job.start([request])[0]
         if request.background:
-            self._await_ready(run, request.timeout)
+            self._await_ready(run, request.timeout, job)
         else:
             verbose = self.verbose if request.verbose is None else request.verbose
-            self.watch([run], request.timeout, stream=True, quiet=not verbose)
-            self._raise_failures([run])
+            job.watch([run], request.timeout, stream=True, quiet=not verbose)
+            job.raise_failures([run])
         return run
 
     def start_all(self, requests: Sequence[LaunchRequest], attempt: int = 1) -> list[TaskRun]:
-        """Start several background :class:`LaunchRequest` s at once: all are checked
-        before any starts (a bad one starts nothing), then all are started back to back,
-        then the ones that wait for their port are awaited.  When one cannot be started,
-        the ones already started are ended and the error raised."""
+        """Start several background :class:`LaunchRequest` s at once as a new job's attempt
+        ``attempt``: all are checked before any starts (a bad one starts nothing), then all
+        are started back to back, then the ones that wait for their port are awaited.  When
+        one cannot be started, the ones already started are ended and the error raised."""
         with self._lock:
             self.ensure_cluster()
-            tasks = [self._checked_task(r) for r in requests]
-            twice = sorted({str(t) for t in tasks if tasks.count(t) > 1})
-            if twice:
-                raise UsageError(f"{', '.join(twice)} given more than once; start each task once")
-            for task, request in zip(tasks, requests, strict=True):
-                self._look_before_launch(task, request)
-            runs = []
-            try:
-                for task, request in zip(tasks, requests, strict=True):
-                    runs.append(self._spawn(task, request, attempt))
-            except BaseException:
-                self.end(runs, f"ended: attempt {attempt} could not start every task")
-                raise
+            job = self.new_job(attempt)
+            runs = job.start(requests)
         for run, request in zip(runs, requests, strict=True):
             if request.background:
-                self._await_ready(run, request.timeout)
+                self._await_ready(run, request.timeout, job)
         return runs
+
+    def checked_tasks(self, requests: Sequence[LaunchRequest]) -> list[Task]:
+        """The tasks of ``requests``, once each is known to be in the cluster, not running,
+        (here) its port free, and given once; the program of each looked at before launch
+        (warnings only, once per program text)."""
+        tasks = [self._checked_task(r) for r in requests]
+        twice = sorted({str(t) for t in tasks if tasks.count(t) > 1})
+        if twice:
+            raise UsageError(f"{', '.join(twice)} given more than once; start each task once")
+        for task, request in zip(tasks, requests, strict=True):
+            self._look_before_launch(task, request)
+        return tasks
 
     def _checked_task(self, request):
         """``request``'s task, once it is known to be in the cluster, not running, and (here)
@@ -413,7 +431,9 @@ class Runtime:
         env.update(extra or {})
         return env
 
-    def _spawn(self, task, request, attempt):
+    def spawn(self, task: Task, request: LaunchRequest, attempt: int) -> TaskRun:
+        """Start one task's process (a :class:`~mwhelpers.job.Job` calls this) and record
+        its run."""
         log_path = self._log_path(task, request.log)
         if request.code is not None:
             script = self.log_dir / f"{task.slug}_cell.py"
@@ -449,7 +469,7 @@ class Runtime:
         """True once ``run``'s server accepts connections where TF_CONFIG says it is."""
         return port_accepts(run.port, self.cluster.connect_address(run.task))
 
-    def _await_ready(self, run, timeout, default_timeout=120.0):
+    def _await_ready(self, run, timeout, job, default_timeout=120.0):
         timeout = default_timeout if timeout is None else timeout
         if run.ready_mode == "start":
             run.mark_ready()
@@ -464,10 +484,11 @@ class Runtime:
             self.echo(f"[{run.task}] ready after {run.ready_after:.2f} s (port {run.port} is open)")
         elif how == "ended":
             if run.failed:
-                self._raise_failures([run])
+                job.raise_failures([run])
             self.echo(f"[{run.task}] ended with exit code 0 before it opened port {run.port}")
         else:
-            self._end_stuck([run], f"it did not become ready within {timeout:g} s")
+            job.end([run], "stuck", f"ended by mwhelpers: it did not become ready within "
+                    f"{timeout:g} s")
             raise not_ready_error(run, timeout, self.cluster.host_of(run.task))
         return run
 
@@ -487,28 +508,9 @@ class Runtime:
         notebook's stop button) the runs are ended, unless ``end_on_interrupt`` is
         False, and the interrupt is raised again.
         """
-        runs = list(runs)
-        watcher = Watcher(runs, probe=self.probe)
-        if stream:
-            watcher.on_line(echo_lines(self.echo, not self.verbose if quiet is None else quiet))
-        if on_line is not None:
-            watcher.on_line(on_line)
-        try:
-            how = watcher.watch(timeout, until)
-        except KeyboardInterrupt:
-            if not end_on_interrupt:
-                raise
-            alive = [r for r in runs if r.running]
-            self.end(alive, "ended by mwhelpers on interrupt",
-                     escalation=((signal.SIGTERM, 1.0), (signal.SIGKILL, 3.0)))
-            if alive:
-                self.echo("interrupted: ended " + ", ".join(str(r.task) for r in alive))
-            raise
-        if how == "deadline":
-            stuck = [r for r in runs if r.running]
-            self._end_stuck(stuck, f"it {what} within {timeout:g} s")
-            raise timeout_error(stuck, timeout, what, self.runs.values(), self.not_ready_tasks())
-        return how
+        return (self.job or Job(self)).watch(
+            runs, timeout, stream=stream, quiet=quiet, on_line=on_line, until=until, what=what,
+            end_on_interrupt=end_on_interrupt)
 
     def not_ready_tasks(self):
         """(task, reason) for each chief/worker task that never became ready."""
@@ -527,40 +529,15 @@ class Runtime:
         return out
 
     # -- ending ----------------------------------------------------------------
-    def _end_runs(self, runs, escalation=proctree.DEFAULT_ESCALATION, extra=()):
-        """End ``runs`` (each process through its own escalation, all at once) and the
-        ``extra`` processes of this machine; lines saying what ended with which signal,
-        labelled with the owning task, and what could not be ended."""
-        live = [r for r in runs if r.running]
-        owned = {p.pid for r in live for p in r.process.processes()} | {os.getpid()}
-        extra = list({p.pid: p for p in extra if p.pid not in owned}.values())
-        jobs = [partial(r.process.end, escalation, str(r.task)) for r in live]
-        if extra:
-            jobs.append(lambda: end_local(extra, escalation)[0])
-        return end_together(jobs)
+    def latest_runs(self) -> list[TaskRun]:
+        """The latest run of each task of the current cluster."""
+        return list(self.runs.values())
 
-    def end(self, runs, why, escalation=((signal.SIGKILL, 3.0),)):
-        """End the process trees of ``runs`` that still run, noting ``why`` in their
+    def end(self, runs: Iterable[TaskRun], why: str, policy: str = "now") -> list[str]:
+        """End the process trees of ``runs`` that still run through the escalation
+        ``policy`` names (see :class:`~mwhelpers.job.Job`), noting ``why`` in their
         outcome; returns what ended (see :meth:`end_all`)."""
-        live = [r for r in runs if r.running]
-        for r in live:
-            r.note = r.note or why
-        return self._end_runs(live, escalation)
-
-    def _end_stuck(self, runs, why):
-        """Dump the Python stacks of ``runs`` into their logs, then end them."""
-        for r in runs:
-            if r.running:
-                size = r.log_path.stat().st_size if r.log_path.exists() else 0
-                r.process.dump_stacks()
-                deadline = time.monotonic() + 1.0
-                while time.monotonic() < deadline:  # until the dump lands in the log
-                    time.sleep(0.05)
-                    if r.log_path.exists() and r.log_path.stat().st_size > size:
-                        time.sleep(0.1)
-                        break
-                r.note = f"ended by mwhelpers: {why}"
-        self._end_runs(runs, escalation=((signal.SIGKILL, 3.0),))
+        return (self.job or Job(self)).end(list(runs), policy, why)
 
     def kill(self, task: TaskSpec, sig: int | str = signal.SIGKILL, wait: bool = True,
              why: str | None = None) -> TaskRun:
@@ -575,15 +552,8 @@ class Runtime:
             if self.cluster is None:
                 raise UsageError("no cluster is defined and no task was launched")
             run = self.get_run(task)
-            if not run.running:
-                raise UsageError(f"{run.task} is not running: it ended with {run.outcome()}")
-            run.note = why or f"{sig.name} sent on request"
-            run.mark("signal", f"{sig.name} ({run.note})")
-            procs = run.process.send(sig)
-            if wait and sig == signal.SIGKILL:
-                proctree.wait_gone(procs, 5.0)
-                run.wait(5)
-        return run
+            return (self.job or Job(self)).signal(run, sig, why or f"{sig.name} sent on request",
+                                                  wait)
 
     def kill_when(self, task: TaskSpec, pattern: str, sig: int | str = signal.SIGKILL,
                   timeout: float = 300.0) -> str:
@@ -624,52 +594,30 @@ class Runtime:
         die (the root cause) and the rest in the order they died, or
         WorkerTimeout.
         """
-        timeout = parse_timeout(timeout)
-        runs = [r for r in self.runs.values() if r.task.type != "ps"]
-        waiting = [r for r in runs if r.running]
+        waiting = [r for r in self.runs.values() if r.task.type != "ps" and r.running]
         for t, why in self.not_ready_tasks():
             if why == "never launched" and waiting:
                 self.echo(f"note: {t} was never launched from this kernel; its peers wait for it")
-
-        def stop_when():
-            failed = [r.ended for r in runs if r.failed]
-            return bool(failed) and time.monotonic() - min(failed) > grace_after_failure
-
-        self.watch(runs, timeout, until=stop_when)
-        rest = [r for r in runs if r.running]
-        if rest:
-            self._end_stuck(rest, f"{grace_after_failure:g} s after a peer failed")
-        self._raise_failures(runs)
-        return runs
+        return (self.job or self._interactive_job()).wait(timeout, grace_after_failure)
 
     def failures(self, runs: Iterable[TaskRun] | None = None,
                  restartable_exit_codes: Iterable[int] = ()) -> list[Failure]:
         """Failure records of the failed runs (default: the latest of each task),
         the first to die first."""
         runs = list(self.runs.values() if runs is None else runs)
-        found = failure_records.in_order(runs, restartable_exit_codes)
-        if found:
-            found[0].diagnosis = [f.to_dict() for f in explain_failure(found, runs)]
-        return found
+        return (self.job or Job(self)).failures(runs, restartable_exit_codes)
 
-    def _raise_failures(self, runs):
-        found = self.failures(runs)
-        if found:
-            raise WorkerFailed(failure_records.report(found), found)
-
-    def end_all(self, extra: Iterable[psutil.Process] = (),
-                escalation: Sequence[tuple[int, float]] = proctree.DEFAULT_ESCALATION,
+    def end_all(self, extra: Iterable[psutil.Process] = (), policy: str = "gentle",
                 extra_pids: Iterable[int] = ()) -> list[str]:
         """End every task tree, plus ``extra`` psutil processes, the process trees
-        of ``extra_pids``, and escaped orphans of this session.  Returns a list
+        of ``extra_pids``, and escaped orphans of this session, through the escalation
+        ``policy`` names (default ``"gentle"``: SIGINT, SIGTERM, SIGKILL).  Returns a list
         of lines saying what ended."""
         extra = list(extra) + [p for pid in extra_pids for p in proctree.tree(pid)]
         with self._lock:
-            runs = self.running_runs()
-            for r in runs:
-                r.note = "ended by %killbgscripts"
-            lines = self._end_runs(runs, escalation, extra=extra + self.escaped_orphans())
-        return lines
+            return (self.job or Job(self)).end(self.running_runs(), policy,
+                                               "ended by %killbgscripts",
+                                               extra=extra + self.escaped_orphans())
 
     def escaped_orphans(self):
         """Processes that a task or a ``%%script --bg`` cell of this session started

@@ -181,7 +181,7 @@ def rt(tmp_path, monkeypatch):
     monkeypatch.setattr(rt_mod, "_RUNTIME", runtime)
     yield runtime
     leftovers = [p.pid for r in runtime.history for p in r.process.processes() if pid_alive(p.pid)]
-    runtime.end_all(escalation=((__import__("signal").SIGKILL, 3.0),))
+    runtime.end_all(policy="now")
     runtime.close()
     assert not leftovers, f"test left worker processes running: {leftovers}"
 

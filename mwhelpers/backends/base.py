@@ -274,4 +274,4 @@ class Launcher:
     def close(self) -> None:
         """End what still runs (SIGKILL) and release what the launcher holds."""
         live = [p for p in getattr(self, "started", []) if p.running]
-        end_together([partial(p.end, ((signal.SIGKILL, 3.0),)) for p in live])
+        end_together([partial(p.end, proctree.ESCALATIONS["now"]) for p in live])
