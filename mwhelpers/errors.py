@@ -6,11 +6,20 @@ traceback through mwhelpers' own frames: the interesting part is the worker's
 log, not our call stack.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .cluster import Task
+    from .failures import Failure
+
 
 class MWHelpersError(Exception):
     """Base class of every error mwhelpers raises."""
 
-    def _render_traceback_(self):
+    def _render_traceback_(self) -> list[str]:
         # IPython shows this instead of a traceback through mwhelpers' frames.
         return [f"{type(self).__name__}: {self}"]
 
@@ -40,17 +49,17 @@ class WorkerFailed(WorkerError):
     :mod:`mwhelpers.diagnosis`), empty when the failure was not recognised.
     """
 
-    def __init__(self, message, failures=()):
+    def __init__(self, message: str, failures: Iterable[Failure] = ()) -> None:
         super().__init__(message)
         self.failures = list(failures)
 
     @property
-    def root_cause(self):
+    def root_cause(self) -> Failure | None:
         return self.failures[0] if self.failures else None
 
     @property
-    def diagnosis(self):
-        return self.root_cause.diagnosis if self.failures else []
+    def diagnosis(self) -> list[dict[str, str]]:
+        return self.failures[0].diagnosis if self.failures else []
 
 
 class WorkerTimeout(WorkerError):
@@ -60,7 +69,8 @@ class WorkerTimeout(WorkerError):
     what the report explains (dicts with ``key``, ``cause`` and ``advice``), when recognised.
     """
 
-    def __init__(self, message, not_ready=(), diagnosis=()):
+    def __init__(self, message: str, not_ready: Iterable[Task] = (),
+                 diagnosis: Iterable[dict[str, str]] = ()) -> None:
         super().__init__(message)
         self.not_ready = list(not_ready)
         self.diagnosis = list(diagnosis)

@@ -8,13 +8,19 @@ few.  For other machines the probe runs :func:`visible_gpus` there (its source i
 probe), so the lists are the hosts' own.
 """
 
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
+
 from .errors import UsageError
 
+K = TypeVar("K", bound=Hashable)
 
-def visible_gpus(environ=None):
+
+def visible_gpus(environ: "Mapping[str, str] | None" = None) -> "list[str]":
     """The GPU ids this machine offers (strings, as CUDA_VISIBLE_DEVICES takes them).
 
-    Self-contained (imports inside): the probe sends this function's source to other hosts.
+    Self-contained (imports inside; annotations quoted, never evaluated): the probe sends
+    this function's source to other hosts.
     """
     import os
     import re
@@ -39,7 +45,7 @@ def visible_gpus(environ=None):
     return [m.group(1) for m in re.finditer(r"^GPU (\d+):", out.stdout, re.M)]
 
 
-def check_per_task(per_task):
+def check_per_task(per_task: object) -> int | None:
     if per_task is None:
         return None
     if isinstance(per_task, bool) or not isinstance(per_task, int) or per_task < 1:
@@ -47,7 +53,8 @@ def check_per_task(per_task):
     return per_task
 
 
-def assign(hosts_of, gpus_of, per_task):
+def assign(hosts_of: Mapping[K, str | None], gpus_of: Mapping[str | None, Sequence[str]],
+           per_task: int) -> dict[K, str]:
     """``{task: "i,j"}``: ``per_task`` GPUs of its host for each task.
 
     ``hosts_of`` maps each task to its host (in task order), ``gpus_of`` each host to the GPU
@@ -55,10 +62,10 @@ def assign(hosts_of, gpus_of, per_task):
     GPUs than its tasks need.
     """
     check_per_task(per_task)
-    on_host = {}
+    on_host: dict[str | None, list[K]] = {}
     for task, host in hosts_of.items():
         on_host.setdefault(host, []).append(task)
-    assigned = {}
+    assigned: dict[K, str] = {}
     for host, tasks in on_host.items():
         ids = list(gpus_of.get(host) or [])
         need = per_task * len(tasks)

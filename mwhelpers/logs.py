@@ -7,6 +7,8 @@ backspaces that Keras 3's progress bar writes even into a file (it takes
 any POSIX system for a terminal: ``keras/src/utils/progbar.py``).
 """
 
+from __future__ import annotations
+
 import os
 import re
 
@@ -20,21 +22,21 @@ _TAIL_WINDOW = 256 * 1024  # bytes read from the end for a short tail
 _CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x08")
 
 
-def shown(line):
+def shown(line: str) -> str:
     """What a terminal shows of one line: the text after its last carriage return, without
     control sequences."""
     line = line.rstrip("\r").rsplit("\r", 1)[-1]
     return _CONTROL.sub("", line) if ("\x1b" in line or "\x08" in line) else line
 
 
-def _split(text):
+def _split(text: str) -> list[str]:
     lines = [shown(ln) for ln in text.replace("\r\n", "\n").split("\n")]
     if lines and lines[-1] == "":
         lines.pop()
     return lines
 
 
-def tail_lines(path, n=TAIL):
+def tail_lines(path: str | os.PathLike[str], n: int = TAIL) -> list[str]:
     """The last ``n`` lines of a text file; ``n=0``: every line of it.
 
     A file that does not exist (yet) has no lines.
@@ -54,12 +56,12 @@ def tail_lines(path, n=TAIL):
 class LogFollower:
     """Yields the complete new lines of a growing log file, one poll at a time."""
 
-    def __init__(self, path, offset=0):
+    def __init__(self, path: str | os.PathLike[str], offset: int = 0) -> None:
         self.path = path
         self.offset = offset
         self._partial = b""
 
-    def poll(self, final=False):
+    def poll(self, final: bool = False) -> list[str]:
         """New complete lines since the last poll; ``final``: the unfinished one too."""
         try:
             with open(self.path, "rb") as f:
@@ -103,16 +105,16 @@ class QuietFilter:
     The log file always keeps every line; this only filters what streams.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.hidden = 0
         self._after_hidden = False
 
-    def keep(self, line):
+    def keep(self, line: str) -> bool:
         show = self._decide(line)
         self.hidden += not show
         return show
 
-    def _decide(self, line):
+    def _decide(self, line: str) -> bool:
         m = _TF_RECORD.match(line)
         if m:
             self._after_hidden = m.group(1) == "I" or bool(_START_UP_NOISE.search(line))

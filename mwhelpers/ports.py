@@ -14,12 +14,15 @@ of other programs do not take them between our check and the worker's bind.
 ``MWHELPERS_PORT_RANGE=LOW-HIGH`` picks another range (a firewall's, say).
 """
 
+from __future__ import annotations
+
 import errno
 import fcntl
 import os
 import random
 import socket
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from . import settings
@@ -28,13 +31,13 @@ from .errors import UsageError
 DEFAULT_RANGE = (20000, 32767)
 
 
-def lock_dir():
+def lock_dir() -> Path:
     path = Path(tempfile.gettempdir()) / f"mwhelpers-ports-{os.getuid()}"
     path.mkdir(mode=0o700, exist_ok=True)
     return path
 
 
-def port_range():
+def port_range() -> tuple[int, int]:
     """The (low, high) range ports are drawn from, both ends included."""
     given = settings.get("MWHELPERS_PORT_RANGE")
     if given is not None:
@@ -48,7 +51,7 @@ def port_range():
     return low, high
 
 
-def port_in_use(port):
+def port_in_use(port: int) -> bool:
     """True when something already listens on ``port`` (any interface)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         # SO_REUSEADDR: a port whose last connection is in TIME_WAIT is free
@@ -66,12 +69,12 @@ def port_in_use(port):
 class PortReservation:
     """An exclusive claim on one port among mwhelpers processes."""
 
-    def __init__(self, port, fd):
+    def __init__(self, port: int, fd: int) -> None:
         self.port = port
-        self._fd = fd
+        self._fd: int | None = fd
 
     @classmethod
-    def try_take(cls, port):
+    def try_take(cls, port: int) -> PortReservation | None:
         path = lock_dir() / f"{port}.lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -83,26 +86,26 @@ class PortReservation:
         os.write(fd, f"{os.getpid()}\n".encode())
         return cls(port, fd)
 
-    def release(self, _close=os.close):
+    def release(self, _close: Callable[[int], None] = os.close) -> None:
         # _close is bound now: at interpreter exit the os module may already be gone.
         fd, self._fd = self._fd, None
         if fd is not None:
             _close(fd)  # closing drops the flock
 
     @property
-    def held(self):
+    def held(self) -> bool:
         return self._fd is not None
 
-    def __del__(self):
+    def __del__(self) -> None:
         self.release()
 
 
-def reserve_ports(count, attempts=2000):
+def reserve_ports(count: int, attempts: int = 2000) -> list[PortReservation]:
     """Reserve ``count`` distinct free ports; returns PortReservation objects."""
     low, high = port_range()
     candidates = list(range(low, high + 1))
     random.SystemRandom().shuffle(candidates)
-    taken = []
+    taken: list[PortReservation] = []
     for port in candidates[:attempts]:
         if len(taken) == count:
             break
@@ -123,7 +126,7 @@ def reserve_ports(count, attempts=2000):
     return taken
 
 
-def holder_of(port):
+def holder_of(port: int) -> str:
     """Describe the process listening on ``port``, if psutil can see it."""
     try:
         import psutil

@@ -24,11 +24,12 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 TAG = "RESULT"
 
 
-def _number(text: str):
+def _number(text: str) -> int | float | str:
     for kind in (int, float):
         try:
             return kind(text)
@@ -37,7 +38,7 @@ def _number(text: str):
     return text
 
 
-def parse(line: str, tag: str = TAG) -> dict | None:
+def parse(line: str, tag: str = TAG) -> dict[str, Any] | None:
     """The values of one ``TAG ...`` line, or None when the line has another tag.
 
     ``TAG {json object}`` gives the object; ``TAG 5 loss=0.1 name=x`` gives
@@ -52,12 +53,13 @@ def parse(line: str, tag: str = TAG) -> dict | None:
     rest = rest.strip()
     if rest.startswith("{"):
         try:
-            return json.loads(rest)
+            record: dict[str, Any] = json.loads(rest)
+            return record
         except json.JSONDecodeError as err:
             raise ValueError(f"a {tag} line is not valid JSON ({err.msg} at column "
                              f"{err.pos + len(tag) + 2}): {line[:200]}") from None
-    values: dict = {}
-    bare = []
+    values: dict[str, Any] = {}
+    bare: list[int | float | str] = []
     for token in rest.split():
         key, eq, value = token.partition("=")
         if eq:
@@ -69,19 +71,19 @@ def parse(line: str, tag: str = TAG) -> dict | None:
     return values
 
 
-def records(lines: Iterable[str], tag: str = TAG) -> list[dict]:
+def records(lines: Iterable[str], tag: str = TAG) -> list[dict[str, Any]]:
     """Every ``TAG`` line among ``lines``, parsed, in order."""
     found = (parse(line, tag) for line in lines)
     return [r for r in found if r is not None]
 
 
-def last(lines: Iterable[str], tag: str = TAG) -> dict | None:
+def last(lines: Iterable[str], tag: str = TAG) -> dict[str, Any] | None:
     """The last ``TAG`` line among ``lines``, parsed; None when there is none."""
     found = records(lines, tag)
     return found[-1] if found else None
 
 
-def read_results(logs: Mapping[str, str | os.PathLike], tag: str = TAG) -> Results:
+def read_results(logs: Mapping[str, str | os.PathLike[str]], tag: str = TAG) -> Results:
     """The last ``TAG`` line of each log file, for logs written without the extension:
     ``read_results({"worker:0": "job_0.log", "worker:1": "job_1.log"})``.
     A log without one is left out of the table (its task is in ``.missing``)."""
@@ -90,8 +92,8 @@ def read_results(logs: Mapping[str, str | os.PathLike], tag: str = TAG) -> Resul
 
 
 # -- the table ---------------------------------------------------------------------------------
-def _flat(value: Mapping, prefix: str = "") -> dict:
-    out = {}
+def _flat(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for key, v in value.items():
         name = f"{prefix}{key}"
         if isinstance(v, Mapping):
@@ -101,7 +103,7 @@ def _flat(value: Mapping, prefix: str = "") -> dict:
     return out
 
 
-def _short(value, width: int = 32) -> str:
+def _short(value: object, width: int = 32) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, (list, tuple)):
@@ -115,14 +117,14 @@ def _short(value, width: int = 32) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
-class Results(dict):
+class Results(dict[str, dict[str, Any]]):
     """Task name -> the dict its program reported; shown as a table, one row per task.
 
     Nested dicts become dotted columns (``history.loss``); a list of numbers is
     shown as its first and last value and its length (the dict keeps it whole).
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.missing: list[str] = []
 
@@ -158,13 +160,13 @@ class Results(dict):
             lines.append(f"(no result yet from {', '.join(self.missing)})")
         return "\n".join(lines)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.table() if self or self.missing else "(no results)"
 
-    def _repr_pretty_(self, p, cycle):
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))
 
-    def _repr_html_(self):
+    def _repr_html_(self) -> str:
         header, rows = self.rows()
         head = "".join(f"<th>{html.escape(c)}</th>" for c in header)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)

@@ -14,7 +14,11 @@ that runs the start-up's ``main``); :func:`where` says at which line of the
 user's code it is, and whether it is inside TensorFlow at that moment.
 """
 
+from __future__ import annotations
+
+import os
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 _HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
@@ -31,29 +35,31 @@ class Frame:
     func: str
 
     @property
-    def is_user(self):
+    def is_user(self) -> bool:
         """A frame of the user's program: not the standard library, not an installed
         package, not mwhelpers' start-up."""
         return not _LIBRARY.search(self.file) and not self.file.endswith(BOOTSTRAP)
 
     @property
-    def in_framework(self):
+    def in_framework(self) -> bool:
         return bool(_FRAMEWORKS.search(self.file))
 
 
-def dumps(lines):
+def dumps(lines: Sequence[str]) -> list[list[Frame]]:
     """Every thread's stack in the last dump in ``lines``: a list of Frame lists, innermost
     frame first.  A dump is a block of thread headers, frame lines and blank lines."""
-    last, block, frames = [], None, None
+    last: list[list[Frame]] = []
+    block: list[list[Frame]] | None = None
+    frames: list[Frame] = []
     for line in lines:
+        m = _FRAME.match(line)
         if _HEADER.match(line):
             if block is None:  # a new dump starts
                 block = []
                 last = block
             frames = []
             block.append(frames)
-        elif block is not None and _FRAME.match(line):
-            m = _FRAME.match(line)
+        elif block is not None and m:
             frames.append(Frame(m["file"], int(m["line"]), m["func"]))
         elif block is not None and not line.strip():
             continue
@@ -62,7 +68,7 @@ def dumps(lines):
     return last
 
 
-def before_last_dump(lines):
+def before_last_dump(lines: list[str]) -> list[str]:
     """``lines`` without the last stack dump and what follows it: what the program itself
     had written when it was stopped."""
     for i in range(len(lines) - 1, -1, -1):
@@ -75,7 +81,7 @@ def before_last_dump(lines):
     return lines
 
 
-def main_stack(lines):
+def main_stack(lines: Sequence[str]) -> list[Frame]:
     """The frames of the program's main thread in the last dump (innermost first), or []."""
     for frames in dumps(lines):
         if any(f.file.endswith(BOOTSTRAP) and f.func == "main" for f in frames):
@@ -92,7 +98,8 @@ class Where:
     source: str = ""  # the text of that line, when the file could be read
 
 
-def where(lines, read_line=None):
+def where(lines: Sequence[str],
+          read_line: Callable[[str, int], str] | None = None) -> Where | None:
     """A :class:`Where` for the main thread of the last dump in ``lines``, or None.
 
     ``read_line(file, n)`` returns the text of a source line (or '')."""
@@ -105,7 +112,7 @@ def where(lines, read_line=None):
     return None
 
 
-def source_line(path, number):
+def source_line(path: str | os.PathLike[str], number: int) -> str:
     """Line ``number`` of the file ``path``, stripped ('' when it cannot be read)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:

@@ -14,9 +14,12 @@ do not show the line (:class:`mwhelpers.logs.QuietFilter`); the log keeps it.
 Standard library only: the start-up loads it without the mwhelpers package.
 """
 
+from __future__ import annotations
+
 import os
 import re
 import sys
+from collections.abc import Mapping, Sequence
 
 PREFIX = "[mwhelpers] this task: "
 LEGACY_ENV = "TF_USE_LEGACY_KERAS"
@@ -24,7 +27,7 @@ _LINE = re.compile(r"^\[mwhelpers\] this task: TensorFlow (?P<tensorflow>\S+) wi
                    r"\(TF_USE_LEGACY_KERAS=(?P<legacy>\S*) at import\)$")
 
 
-def legacy_selected(value):
+def legacy_selected(value: str | None) -> bool:
     """True when a ``TF_USE_LEGACY_KERAS`` value selects tf_keras (as TensorFlow reads it)."""
     return (value or "").strip().lower() in ("1", "true", "yes")
 
@@ -34,7 +37,7 @@ _VERSION_FILES = {"keras": ("src/version.py", "__init__.py"), "tf_keras": ("__in
 _VERSION = re.compile(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", re.M)
 
 
-def module_version(name):
+def module_version(name: str) -> str | None:
     """The version of the top-level package ``name`` as this Python would import it: from the
     module when it is imported, else read from its files (whichever distribution installed
     it: keras or keras-nightly, tf_keras or tf-keras-nightly), else None."""
@@ -60,7 +63,7 @@ def module_version(name):
     return None
 
 
-def keras_of(tf_version, legacy_value):
+def keras_of(tf_version: str | None, legacy_value: str | None) -> str:
     """The Keras that ``tf.keras`` is for this TensorFlow and setting: 'tf_keras 2.21.0',
     'Keras 3.15.1', 'Keras 2.15.0' ('... (not installed)' when missing)."""
     numbers = [int(n) for n in re.findall(r"\d+", tf_version or "")[:2]]
@@ -71,14 +74,14 @@ def keras_of(tf_version, legacy_value):
     return f"Keras {module_version('keras') or '(not installed)'}"
 
 
-def line_for(tf_module, environ=os.environ):
+def line_for(tf_module: object, environ: Mapping[str, str] = os.environ) -> str:
     version = getattr(tf_module, "__version__", None) or "unknown"
     legacy = environ.get(LEGACY_ENV, "unset") or "unset"
     return f"{PREFIX}TensorFlow {version} with {keras_of(version, legacy)} " \
            f"({LEGACY_ENV}={legacy} at import)"
 
 
-def say(tf_module):
+def say(tf_module: object) -> None:
     """Write the facts line of a task that has just imported TensorFlow (never raises)."""
     try:
         print(line_for(tf_module), file=sys.stderr, flush=True)
@@ -86,7 +89,7 @@ def say(tf_module):
         pass
 
 
-def parse(lines):
+def parse(lines: Sequence[str]) -> dict[str, str] | None:
     """``{'tensorflow', 'keras', 'legacy'}`` from the last facts line in ``lines``, or None."""
     for line in reversed(lines):
         m = _LINE.match(line)
