@@ -17,17 +17,24 @@ import contextlib
 import os
 import re
 import shlex
+import sys
 
 from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .cluster import looks_like_task
 from .errors import UsageError
-from .live import LiveViews
-from .proctree import parse_signal
-from .taskrun import LAUNCH_OPTIONS, LaunchRequest, launch_help, launch_usage
-from .workers import BG_ENV, runtime
+from .launchoptions import LAUNCH_OPTIONS, launch_help, launch_usage
+
+# Loading the extension registers the magics and nothing more: the runtime (the package's
+# other modules, psutil) is imported by the first magic that needs it.
+BG_ENV = "MWHELPERS_BG"  # mwhelpers.workers.BG_ENV, which a test holds equal to it
+
+
+def runtime():
+    from .workers import runtime as the_runtime
+
+    return the_runtime()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -108,6 +115,8 @@ def parse_worker_line(line):
     argparse cannot say this (a task name and a script are both bare words),
     so this small parser does.
     """
+    from .cluster import looks_like_task
+
     try:
         words = shlex.split(line)
     except ValueError as e:
@@ -154,13 +163,27 @@ def parse_worker_line(line):
 
 @magics_class
 class WorkerMagics(Magics):
-    def __init__(self, shell=None, **kwargs):
+    def __init__(self, shell=None, session_name=None, **kwargs):
         super().__init__(shell=shell, **kwargs)
-        self.live = LiveViews()
+        self._live = None
+        self._session_name = session_name  # the notebook's, for the log folder's name
 
     @property
     def rt(self):
-        return runtime()
+        rt = runtime()
+        if self._session_name is not None:
+            rt.use_session_name(self._session_name)
+            self._session_name = None
+        return rt
+
+    @property
+    def live(self):
+        """The live views under the cells of background tasks (made on first use)."""
+        if self._live is None:
+            from .live import LiveViews
+
+            self._live = LiveViews()
+        return self._live
 
     @property
     def in_kernel(self):
@@ -248,6 +271,8 @@ class WorkerMagics(Magics):
             raise UsageError(f"%%worker runs the cell's code; {o['script']!r} looks like a "
                              "script: use the line magic %worker ... SCRIPT for a file")
         task, script, args = o.pop("task"), o.pop("script"), o.pop("args")
+        from .taskrun import LaunchRequest
+
         run = self.rt.start(LaunchRequest.parse(task, code=cell, script=script, args=args, **o))
         if o.get("background") and self.in_kernel:
             self.live.show(run)  # updates itself while the task runs
@@ -336,6 +361,8 @@ class WorkerMagics(Magics):
 
         --when waits until the task's log has a line matching REGEX first.
         """
+        from .proctree import parse_signal
+
         a = _parse(self.killworker, line)
         sig = parse_signal(a.signal)
         if a.when:
@@ -416,8 +443,7 @@ if WorkerMagics.worker.__doc__:  # None under python -OO
 def load(ipython):
     if ipython in _LOADED:
         return
-    runtime().use_session_name(ipython.user_ns.get("__session__"))
-    magics = WorkerMagics(shell=ipython)
+    magics = WorkerMagics(shell=ipython, session_name=ipython.user_ns.get("__session__"))
     ipython.register_magics(magics)
     mark = _BackgroundCellMark(ipython)
     mark.register()
@@ -432,7 +458,8 @@ def unload(ipython):
     if magics is None:
         return
     mark.unregister()
-    magics.live.stop()
+    if magics._live is not None:
+        magics._live.stop()
     table = ipython.magics_manager.magics
     for kind in ("line", "cell"):
         for name, func in list(table[kind].items()):
@@ -442,7 +469,8 @@ def unload(ipython):
     script_magics = ipython.magics_manager.registry.get("ScriptMagics")
     if script_magics is not None and hasattr(script_magics, "killbgscripts"):
         table["line"]["killbgscripts"] = script_magics.killbgscripts
-    running = runtime().running_runs()
+    workers = sys.modules.get("mwhelpers.workers")  # None: nothing was ever launched
+    running = workers.runtime().running_runs() if workers is not None else []
     if running:
         names = ", ".join(str(r.task) for r in running)
         print(f"mwhelpers unloaded; {len(running)} task(s) keep running: {names}. "

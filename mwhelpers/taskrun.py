@@ -25,6 +25,7 @@ from . import results
 from .cluster import Task, parse_task
 from .errors import UsageError
 from .failures import describe_exit
+from .launchoptions import LAUNCH_OPTIONS
 from .logs import TAIL, tail_lines
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -71,57 +72,6 @@ def parse_timeout(timeout, name="timeout"):
     if value <= 0:
         raise UsageError(f"{name} must be more than 0 seconds, got {value:g}")
     return value
-
-
-@dataclass(frozen=True)
-class Option:
-    """A launch option: the keyword of :meth:`Runtime.launch <mwhelpers.workers.Runtime.launch>`
-    and :class:`LaunchRequest` (``name``), the magics' flag for it, its value's name
-    (``metavar``; None: a switch that sets ``value``), whether it repeats, and what it does."""
-
-    name: str
-    flag: str
-    metavar: str | None
-    help: str
-    value: object = True
-    repeat: bool = False
-
-    def usage(self):
-        words = self.flag + (f" {self.metavar}" if self.metavar else "")
-        return f"[{words}{' ...' if self.repeat else ''}]"
-
-
-# The launch options, declared once: LaunchRequest.parse checks them, %%worker and %worker
-# parse their flags from this table and say their usage with it.
-LAUNCH_OPTIONS = (
-    Option("background", "--bg", None, "return once the task is ready (its port accepts "
-           "connections) and follow it with a live view; its output goes to its log"),
-    Option("timeout", "--timeout", "S", "seconds: to finish in the foreground, to be ready "
-           "with --bg"),
-    Option("log", "--log", "PATH", "the log file (default: TASK.log in the log folder)"),
-    Option("ready", "--ready", "port|start", "when a --bg task counts as ready: its port "
-           "accepts connections (auto for servers) or it has started"),
-    Option("env", "--env", "K=V", "variables for the task, on top of the kernel's",
-           repeat=True),
-    Option("stall_fix", "--no-stall-fix", None, "keep tf.data autotuning in MWMS workers "
-           "(see mwhelpers.tfdata)", value=False),
-    Option("keras_fix", "--no-keras-fix", None, "run Keras 3 unmended in MWMS workers "
-           "(see mwhelpers.kerasfix, keras-team/keras#20585)", value=False),
-    Option("verbose", "--verbose", None, "stream every line, TensorFlow's informational "
-           "C++ lines too"),
-)
-
-
-def launch_usage():
-    """The launch options as a usage line: ``[--bg] [--timeout S] ...``."""
-    return " ".join(o.usage() for o in LAUNCH_OPTIONS)
-
-
-def launch_help():
-    """One line per launch option: its flag and what it does."""
-    flags = [o.flag + (f" {o.metavar}" if o.metavar else "") for o in LAUNCH_OPTIONS]
-    width = max(map(len, flags))
-    return "\n".join(f"  {f:<{width}}  {o.help}" for f, o in zip(flags, LAUNCH_OPTIONS, strict=True))
 
 
 @dataclass

@@ -1,11 +1,13 @@
 """The magics, driven through a real IPython shell."""
 
 import re
+import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
-from conftest import LISTENER, pid_alive
+from conftest import LISTENER, ROOT, pid_alive
 
 from mwhelpers.errors import UsageError, WorkerFailed
 from mwhelpers.magics import parse_worker_line
@@ -256,8 +258,32 @@ def test_unload_and_reload_keep_running_tasks_and_say_so(ip, rt, capsys):
 
 
 def test_the_worker_magics_help_lists_every_launch_option(ip):
-    from mwhelpers.taskrun import LAUNCH_OPTIONS
+    from mwhelpers.launchoptions import LAUNCH_OPTIONS
 
     doc = ip.find_cell_magic("worker").__doc__
     for option in LAUNCH_OPTIONS:
         assert re.search(rf"^\s+{re.escape(option.flag)}\b.*{re.escape(option.help[:30])}", doc, re.M)
+
+
+def test_loading_the_extension_imports_only_what_registering_the_magics_needs():
+    """%load_ext registers the magics without the runtime: the first magic that needs it
+    imports it (benchmarks/bench_mwhelpers.py times the load)."""
+    code = textwrap.dedent("""
+        import sys
+        from IPython.core.interactiveshell import InteractiveShell
+        ip = InteractiveShell.instance()
+        ip.run_line_magic("load_ext", "mwhelpers")
+        print(sorted(m for m in sys.modules if m.startswith("mwhelpers")))
+        assert "tensorflow" not in sys.modules
+        assert ip.find_line_magic("cluster") and ip.find_cell_magic("worker")
+        import mwhelpers.magics, mwhelpers.workers
+        assert mwhelpers.magics.BG_ENV == mwhelpers.workers.BG_ENV
+        print(ip.run_line_magic("cluster", "1").tasks)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.splitlines()[:2]
+    assert first == str(["mwhelpers", "mwhelpers.errors", "mwhelpers.launchoptions",
+                         "mwhelpers.magics"])
+    assert second == "[Task('worker', 0)]"
