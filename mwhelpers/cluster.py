@@ -5,41 +5,53 @@ from __future__ import annotations
 import html
 import json
 import re
+from collections.abc import Mapping
+from typing import cast
 
 from .errors import UsageError
-from .ports import reserve_ports
+from .ports import PortHold, reserve_ports
 
 JOB_TYPES = ("chief", "worker", "ps", "evaluator")
 _TASK_RE = re.compile(r"^(?:(?P<type>[A-Za-z_]+)(?::(?P<index>-?\d+))?|(?P<bare>-?\d+))$")
+# Where a task runs: (host as its launcher reaches it or None for this machine, address as
+# TF_CONFIG names it, port), and in a backend's placement, what holds the port
+# (mwhelpers.backends.Placement).
+Place = tuple[str | None, str, int]
+HeldPlace = tuple[str | None, str, int, PortHold | None]
 
 
-class Task(tuple):
+class Task(tuple[str, int]):
     """A task name: ``Task("worker", 1)`` prints as ``worker:1``."""
 
-    def __new__(cls, type_, index):
+    def __new__(cls, type_: str, index: int) -> Task:
         return super().__new__(cls, (type_, index))
 
-    type = property(lambda self: self[0])
-    index = property(lambda self: self[1])
+    @property
+    def type(self) -> str:
+        return self[0]
 
-    def __str__(self):
+    @property
+    def index(self) -> int:  # type: ignore[override]  # the task's index, not tuple.index
+        return self[1]
+
+    def __str__(self) -> str:
         return f"{self[0]}:{self[1]}"
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Task({self[0]!r}, {self[1]})"
 
     @property
-    def slug(self):
+    def slug(self) -> str:
         """File-name friendly form: ``worker-1``."""
         return f"{self[0]}-{self[1]}"
 
 
-def looks_like_task(word):
+def looks_like_task(word: str) -> bool:
     """True when ``word`` has the form of a task name (``worker:1``, ``chief``, ``1``)."""
     return bool(_TASK_RE.match(word)) and not word.endswith(".py")
 
 
-def parse_task(spec: str | int | tuple | Task | None, default: str = "worker:0") -> Task:
+def parse_task(spec: str | int | tuple[str, int] | Task | None, default: str = "worker:0") -> Task:
     """Parse ``worker:1``, ``chief``, ``1`` (= ``worker:1``) or a Task.
 
     Checks only the form; :meth:`Cluster.check_task` checks membership.
@@ -74,7 +86,7 @@ def parse_task(spec: str | int | tuple | Task | None, default: str = "worker:0")
     return Task(type_, index)
 
 
-def check_shape(workers, chief, ps):
+def check_shape(workers: int, chief: bool, ps: int) -> None:
     """Raise UsageError unless a cluster of that shape makes sense."""
     for name, value in (("workers", workers), ("ps", ps)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -85,7 +97,8 @@ def check_shape(workers, chief, ps):
         raise UsageError("parameter servers need at least one worker to compute")
 
 
-def job_tasks(workers=2, chief=False, ps=0, evaluator=False):
+def job_tasks(workers: int = 2, chief: bool = False, ps: int = 0,
+              evaluator: bool = False) -> list[Task]:
     """The tasks of a cluster of that shape, in TF_CONFIG order."""
     check_shape(workers, chief, ps)
     jobs = {"chief": 1 if chief else 0, "worker": workers, "ps": ps,
@@ -110,27 +123,31 @@ class Cluster:
 
     def __init__(self, workers: int = 2, chief: bool = False, ps: int = 0, evaluator: bool = False,
                  host: str = "localhost",
-                 placement: dict[Task, tuple[str | None, str, int]] | None = None,
-                 kind: str = "local", gpus: dict[Task, str] | None = None,
+                 placement: Mapping[Task, Place | HeldPlace] | None = None,
+                 kind: str = "local", gpus: Mapping[Task, str] | None = None,
                  remote: bool | None = None) -> None:
         self.host = host
         # {task: "0,1"}: each task's CUDA_VISIBLE_DEVICES (mwhelpers.gpus.assign); None: not set
         self.gpus = dict(gpus) if gpus else None
         self.tasks = job_tasks(workers, chief, ps, evaluator)
-        self.jobs = {}
+        self.jobs: dict[str, int] = {}
         for t in self.tasks:
             self.jobs[t.type] = self.jobs.get(t.type, 0) + 1
         self.kind = kind
         self._remote = kind != "local" if remote is None else bool(remote)
         self._closed = False
+        self._places: dict[Task, Place]
+        self._reservations: list[PortHold]
         if placement is None:
-            self._reservations = reserve_ports(len(self.tasks))
-            self._ports = {t: r.port for t, r in zip(self.tasks, self._reservations, strict=True)}
+            reserved = reserve_ports(len(self.tasks))
+            self._reservations = list(reserved)
+            self._ports = {t: r.port for t, r in zip(self.tasks, reserved, strict=True)}
             self._places = {t: (None, host, self._ports[t]) for t in self.tasks}
         else:
-            self._places = {t: tuple(placement[t])[:3] for t in self.tasks}
-            self._reservations = [placement[t][3] for t in self.tasks
-                                  if len(placement[t]) > 3 and placement[t][3] is not None]
+            given = {t: tuple(placement[t]) for t in self.tasks}
+            self._places = {t: cast(Place, p[:3]) for t, p in given.items()}
+            self._reservations = [cast(PortHold, p[3]) for p in given.values()
+                                  if len(p) > 3 and p[3] is not None]
             if not self._remote:
                 self.host = self._places[self.tasks[0]][1]
             self._ports = {t: p[2] for t, p in self._places.items()}
@@ -159,7 +176,7 @@ class Cluster:
             )
         return task
 
-    def describe_tasks(self):
+    def describe_tasks(self) -> str:
         return ", ".join(str(t) for t in self.tasks)
 
     def port(self, task: str | int | Task) -> int:
@@ -174,12 +191,12 @@ class Cluster:
         """Where ``task`` runs: None for this machine, else the launcher's host name."""
         return self._places[self.check_task(task)][0]
 
-    def connect_address(self, task):
+    def connect_address(self, task: str | int | Task) -> str:
         """The address to probe ``task``'s port at from this machine."""
         return self._places[self.check_task(task)][1]
 
     @property
-    def remote(self):
+    def remote(self) -> bool:
         return self._remote
 
     @property
@@ -211,7 +228,7 @@ class Cluster:
         self._closed = True
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._closed
 
     # -- display -------------------------------------------------------------
@@ -219,19 +236,19 @@ class Cluster:
         """The GPU ids ``task`` gets (``"0,1"``), or None when the cluster assigns none."""
         return None if self.gpus is None else self.gpus.get(self.check_task(task))
 
-    def _rows(self):
+    def _rows(self) -> list[tuple[str, str, int, str | None, str]]:
         """(task, host, port, GPUs or None when the cluster assigns none, TF_CONFIG)."""
         return [(str(t), self.host_of(t) or "this machine", self._ports[t],
                  None if self.gpus is None else self.gpus.get(t) or "none", self.tf_config(t))
                 for t in self.tasks]
 
-    def _where(self):
+    def _where(self) -> str:
         if not self.remote:
             return f"on {self.host}"
-        hosts = list(dict.fromkeys(p[0] for p in self._places.values()))
+        hosts = list(dict.fromkeys(p[0] or "this machine" for p in self._places.values()))
         return f"over {self.kind} on {', '.join(hosts)}"
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         parts = [f"{n} {job}" for job, n in self.jobs.items()]
         lines = [f"Cluster({', '.join(parts)}) {self._where()}"]
         rows = self._rows()
@@ -242,7 +259,7 @@ class Cluster:
             lines.append(f"  {task:<{width}}{where}  port {port}{gpus}  TF_CONFIG={cfg}")
         return "\n".join(lines)
 
-    def _repr_html_(self):
+    def _repr_html_(self) -> str:
         gpu_head = "<th>GPUs</th>" if self.gpus is not None else ""
         rows = "".join(
             f"<tr><td><b>{html.escape(t)}</b></td><td>{html.escape(h)}</td><td>{p}</td>"

@@ -14,13 +14,21 @@ succeed, so the supervisor restarts.  A *program error* (an uncaught
 supervisor stops and says why.
 """
 
+from __future__ import annotations
+
 import json
 import re
 import signal
 import time
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .logs import TAIL, tail_lines
+
+if TYPE_CHECKING:
+    from .taskrun import TaskRun
 
 FAULT = "fault"
 PROGRAM_ERROR = "program error"
@@ -39,7 +47,7 @@ _SIGNAL_EXITS = {128 + s: s for s in (signal.SIGHUP, signal.SIGINT, signal.SIGKI
                                       signal.SIGTERM)}
 
 
-def signal_of(returncode):
+def signal_of(returncode: int | None) -> signal.Signals | None:
     """The signal a return code stands for, or None."""
     if returncode is None:
         return None
@@ -51,7 +59,7 @@ def signal_of(returncode):
     return _SIGNAL_EXITS.get(returncode)
 
 
-def describe_exit(returncode):
+def describe_exit(returncode: int | None) -> str:
     """'exit code 3', 'killed by SIGKILL', 'still running'."""
     if returncode is None:
         return "still running"
@@ -61,7 +69,7 @@ def describe_exit(returncode):
     return f"exit code {returncode}"
 
 
-def last_exception(lines):
+def last_exception(lines: Sequence[str]) -> str:
     """The final line of the last Python traceback in ``lines`` ('' when none)."""
     start = max((i for i, ln in enumerate(lines) if ln.startswith(_TRACEBACK)), default=None)
     if start is None:
@@ -70,7 +78,8 @@ def last_exception(lines):
     return next((ln for ln in lines[start + 1:] if ln and not ln[0].isspace()), "")
 
 
-def classify(returncode, log_lines, note="", restartable_exit_codes=()):
+def classify(returncode: int, log_lines: Sequence[str], note: str = "",
+             restartable_exit_codes: Container[int] = ()) -> tuple[str, str]:
     """``(kind, reason)`` for a task that ended with ``returncode``.
 
     ``kind`` is :data:`FAULT` or :data:`PROGRAM_ERROR`; ``reason`` says why,
@@ -108,63 +117,67 @@ class Failure:
     ended_at: float  # time.time() when it exited
     uptime: float  # seconds from start to exit
     log_path: str
-    tail: list = field(default_factory=list)
+    tail: list[str] = field(default_factory=list)
     attempt: int = 1
     kind: str = ""
     reason: str = ""
     # On the root cause: what the job's failure means and what to do, when recognised
     # ({'key', 'cause', 'advice'} dicts, see mwhelpers.diagnosis).
-    diagnosis: list = field(default_factory=list)
+    diagnosis: list[dict[str, str]] = field(default_factory=list)
 
     @classmethod
-    def of(cls, run, restartable_exit_codes=()):
+    def of(cls, run: TaskRun, restartable_exit_codes: Container[int] = ()) -> Failure:
+        """The record of ``run``, which has ended."""
+        code = run.returncode
+        if code is None:
+            raise ValueError(f"{run.task} is still running: only a run that ended has a record")
         lines = tail_lines(run.log_path, 200)
-        kind, reason = classify(run.returncode, lines, run.note, restartable_exit_codes)
-        return cls(task=str(run.task), pid=run.pid, returncode=run.returncode,
-                   exit=describe_exit(run.returncode), note=run.note,
+        kind, reason = classify(code, lines, run.note, restartable_exit_codes)
+        return cls(task=str(run.task), pid=run.pid, returncode=code,
+                   exit=describe_exit(code), note=run.note,
                    ended_at=run.ended_wall or time.time(), uptime=run.uptime,
                    log_path=str(run.log_path), tail=lines[-TAIL:], attempt=run.attempt,
                    kind=kind, reason=reason)
 
     @property
-    def outcome(self):
+    def outcome(self) -> str:
         return f"{self.exit} ({self.note})" if self.note else self.exit
 
     @property
-    def is_fault(self):
+    def is_fault(self) -> bool:
         return self.kind == FAULT
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["ended_at_iso"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.ended_at)) + \
             f".{int(self.ended_at % 1 * 1000):03d}"
         return d
 
-    def write(self, path):
+    def write(self, path: Path) -> Path:
         """Write the record as JSON (the root-cause file of a failed attempt)."""
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         return path
 
 
-def in_order(runs, restartable_exit_codes=()):
+def in_order(runs: Iterable[TaskRun], restartable_exit_codes: Container[int] = ()) -> list[Failure]:
     """Failure records of the failed ``runs``, the first to exit (the root cause) first."""
-    failed = sorted((r for r in runs if r.failed), key=lambda r: r.ended)
+    failed = sorted((r for r in runs if r.failed), key=lambda r: r.ended or 0.0)
     return [Failure.of(r, restartable_exit_codes) for r in failed]
 
 
-def tail_text(task, log_path, lines):
+def tail_text(task: object, log_path: str | Path, lines: Sequence[str]) -> str:
     if not lines:
         return f"{task}'s log {log_path} is empty."
     return f"Last lines of {task}'s log ({log_path}):\n" + "\n".join(f"  {ln}" for ln in lines)
 
 
-def explained(diagnosis):
+def explained(diagnosis: Iterable[Mapping[str, str]]) -> list[str]:
     """The 'What this means / What to do' lines of diagnosis dicts (see mwhelpers.diagnosis)."""
     return [line for d in diagnosis
             for line in (f"What this means: {d['cause']}", f"What to do: {d['advice']}")]
 
 
-def report(failures):
+def report(failures: Sequence[Failure]) -> str:
     """The message of a failure: root cause, then the others in exit order, then what it
     means and what to do (when recognised), then the root cause's log."""
     first = failures[0]

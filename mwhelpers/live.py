@@ -13,22 +13,30 @@ runs: ``%waitworkers`` refreshes every view from the kernel's own thread, so
 the saved notebook shows the final state.
 """
 
+from __future__ import annotations
+
 import html
 import re
 import threading
 import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from .logs import QuietFilter
 from .status import COLORS, exit_text
+
+if TYPE_CHECKING:
+    from .taskrun import TaskRun
 
 INTERVAL = 1.0  # seconds between updates
 EPOCH = re.compile(r"^Epoch (\d+)/(\d+)")  # Keras' line at the start of each epoch
 _STEP = re.compile(r"^\s*(\d+)/(\d+)\b")
 
 
-def progress(lines):
+def progress(lines: Iterable[str]) -> str:
     """``'epoch 2/3, step 5/10'`` from Keras' output in ``lines`` ('' if none)."""
-    epoch = step = None
+    epoch: tuple[str, ...] | None = None
+    step: tuple[str, ...] | None = None
     for line in lines:
         m = EPOCH.match(line)
         if m:
@@ -45,7 +53,7 @@ def progress(lines):
     return ", ".join(parts)
 
 
-def last_shown_line(lines):
+def last_shown_line(lines: Iterable[str]) -> str:
     """The latest line a quiet cell would show (TF's informational lines skipped)."""
     f = QuietFilter()
     shown = [ln for ln in lines if f.keep(ln) and ln.strip()]
@@ -55,7 +63,7 @@ def last_shown_line(lines):
 class TaskView:
     """What one background task looks like now: text headless, a table row in JupyterLab."""
 
-    def __init__(self, run):
+    def __init__(self, run: TaskRun) -> None:
         lines = run.tail(200)
         self.task = str(run.task)
         self.state = run.state
@@ -66,7 +74,7 @@ class TaskView:
         self.where = run.process.label
         self.running = run.running
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         head = f"[{self.task}] {self.state}"
         if self.running:
             head += f" for {self.seconds:.0f} s"
@@ -76,7 +84,7 @@ class TaskView:
             head += f"; {self.progress}"
         return head + (f"; last line: {self.last[:120]}" if self.last else "")
 
-    def _repr_html_(self):
+    def _repr_html_(self) -> str:
         color = COLORS.get(self.state, "inherit")
         time_text = f"{self.seconds:.0f} s" if self.running else f"{self.seconds:.1f} s"
         exit_cell = "" if self.running else f"exit {html.escape(self.exit)}"
@@ -94,21 +102,22 @@ class TaskView:
 class LiveViews:
     """The live views of one kernel, and the thread that updates them."""
 
-    def __init__(self, display=None, interval=INTERVAL):
-        self._display = display
+    def __init__(self, display: Callable[[TaskView], Any] | None = None,
+                 interval: float = INTERVAL) -> None:
+        self._display = display  # shows a view and returns its handle (default: IPython's)
         self.interval = interval
-        self._views = []  # (run, DisplayHandle, settled)
+        self._views: list[list[Any]] = []  # [run, its display handle, settled]
         self._lock = threading.Lock()
-        self._thread = None
+        self._thread: threading.Thread | None = None
 
-    def _handle(self, obj):
+    def _handle(self, obj: TaskView) -> Any:
         if self._display is not None:
             return self._display(obj)
         from IPython.display import display
 
         return display(obj, display_id=True)
 
-    def show(self, run):
+    def show(self, run: TaskRun) -> Any:
         """Show a live view of ``run`` under the current cell and keep it updated."""
         handle = self._handle(TaskView(run))
         with self._lock:
@@ -119,7 +128,7 @@ class LiveViews:
                 self._thread.start()
         return handle
 
-    def refresh(self, _from_loop=False):
+    def refresh(self, _from_loop: bool = False) -> bool:
         """Update every view that is not settled yet; a view settles once its task ended.
         Returns whether any view is left to follow."""
         with self._lock:
@@ -136,7 +145,7 @@ class LiveViews:
                 self._thread = None  # decided under the lock: a new show() starts a new thread
             return bool(self._views)
 
-    def stop(self):
+    def stop(self) -> None:
         """Update every view once more and stop following them (the extension is unloaded)."""
         try:
             self.refresh()
@@ -145,7 +154,7 @@ class LiveViews:
         with self._lock:
             self._views = []
 
-    def _loop(self):
+    def _loop(self) -> None:
         while True:
             time.sleep(self.interval)
             try:
@@ -157,7 +166,7 @@ class LiveViews:
                 return
 
     @property
-    def following(self):
+    def following(self) -> int:
         """How many views are still being updated."""
         with self._lock:
             return len(self._views)

@@ -24,6 +24,7 @@ import socket
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from . import settings
 from .errors import UsageError
@@ -64,6 +65,13 @@ def port_in_use(port: int) -> bool:
                 return True
             raise
     return False
+
+
+class PortHold(Protocol):
+    """What keeps a port for a task until the cluster is closed: a :class:`PortReservation`,
+    or a backend's own."""
+
+    def release(self) -> None: ...
 
 
 class PortReservation:

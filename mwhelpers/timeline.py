@@ -15,18 +15,28 @@ attempt of a supervised job included: a picture in JupyterLab
 from __future__ import annotations
 
 import io
+import os
 import re
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import MWHelpersError
 from .live import EPOCH
 from .logs import LogFollower
 from .status import exit_text
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from .cluster import Task
+    from .taskrun import TaskRun
+
 INTERVAL = 0.1  # seconds between reads of the running tasks' logs
-MARKS = {
+MARKS: dict[str, re.Pattern[str]] = {
     "epoch": EPOCH,
     # A line that starts with the word "step": "step 4 loss=...", "STEP epoch=1 batch=2 ...".
     "step": re.compile(r"^\s*step\b\W*(\d*)", re.IGNORECASE),
@@ -41,13 +51,13 @@ class LogMarks:
     polls while nothing runs); :meth:`watch` starts it again.
     """
 
-    def __init__(self, marks=None):
+    def __init__(self, marks: Mapping[str, re.Pattern[str]] | None = None) -> None:
         self.marks = dict(MARKS if marks is None else marks)
-        self._watched = {}  # run -> LogFollower
+        self._watched: dict[TaskRun, LogFollower] = {}
         self._lock = threading.Lock()
-        self._thread = None
+        self._thread: threading.Thread | None = None
 
-    def watch(self, run):
+    def watch(self, run: TaskRun) -> None:
         with self._lock:
             self._watched[run] = LogFollower(run.log_path)
             if self._thread is None or not self._thread.is_alive():
@@ -55,7 +65,7 @@ class LogMarks:
                                                 daemon=True)
                 self._thread.start()
 
-    def _loop(self):
+    def _loop(self) -> None:
         while True:
             with self._lock:
                 watched = list(self._watched.items())
@@ -71,7 +81,7 @@ class LogMarks:
                     return
             time.sleep(INTERVAL)
 
-    def _stamp(self, run, lines):
+    def _stamp(self, run: TaskRun, lines: Iterable[str]) -> None:
         now = time.time()
         for line in lines:
             for kind, pattern in self.marks.items():
@@ -84,29 +94,29 @@ class LogMarks:
 class Timeline:
     """The runs of a cluster on one time axis (``rt.timeline()``, ``%workers --timeline``)."""
 
-    def __init__(self, runs, title="Task timeline"):
+    def __init__(self, runs: Iterable[TaskRun], title: str = "Task timeline") -> None:
         self.runs = list(runs)
         self.title = title
         self.t0 = min((r.launched_wall for r in self.runs), default=time.time())
 
     # -- what it holds -------------------------------------------------------------------
-    def tasks(self):
+    def tasks(self) -> list[Task]:
         """The tasks in the order they are drawn (top to bottom): chief, workers, ps,
         evaluator."""
         order = {"chief": 0, "worker": 1, "ps": 2, "evaluator": 3}
         return sorted({r.task for r in self.runs}, key=lambda t: (order.get(t.type, 9), t.index))
 
-    def events(self, run):
+    def events(self, run: TaskRun) -> list[tuple[float, str, str]]:
         """``[(seconds since the first launch, kind, text)]`` of one run, in time order."""
         # At equal times, the exit comes last (a line read after the task had exited is
         # stamped with its exit time).
         return sorted(((at - self.t0, kind, text) for at, kind, text in list(run.events)),
                       key=lambda e: (e[0], e[1] == "exit"))
 
-    def end_of(self, run):
+    def end_of(self, run: TaskRun) -> float:
         return (run.ended_wall if run.ended_wall is not None else time.time()) - self.t0
 
-    def __str__(self):
+    def __str__(self) -> str:
         if not self.runs:
             return "No task has been launched on this cluster yet."
         lines = [f"{self.title} (seconds since the first launch)"]
@@ -124,7 +134,7 @@ class Timeline:
     __repr__ = __str__
 
     # -- the picture ---------------------------------------------------------------------
-    def figure(self):
+    def figure(self) -> Figure:
         """A matplotlib Figure of the timeline (not shown by pyplot; see :meth:`save`)."""
         try:
             from matplotlib.figure import Figure
@@ -150,7 +160,7 @@ class Timeline:
         fig.tight_layout()
         return fig
 
-    def _draw_run(self, ax, run, y):
+    def _draw_run(self, ax: Axes, run: TaskRun, y: int) -> None:
         color = _ATTEMPT_COLORS[(run.attempt - 1) % len(_ATTEMPT_COLORS)]
         start, stop = run.launched_wall - self.t0, self.end_of(run)
         events = self.events(run)
@@ -189,11 +199,12 @@ class Timeline:
                             va="bottom", color="#2ca02c" if ok else "#d62728")
 
     @staticmethod
-    def _legend(ax, attempts):
+    def _legend(ax: Axes, attempts: Iterable[int]) -> None:
+        from matplotlib.artist import Artist
         from matplotlib.lines import Line2D
         from matplotlib.patches import Patch
 
-        handles = [Patch(color=_ATTEMPT_COLORS[(a - 1) % len(_ATTEMPT_COLORS)],
+        handles: list[Artist] = [Patch(color=_ATTEMPT_COLORS[(a - 1) % len(_ATTEMPT_COLORS)],
                          label=f"attempt {a}") for a in attempts]
         handles += [
             Line2D([], [], marker=">", color="black", linestyle="", label="ready (port open)"),
@@ -205,15 +216,15 @@ class Timeline:
         ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8,
                   frameon=False)
 
-    def png(self):
+    def png(self) -> bytes:
         buf = io.BytesIO()
         self.figure().savefig(buf, format="png", bbox_inches="tight")
         return buf.getvalue()
 
-    def _repr_png_(self):
+    def _repr_png_(self) -> bytes | None:
         return self.png() if self.runs else None
 
-    def save(self, path):
+    def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the picture as a PNG file; returns its path."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -221,13 +232,13 @@ class Timeline:
         return path
 
 
-def _said(kind, text):
+def _said(kind: str, text: str) -> str:
     return {"launched": f"launched ({text})", "ready": "ready", "epoch": f"epoch {text}",
             "step": f"step {text}", "signal": f"{text.split(' ', 1)[0]} sent",
             "exit": text}.get(kind, f"{kind} {text}".strip())
 
 
-def _short_exit(run):
+def _short_exit(run: TaskRun) -> str:
     """'exit 0', 'exit 3', 'SIGKILL', 'running' (the status table's exit column, labelled)."""
     code = run.returncode
     if code is None:

@@ -4,14 +4,21 @@ did not finish.  Each says which tasks, what their dumped stacks show (see
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
 from . import failures as failure_records
 from . import stacks
 from .diagnosis import explain_stuck
 from .errors import WorkerTimeout
 from .logs import QuietFilter
 
+if TYPE_CHECKING:
+    from .cluster import Task
+    from .taskrun import TaskRun
 
-def tail_before_stacks(run):
+
+def tail_before_stacks(run: TaskRun) -> str:
     """The last lines a stuck task wrote before its stacks, TF's info lines left out."""
     quiet = QuietFilter()
     before = stacks.before_last_dump(run.lines())
@@ -22,7 +29,7 @@ def tail_before_stacks(run):
     return failure_records.tail_text(run.task, run.log_path, lines[-failure_records.TAIL:])
 
 
-def not_ready_error(run, timeout, host=None):
+def not_ready_error(run: TaskRun, timeout: float, host: str | None = None) -> WorkerTimeout:
     """The WorkerTimeout of ``run``, whose port never opened within ``timeout`` s
     (``host``: where it runs, when that is another machine)."""
     where = ""
@@ -40,7 +47,8 @@ def not_ready_error(run, timeout, host=None):
         not_ready=[run.task], diagnosis=[f.to_dict() for f in found])
 
 
-def timeout_error(stuck, timeout, what, runs, not_ready):
+def timeout_error(stuck: Sequence[TaskRun], timeout: float, what: str, runs: Iterable[TaskRun],
+                  not_ready: Sequence[tuple[Task, str]]) -> WorkerTimeout:
     """The WorkerTimeout of the ``stuck`` runs, which ``what`` within ``timeout`` s;
     ``runs``: every run of the cluster; ``not_ready``: (task, why) of the tasks that
     never became ready."""
