@@ -16,17 +16,21 @@ import pytest
 from mwhelpers.errors import WorkerFailed, WorkerTimeout
 
 # A MultiWorkerMirroredStrategy fit of a tiny model with Keras 3 (mended by mwhelpers unless
-# --no-keras-fix; tf_keras where the task's TF_USE_LEGACY_KERAS selects it).
+# --no-keras-fix; tf_keras where the task's TF_USE_LEGACY_KERAS selects it); STEPS_<index>
+# steps per epoch on each worker (4 unless set).
 FIT = textwrap.dedent("""
+    import json, os
     import numpy as np
     import tensorflow as tf
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     with strategy.scope():
         model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
         model.compile("sgd", "mse")
     x, y = np.ones((64, 4), "float32"), np.ones((64, 1), "float32")
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat()
-    model.fit(ds, epochs=2, steps_per_epoch=4, verbose=2)
+    steps = int(os.environ.get("STEPS_%d" % index, "4"))
+    model.fit(ds, epochs=2, steps_per_epoch=steps, verbose=2)
 """)
 
 # A custom loop whose every step is an all-reduce; STEPS_<index> steps on each worker.
@@ -129,6 +133,23 @@ def test_workers_running_different_numbers_of_steps(ip, rt):
     assert means.startswith("worker:0 finished (exit code 0)")
     assert "'step 2 2.0'" in means  # worker:0's last step line
     assert "same number of steps" in means and "steps_per_epoch" in err.diagnosis[0]["advice"]
+
+
+def test_workers_whose_steps_per_epoch_differ_run_different_collectives(ip, rt):
+    # The family of TensorFlow's messages for collectives that differ is tested on recorded logs
+    # (test_diagnosis_recorded.py); this is the mistake of issue 28 made for real: worker:0 ends
+    # its epoch after 3 steps while worker:1 trains on, and a collective meets another.
+    both = "--ready start --env STEPS_0=3 STEPS_1=5"  # both import TensorFlow at once
+    launch_both(ip, FIT, both, both)
+    err = failed(ip)
+    assert keys(err.diagnosis) == ["collectives-differ"]
+    text = str(err).splitlines()
+    assert text[0].startswith("worker:")  # the root cause first, then what it means
+    assert text[1].startswith("What this means: the tasks did not run the same collective at the "
+                              "same point (collective instance ")
+    assert "they ran different steps, epochs, models" in text[1]
+    assert text[2].startswith("What to do: run the same program with the same model, epochs and "
+                              "steps_per_epoch on every task")
 
 
 def test_a_stuck_job_names_the_task_behind_and_where(ip, rt):

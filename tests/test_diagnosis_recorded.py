@@ -1,8 +1,9 @@
 """Diagnosis rules on logs recorded from real failed jobs (tests/recorded/), without TensorFlow.
 
-Each log is a real task's whole log, kept as it was written; the rule reads it the way a
-failure record carries it (its last lines) and must name the mistake.  The same mistakes made
-for real, end to end, are in tests/test_diagnosis.py.
+Each log is a real task's whole log, kept as it was written (tests/recorded/README.md says how
+each was made); the rule reads it the way a failure record carries it (its last lines) and must
+name the mistake.  The same mistakes made for real, end to end, are in
+tests/test_diagnosis.py.
 """
 
 import pytest
@@ -22,20 +23,51 @@ def failure_of(name, task="worker:1"):
                    uptime=3.0, log_path=str(path), tail=tail_lines(path, 200)[-TAIL:])
 
 
-@pytest.mark.parametrize("log, what", [
+SAME_PROGRAM = "run the same program with the same model, epochs and steps_per_epoch on every task"
+PATHS = "they ran different steps, epochs, models or code paths"
+HOW_MANY = ("they did not agree on how many devices take part in it (under "
+            "MultiWorkerMirroredStrategy: the number of workers times each one's GPUs)")
+SAME_GPUS = "give every task the same number of GPUs (%cluster --gpus-per-task"
+ONE_SENDER = "let exactly one task send each broadcast"
+
+
+@pytest.mark.parametrize("log, what, why, advice", [
+    # Keras 3 fit, steps_per_epoch 3 on worker 0 and 5 on worker 1 (issue 28): worker 0 reduced
+    # a scalar at the end of its epoch while worker 1 all-reduced its gradients (5 values)
+    ("collective-steps.log", "collective instance 114 had shape [] on worker:0 and [5] on another "
+     "task", "they ran different steps, epochs, models, batch sizes or code paths",
+     "give every task batches of the same size"),
     # worker 1 all-reduced a vector of 178 where worker 0 all-reduced a scalar
-    ("collective-shape.log", "collective instance 100 had shape [178] there and [1] on another task"),
+    ("collective-shape.log", "collective instance 100 had shape [178] on worker:1 and [1] on "
+     "another task", "they ran different steps, epochs, models, batch sizes or code paths",
+     SAME_PROGRAM),
     # worker 1 all-reduced a float64 where worker 0 all-reduced a float32
     ("collective-dtype.log", "collective instance 100 had data type float32 on one task and "
-                             "float64 on another"),
+     "float64 on another", PATHS, SAME_PROGRAM),
+    # worker 1 gathered (its first collective: the shapes, int32) where worker 0 all-reduced
+    ("collective-kind.log", "collective instance 100 was an all-reduce of float32 on one task and "
+     "an all-gather of int32 on another", PATHS, SAME_PROGRAM),
+    ("collective-group-size.log", "worker:1 joined collective group 500 as a group of 3 devices, "
+     "which another task had made a group of 2", HOW_MANY, SAME_GPUS),
+    ("collective-group-full.log", "worker:1 asked to join collective group 500, which was already "
+     "full: the tasks that joined first had made it a group of fewer devices", HOW_MANY,
+     SAME_GPUS),
+    ("collective-no-sender.log", "collective instance 1 was a broadcast that its 2 devices all "
+     "waited to receive and none sent", PATHS, ONE_SENDER),
+    ("collective-two-senders.log", "collective instance 1 was a broadcast sent by two devices, "
+     "ranks 0 and 1", PATHS, ONE_SENDER),
 ])
-def test_collectives_that_differ_between_tasks(log, what):
+def test_collectives_that_differ_between_tasks(log, what, why, advice):
     (finding,) = explain_failure([failure_of(log)])
     assert finding.key == "collectives-differ"
-    assert finding.cause == (f"the tasks did not run the same collective at the same point "
-                             f"(worker:1: {what}): they ran different steps, epochs, models or "
-                             "code paths")
-    assert "the same model, epochs and steps_per_epoch on every task" in finding.advice
+    assert finding.cause == f"the tasks did not run the same collective at the same point ({what}): {why}"
+    assert advice in finding.advice
+
+
+def test_a_collective_that_timed_out_is_not_called_a_mismatch():
+    """Instance keys that differ never meet: the tasks wait until a timeout, which a slow or
+    stuck peer gives too, so it says nothing certain."""
+    assert explain_failure([failure_of("collective-timeout.log", task="worker:0")]) == []
 
 
 def test_a_log_without_the_evidence_gets_no_finding(tmp_path):
@@ -54,4 +86,3 @@ def test_steps_per_execution_above_one():
     assert finding.cause.startswith("worker:0 ran Keras fit with steps_per_execution > 1 under a "
                                     "multi-replica strategy")
     assert finding.advice == "compile with steps_per_execution=1 (the default) for a distributed fit"
-
