@@ -71,30 +71,6 @@ def keys(diagnosis):
     return [d["key"] for d in diagnosis]
 
 
-def test_keras3_fit_unmended_is_named_with_the_ways_out(ip, rt):
-    launch_both(ip, FIT, "--no-keras-fix --env TF_USE_LEGACY_KERAS=0",
-                "--no-keras-fix --env TF_USE_LEGACY_KERAS=0")
-    # Seen before the launch too: fit under MWMS with Keras 3 and the fix off.
-    warned = [ln for ln in rt.echo_lines if ln.startswith("[mwhelpers] warning:")]
-    assert len(warned) == 1 and "keras-team/keras#20585" in warned[0], rt.echo_lines
-    assert "mwhelpers' Keras fix is off for this task" in warned[0]
-    err = failed(ip)
-    assert keys(err.diagnosis) == ["keras3-fit"]
-    text = str(err).splitlines()
-    assert text[0].startswith("worker:")  # the root cause first
-    assert "Attempt to convert a value (PerReplica" in str(err)
-    assert text[1].startswith("What this means: ") and "Keras 3" in text[1]
-    assert "keras-team/keras#20585" in text[1]
-    assert "mwhelpers' fix was turned off for it" in text[1]
-    assert text[2].startswith("What to do: ")
-    assert "leave mwhelpers' Keras fix on" in text[2] and "TF_USE_LEGACY_KERAS=1" in text[2]
-    # What the tasks ran is in their logs (the cells leave that line out); nothing was mended.
-    for run in rt.runs.values():
-        facts = [ln for ln in run.lines() if ln.startswith("[mwhelpers] this task: ")]
-        assert facts and "with Keras 3." in facts[0] and "TF_USE_LEGACY_KERAS=0" in facts[0]
-        assert not [ln for ln in run.lines() if "fit and evaluate mended" in ln]
-
-
 def test_tasks_with_different_keras_are_named_first(ip, rt):
     # A learner selects tf_keras for one task only (and this environment, like the lock, has no
     # tf_keras at all): worker 0 cannot build its model, worker 1 loses its peer. With tf_keras

@@ -2,14 +2,17 @@
 
 Each log is a real task's whole log, kept as it was written (tests/recorded/README.md says how
 each was made); the rule reads it the way a failure record carries it (its last lines) and must
-name the mistake.  The same mistakes made for real, end to end, are in
-tests/test_diagnosis.py.
+name the mistake.  Where a rule also reads how the task was launched, a real task without
+TensorFlow writes the recorded log as its output.  One case of each mistake made for real, end
+to end, is in tests/test_diagnosis.py (Keras 3's unmended fit: notebook 03, run by
+tests/test_notebooks.py).
 """
 
 import pytest
 from conftest import ROOT
 
 from mwhelpers.diagnosis import explain_failure
+from mwhelpers.errors import WorkerFailed
 from mwhelpers.failures import Failure
 from mwhelpers.logs import TAIL, tail_lines
 
@@ -86,3 +89,41 @@ def test_steps_per_execution_above_one():
     assert finding.cause.startswith("worker:0 ran Keras fit with steps_per_execution > 1 under a "
                                     "multi-replica strategy")
     assert finding.advice == "compile with steps_per_execution=1 (the default) for a distributed fit"
+
+
+
+KERAS3_MEANS = ("worker:{n} ran model.fit under MultiWorkerMirroredStrategy with Keras 3{used} "
+                "unmended, which fails this way (keras-team/keras#20585); ")
+
+
+def test_keras3_fit_unmended_started_elsewhere():
+    """The log of a task that ran Keras 3 fit unmended, read without its run (its last lines
+    only, without the line that names its Keras): a program mwhelpers did not start, or that
+    did not get the fix."""
+    (finding,) = explain_failure([failure_of("keras3-fit-unmended.log")])
+    assert finding.key == "keras3-fit"
+    assert finding.cause == KERAS3_MEANS.format(n=1, used="") + (
+        "the program was not started by mwhelpers or did not get its fix; call "
+        "mwhelpers.fix_keras_multi_worker() before fit")
+    assert "leave mwhelpers' Keras fix on" in finding.advice
+    assert "TF_USE_LEGACY_KERAS=1" in finding.advice
+
+
+# A task that writes a recorded log as its own output and fails: a real run for the rules that
+# read more than the log (how the task was launched), without TensorFlow.
+REPLAY = "import os, sys\nsys.stdout.write(open(os.environ['RECORDED']).read())\nsys.exit(1)\n"
+
+
+def test_keras3_fit_unmended_with_the_fix_turned_off(rt):
+    rt.define_cluster(1)
+    rt.launch("worker:0", code=REPLAY, background=True, ready="start", keras_fix=False,
+              env={"RECORDED": str(RECORDED / "keras3-fit-unmended.log")})
+    with pytest.raises(WorkerFailed) as err:
+        rt.wait(timeout=30)
+    assert [d["key"] for d in err.value.diagnosis] == ["keras3-fit"]
+    text = str(err.value).splitlines()
+    assert text[0] == "worker:0 failed: exit code 1"  # the root cause first
+    assert text[1] == "What this means: " + KERAS3_MEANS.format(n=0, used=" (Keras 3.15.1)") + (
+        "mwhelpers' fix was turned off for it (MWHELPERS_KERAS_FIX=0 or --no-keras-fix)")
+    assert text[2].startswith("What to do: leave mwhelpers' Keras fix on")
+    assert "Attempt to convert a value (PerReplica" in str(err.value)
