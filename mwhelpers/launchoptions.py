@@ -25,7 +25,7 @@ class LaunchOption:
     value: object = True
     repeat: bool = False
 
-    def usage(self):
+    def usage(self) -> str:
         words = self.flag + (f" {self.metavar}" if self.metavar else "")
         return f"[{words}{' ...' if self.repeat else ''}]"
 
@@ -51,12 +51,12 @@ LAUNCH_OPTIONS = (
 )
 
 
-def launch_usage():
+def launch_usage() -> str:
     """The launch options as a usage line: ``[--bg] [--timeout S] ...``."""
     return " ".join(o.usage() for o in LAUNCH_OPTIONS)
 
 
-def launch_help():
+def launch_help() -> str:
     """One line per launch option: its flag and what it does."""
     flags = [o.flag + (f" {o.metavar}" if o.metavar else "") for o in LAUNCH_OPTIONS]
     width = max(map(len, flags))

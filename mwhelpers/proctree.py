@@ -1,8 +1,11 @@
 """Process trees: find every descendant, signal them, escalate until they are gone."""
 
+from __future__ import annotations
+
 import os
 import signal
 import time
+from collections.abc import Callable, Collection, Container, Iterable, Sequence
 
 import psutil
 
@@ -11,7 +14,7 @@ from .errors import UsageError
 _COMMON = "INT, TERM, KILL, HUP, QUIT, USR1, USR2, STOP, CONT (or their numbers)"
 
 
-def parse_signal(value):
+def parse_signal(value: int | str | signal.Signals) -> signal.Signals:
     """``'KILL'``, ``'sigkill'``, ``'9'``, ``9`` or a ``signal.Signals`` -> Signals."""
     if isinstance(value, signal.Signals):
         return value
@@ -30,7 +33,7 @@ def parse_signal(value):
         raise UsageError(f"unknown signal {text!r}; use one of {_COMMON}") from None
 
 
-def alive(proc):
+def alive(proc: psutil.Process) -> bool:
     """A psutil.Process that exists and is not a zombie."""
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
@@ -38,7 +41,7 @@ def alive(proc):
         return False
 
 
-def tree(pid, include_root=True):
+def tree(pid: int, include_root: bool = True) -> list[psutil.Process]:
     """The process ``pid`` and all its descendants, as psutil.Process objects."""
     try:
         root = psutil.Process(pid)
@@ -52,7 +55,7 @@ def tree(pid, include_root=True):
     return procs
 
 
-def group_members(pgid):
+def group_members(pgid: int) -> list[psutil.Process]:
     """Live processes in process group ``pgid`` (catches re-parented orphans)."""
     found = []
     for p in psutil.process_iter(["pid"]):
@@ -64,7 +67,8 @@ def group_members(pgid):
     return found
 
 
-def carrying(key, value, exclude=(), where=None):
+def carrying(key: str, value: str, exclude: Container[int] = (),
+             where: Callable[[dict[str, str]], bool] | None = None) -> list[psutil.Process]:
     """Live processes whose environment has ``key=value`` (and, with ``where``, for which
     ``where(environ)`` is true), minus the pids in ``exclude``.
 
@@ -84,7 +88,7 @@ def carrying(key, value, exclude=(), where=None):
     return found
 
 
-def send(procs, sig):
+def send(procs: Iterable[psutil.Process], sig: int) -> None:
     """Send ``sig`` to each process that is still alive; ignore the vanished."""
     for p in procs:
         try:
@@ -94,7 +98,7 @@ def send(procs, sig):
             pass
 
 
-def wait_gone(procs, timeout):
+def wait_gone(procs: Collection[psutil.Process], timeout: float) -> list[psutil.Process]:
     """Wait up to ``timeout`` s for ``procs`` to end; return the survivors."""
     deadline = time.monotonic() + timeout
     while True:
@@ -104,8 +108,10 @@ def wait_gone(procs, timeout):
         time.sleep(0.02)
 
 
-# How a process tree is ended, by name: each step a signal and the seconds given to it.
-ESCALATIONS = {
+# How a process tree is ended: each step a signal and the seconds given to it.
+Escalation = Sequence[tuple[signal.Signals, float]]
+# The escalations, by name.
+ESCALATIONS: dict[str, Escalation] = {
     # politely, as a terminal's Ctrl-C would, then firmer (%killbgscripts, end_all)
     "gentle": ((signal.SIGINT, 1.0), (signal.SIGTERM, 1.0), (signal.SIGKILL, 3.0)),
     # the user interrupted a cell: a chance to exit, then gone
@@ -117,7 +123,9 @@ ESCALATIONS = {
 DEFAULT_ESCALATION = ESCALATIONS["gentle"]
 
 
-def end_processes(procs, escalation=DEFAULT_ESCALATION):
+def end_processes(
+    procs: Iterable[psutil.Process], escalation: Escalation = DEFAULT_ESCALATION,
+) -> tuple[dict[int, str], list[psutil.Process]]:
     """Signal ``procs`` with each step of ``escalation`` until none is left.
 
     Returns ``{pid: signal name that ended it}`` ('already gone' for the
@@ -125,7 +133,7 @@ def end_processes(procs, escalation=DEFAULT_ESCALATION):
     even SIGKILL failed, e.g. for a process in uninterruptible sleep).
     """
     procs = [p for p in procs if alive(p)]
-    ended = {}
+    ended: dict[int, str] = {}
     for sig, grace in escalation:
         if not procs:
             break
@@ -138,7 +146,7 @@ def end_processes(procs, escalation=DEFAULT_ESCALATION):
     return ended, procs
 
 
-def describe(proc):
+def describe(proc: psutil.Process) -> str:
     try:
         cmd = " ".join(proc.cmdline()) or proc.name()
     except psutil.Error:

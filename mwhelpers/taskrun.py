@@ -15,11 +15,16 @@ The exit transition is made by the launcher's wait thread the moment the
 process exits, so ``ended`` is the real exit time.
 """
 
+from __future__ import annotations
+
+import os
 import re
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from . import results
 from .cluster import Task, parse_task
@@ -28,11 +33,14 @@ from .failures import describe_exit
 from .launchoptions import LAUNCH_OPTIONS
 from .logs import TAIL, tail_lines
 
+if TYPE_CHECKING:
+    from .backends.base import Process
+
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 READY_MODES = ("auto", "port", "start")
 
 
-def parse_env(items):
+def parse_env(items: Mapping[str, object] | Iterable[str] | None) -> dict[str, str]:
     """``{'K': 'V'}`` or ``['K=V', ...]`` -> dict, with clear errors."""
     if items is None:
         return {}
@@ -45,7 +53,8 @@ def parse_env(items):
         for item in items:
             if "=" not in item:
                 raise UsageError(f"--env expects KEY=VALUE, got {item!r}")
-            pairs.append(tuple(item.split("=", 1)))
+            key, value = item.split("=", 1)
+            pairs.append((key, value))
     env = {}
     for key, value in pairs:
         if not _ENV_KEY.match(key):
@@ -62,7 +71,7 @@ def parse_env(items):
     return env
 
 
-def parse_timeout(timeout, name="timeout"):
+def parse_timeout(timeout: str | float | None, name: str = "timeout") -> float | None:
     if timeout is None:
         return None
     try:
@@ -79,20 +88,22 @@ class LaunchRequest:
     """Everything one launch needs, checked."""
 
     task: Task
-    code: str = None
-    script: Path = None
-    args: tuple = ()
+    code: str | None = None
+    script: Path | None = None
+    args: tuple[str, ...] = ()
     background: bool = False
-    timeout: float = None
-    log: Path = None
-    env: dict = field(default_factory=dict)
+    timeout: float | None = None
+    log: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
     ready: str = "auto"
-    stall_fix: bool = None  # None: the runtime's default
-    keras_fix: bool = None  # None: the runtime's default
-    verbose: bool = None  # True: stream every line (None: the runtime's default)
+    stall_fix: bool | None = None  # None: the runtime's default
+    keras_fix: bool | None = None  # None: the runtime's default
+    verbose: bool | None = None  # True: stream every line (None: the runtime's default)
 
     @classmethod
-    def parse(cls, task="worker:0", *, code=None, script=None, args=(), **options):
+    def parse(cls, task: str | int | Task | None = "worker:0", *, code: str | None = None,
+              script: str | os.PathLike[str] | None = None, args: Iterable[object] = (),
+              **options: Any) -> LaunchRequest:
         """A checked request for ``task`` running ``code`` or ``script`` with ``args``;
         ``options``: the :data:`LAUNCH_OPTIONS` by name (unknown ones are refused)."""
         unknown = sorted(set(options) - {o.name for o in LAUNCH_OPTIONS})
@@ -105,6 +116,7 @@ class LaunchRequest:
         ready = options.get("ready") or "auto"
         if (code is None) == (script is None):
             raise UsageError("give either the program's code or a script path, not both or neither")
+        resolved = None
         if script is not None:
             path = Path(script)
             if not path.is_file():
@@ -114,7 +126,7 @@ class LaunchRequest:
                 )
             if path.suffix not in (".py", ""):
                 raise UsageError(f"{str(script)!r} is not a Python script; workers run Python programs")
-            script = path.resolve()
+            resolved = path.resolve()
         if isinstance(args, str):
             raise UsageError("args must be a list of strings, not one string")
         if ready not in READY_MODES:
@@ -123,7 +135,7 @@ class LaunchRequest:
                             ("verbose", verbose)):
             if value not in (None, True, False):
                 raise UsageError(f"{name} must be True, False or None, got {value!r}")
-        return cls(task=parse_task(task), code=code, script=script,
+        return cls(task=parse_task(task), code=code, script=resolved,
                    args=tuple(str(a) for a in args), background=bool(background),
                    timeout=parse_timeout(timeout), log=Path(log) if log else None,
                    env=parse_env(env), ready=ready, stall_fix=stall_fix, keras_fix=keras_fix,
@@ -133,8 +145,9 @@ class LaunchRequest:
 class TaskRun:
     """One launch of one task: its process, log, state and outcome."""
 
-    def __init__(self, task, process, log_path, port, address, ready_mode, script, attempt=1,
-                 cwd=None, host=None, cell=False):
+    def __init__(self, task: Task, process: Process, log_path: str | os.PathLike[str], port: int,
+                 address: str, ready_mode: str, script: str, attempt: int = 1,
+                 cwd: str | None = None, host: str | None = None, cell: bool = False) -> None:
         self.task = task
         self.process = process
         self.log_path = Path(log_path)
@@ -146,20 +159,20 @@ class TaskRun:
         self.cwd = cwd  # the folder it runs in
         self.host = host  # where it runs (None: this machine)
         self.cell = cell  # ``script`` holds a notebook cell's code
-        self.gpus = None  # its CUDA_VISIBLE_DEVICES when the cluster assigns GPUs
+        self.gpus: str | None = None  # its CUDA_VISIBLE_DEVICES when the cluster assigns GPUs
         self.keras_fix = True  # whether its start-up mends Keras 3 (kerasfix.py)
-        self.ready_after = None  # seconds from start until ready
+        self.ready_after: float | None = None  # seconds from start until ready
         self.note = ""  # who ended it, when not itself
         # Its life for the timeline: (time.time(), kind, text), kind one of launched, ready,
         # signal, epoch, step, exit (epochs and steps are read from its log as it grows).
         self.launched_wall = time.time() - (time.monotonic() - process.started)
-        self.events = [(self.launched_wall, "launched", f"pid {process.pid}")]
+        self.events: list[tuple[float, str, str]] = [(self.launched_wall, "launched", f"pid {process.pid}")]
         self._lock = threading.Lock()
         self._state = "starting" if ready_mode == "port" else "running"
         process.on_exit(self._exited)
 
     # -- transitions -------------------------------------------------------------
-    def mark_ready(self):
+    def mark_ready(self) -> bool:
         """The task's port accepts connections (or it counts as ready once started)."""
         with self._lock:
             if self._state in ("starting", "running") and self.ready_after is None:
@@ -170,85 +183,86 @@ class TaskRun:
                 return True
         return False
 
-    def mark(self, kind, text, at=None):
+    def mark(self, kind: str, text: str, at: float | None = None) -> None:
         """Add an event to its timeline (``at``: time.time(), default now)."""
         self.events.append((time.time() if at is None else at, kind, text))
 
-    def _exited(self, process):
+    def _exited(self, process: Process) -> None:
         code = process.returncode
         if process.lost:
             self.note = self.note or process.lost
         with self._lock:
-            self._state = "done" if code == 0 else "killed" if code < 0 else "failed"
+            killed = code is not None and code < 0
+            self._state = "done" if code == 0 else "killed" if killed else "failed"
         self.mark("exit", self.outcome(), at=process.ended_wall)
 
     # -- state ---------------------------------------------------------------------
     @property
-    def state(self):
+    def state(self) -> str:
         return self._state
 
     @property
-    def pid(self):
+    def pid(self) -> int:
         return self.process.pid
 
     @property
-    def started(self):
+    def started(self) -> float:
         return self.process.started
 
     @property
-    def ended(self):
+    def ended(self) -> float | None:
         return self.process.ended
 
     @property
-    def ended_wall(self):
+    def ended_wall(self) -> float | None:
         return self.process.ended_wall
 
     @property
-    def returncode(self):
+    def returncode(self) -> int | None:
         return self.process.returncode
 
     @property
-    def running(self):
+    def running(self) -> bool:
         return self.process.running
 
     @property
-    def failed(self):
+    def failed(self) -> bool:
         code = self.returncode
         return code is not None and code != 0
 
     @property
-    def uptime(self):
+    def uptime(self) -> float:
         end = self.ended
         return (end if end is not None else time.monotonic()) - self.started
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: float | None = None) -> int | None:
         """Wait for the task to exit; its return code (None on timeout)."""
         return self.process.wait(timeout)
 
-    def outcome(self):
+    def outcome(self) -> str:
         text = describe_exit(self.returncode)
         return f"{text} ({self.note})" if self.note else text
 
     # -- its log -------------------------------------------------------------------
-    def tail(self, n=TAIL):
+    def tail(self, n: int = TAIL) -> list[str]:
         """The last ``n`` lines of its log; ``n=0``: the whole log."""
         return tail_lines(self.log_path, n)
 
-    def lines(self):
+    def lines(self) -> list[str]:
         """Every line of its log."""
         return tail_lines(self.log_path, 0)
 
-    def records(self, tag: str = "STEP") -> list[dict]:
+    def records(self, tag: str = "STEP") -> list[dict[str, Any]]:
         """Every ``TAG ...`` line of its log, parsed (see :mod:`mwhelpers.results`)."""
         return results.records(self.lines(), tag)
 
-    def result(self, tag: str = results.TAG) -> dict | None:
+    def result(self, tag: str = results.TAG) -> dict[str, Any] | None:
         """The last ``RESULT {...}`` line of its log, parsed; None when there is none."""
         return results.last(self.lines(), tag)
 
-    def last_line(self):
+    def last_line(self) -> str:
         lines = [ln for ln in self.tail(5) if ln.strip()]
         return lines[-1] if lines else ""
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<TaskRun {self.task} pid={self.pid} {self.state}>"

@@ -15,6 +15,8 @@ working directory, and returns free ports there and the address the host
 is reached at.
 """
 
+from __future__ import annotations
+
 import inspect
 import json
 import os
@@ -23,15 +25,22 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
 from .. import proctree, settings
 from ..errors import InfrastructureError, UsageError
 from ..failures import describe_exit
 from ..gpus import visible_gpus
-from .base import BOOTSTRAP, Launcher, Option, Placement, Process, seconds, text
+from ..proctree import Escalation
+from .base import BOOTSTRAP, Launcher, LaunchSpec, Option, Placement, Process, seconds, text
+
+if TYPE_CHECKING:
+    import psutil
+
+    from ..cluster import Task
 
 AGENT_CODE = (Path(__file__).parents[1] / "_agent.py").read_text()
 # The files the worker start-up loads beside itself, sent with it to every host.
@@ -41,7 +50,7 @@ PROBE_TRIES = 3
 SSH_DROPPED = ("kex_exchange_identification", "Connection reset by peer",
                "Connection closed by remote host")
 TAG = "@mwhelpers"
-def heartbeat_seconds(environ=None):
+def heartbeat_seconds(environ: Mapping[str, str] | None = None) -> float:
     """The heartbeat limit from ``$MWHELPERS_HEARTBEAT`` (default 10 s; 0: off)."""
     return settings.get("MWHELPERS_HEARTBEAT", environ)
 
@@ -73,31 +82,37 @@ print(json.dumps({"hostname": socket.gethostname(), "ports": ports, "cwd_ok": os
 """
 
 
-def transport_env():
+def transport_env() -> dict[str, str]:
     """The environment of ssh or srun: the kernel's, without mwhelpers' own marks
     (srun passes its environment on to the agent)."""
     return {k: v for k, v in os.environ.items() if not k.startswith("MWHELPERS_")
             or k == "MWHELPERS_SSH"}
 
 
-def forwarded_env(environ):
+def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The part of ``environ`` that a task on another host should get."""
     return {k: v for k, v in environ.items()
             if k.startswith(FORWARD_PREFIXES) and k not in FORWARD_NEVER}
 
 
 class AgentProcess(Process):
-    """A task on another machine, seen through the transport process running its agent."""
+    """A task on another machine, seen through the transport process running its agent
+    (started with its standard input and error as pipes)."""
 
-    def __init__(self, popen, host, log_path, heartbeat=None):
+    def __init__(self, popen: subprocess.Popen[bytes], host: str, log_path: str | os.PathLike[str],
+                 heartbeat: float | None = None) -> None:
         super().__init__(popen.pid)
+        if popen.stdin is None or popen.stderr is None:
+            raise ValueError("the transport's standard input and error must be pipes")
         self.popen = popen
+        self._stdin: IO[bytes] = popen.stdin  # commands to the agent
+        self._stderr: IO[bytes] = popen.stderr  # the agent's reports
         self.host = host
-        self.remote_pid = None
-        self._reported_exit = None
+        self.remote_pid: int | None = None
+        self._reported_exit: int | None = None
         self._log_path = Path(log_path)
         self._send_lock = threading.Lock()
-        self._heard = None  # time.monotonic() of the agent's last report (None: not yet)
+        self._heard: float | None = None  # time.monotonic() of the agent's last report
         self._reader = threading.Thread(target=self._read_reports, daemon=True,
                                         name=f"mwhelpers-agent-{popen.pid}")
         self._reader.start()
@@ -107,7 +122,7 @@ class AgentProcess(Process):
                              name=f"mwhelpers-heartbeat-{popen.pid}").start()
 
     # -- the heartbeat ------------------------------------------------------------------
-    def _keep_alive(self, limit):
+    def _keep_alive(self, limit: float) -> None:
         """Ping the agent a few times per ``limit`` seconds; once it has been silent for
         ``limit`` seconds (after its first report: connecting is ssh's or srun's business),
         count the task as lost and end the transport.  The agent, hearing no ping, ends the
@@ -125,13 +140,13 @@ class AgentProcess(Process):
                     pass
                 return
 
-    def _mark_in_log(self, text):
+    def _mark_in_log(self, text: str) -> None:
         with open(self._log_path, "a") as f:
             f.write(f"[mwhelpers] {text}\n")
 
     # -- reports from the agent ---------------------------------------------------
-    def _read_reports(self):
-        for raw in self.popen.stderr:
+    def _read_reports(self) -> None:
+        for raw in self._stderr:
             line = raw.decode(errors="replace").rstrip("\n")
             if line.startswith(TAG + " "):
                 self._heard = time.monotonic()
@@ -146,7 +161,7 @@ class AgentProcess(Process):
                 with open(self._log_path, "a") as f:  # ssh's or srun's own words
                     f.write(f"[{self.host}] {line}\n")
 
-    def _wait_transport(self):
+    def _wait_transport(self) -> int:
         code = self.popen.wait()
         self._reader.join(10 if self.lost is None else 0.5)
         self._close_stdin()
@@ -155,43 +170,43 @@ class AgentProcess(Process):
         return code if code != 0 else 255  # the transport ended without the task's status
 
     # -- commands to the agent ------------------------------------------------------
-    def _command(self, text):
+    def _command(self, text: str) -> bool:
         with self._send_lock:
             try:
-                self.popen.stdin.write((text + "\n").encode())
-                self.popen.stdin.flush()
+                self._stdin.write((text + "\n").encode())
+                self._stdin.flush()
                 return True
             except (OSError, ValueError):
                 return False
 
-    def _close_stdin(self):
+    def _close_stdin(self) -> None:
         with self._send_lock:
             try:
-                self.popen.stdin.close()
+                self._stdin.close()
             except OSError:
                 pass
 
-    def processes(self):
+    def processes(self) -> list[psutil.Process]:
         return []  # they live on another machine: commands go through the agent
 
-    def send(self, sig):
+    def send(self, sig: int) -> list[psutil.Process]:
         self._command(f"signal {int(sig)}")
         return []
 
-    def dump_stacks(self):
+    def dump_stacks(self) -> None:
         self._command("dump")
 
-    def request_end(self, escalation):
+    def request_end(self, escalation: Escalation) -> None:
         """Ask the agent to escalate through ``escalation``; returns at once."""
         steps = ",".join(f"{int(s)}:{t:g}" for s, t in escalation)
         if not self._command(f"end {steps}"):
             self._close_stdin()
 
-    def disconnect(self):
+    def disconnect(self) -> None:
         """Close the lifeline: the agent kills the task."""
         self._close_stdin()
 
-    def end(self, escalation=proctree.DEFAULT_ESCALATION, who=""):
+    def end(self, escalation: Escalation = proctree.DEFAULT_ESCALATION, who: str = "") -> list[str]:
         """The agent escalates on its host; when it does not answer, the lifeline is
         closed and the transport killed, and the agent ends the task when it notices (end
         of input, or the heartbeat)."""
@@ -215,11 +230,11 @@ class AgentProcess(Process):
         return [f"ended {name}: {self.describe()} with {how}"]
 
     @property
-    def label(self):
+    def label(self) -> str:
         pid = self.remote_pid if self.remote_pid is not None else "?"
         return f"{pid}@{self.host}"
 
-    def describe(self):
+    def describe(self) -> str:
         pid = self.remote_pid if self.remote_pid is not None else "?"
         return f"pid {pid} on {self.host}"
 
@@ -244,7 +259,7 @@ def heartbeat_option(value: object) -> float:
 
 
 # What every agent backend takes; a subclass adds its own (``AgentLauncher.options + (...)``).
-AGENT_OPTIONS = (
+AGENT_OPTIONS: tuple[Option, ...] = (
     Option("hosts", host_list, None, "the machines to run on, a list or H1,H2", "H1,H2"),
     Option("python", text, None, "the tasks' interpreter there (default: the kernel's)", "PATH"),
     Option("cwd", text, None, "the folder tasks start in there (default: the kernel's)", "DIR"),
@@ -261,6 +276,7 @@ class AgentLauncher(Launcher):
 
     remote = True
     options = AGENT_OPTIONS
+    cwd: str  # the folder tasks start in on every host (default: the kernel's)
 
     def __init__(self, python: str | None = None, cwd: str | None = None,
                  heartbeat: float | None = None, hosts: str | Sequence[str] | None = None) -> None:
@@ -269,29 +285,30 @@ class AgentLauncher(Launcher):
         self.hosts = host_list(hosts)
         # seconds of silence before a task counts as lost, both ways (0: never)
         self.heartbeat = heartbeat_seconds() if heartbeat is None else float(heartbeat)
-        self.started = []
+        self.started: list[AgentProcess] = []
         self.closed = False
-        self.host_info = {}  # {host: what its probe found}, filled by place()
+        self.host_info: dict[str, dict[str, Any]] = {}  # {host: what its probe found}, by place()
 
     # -- what subclasses give -------------------------------------------------------
-    def transport(self, host, argv):
+    def transport(self, host: str, argv: list[str]) -> list[str]:
         """The local command that runs ``argv`` on ``host``."""
         raise NotImplementedError
 
-    def address_of(self, host, probe):
+    def address_of(self, host: str, probe: dict[str, Any]) -> str:
         """The address other hosts reach ``host`` at."""
         raise NotImplementedError
 
-    def explain(self, host, code, err):
+    def explain(self, host: str, code: int, err: str) -> InfrastructureError:
         """The error (an :class:`InfrastructureError`) for a failed probe of ``host``."""
         raise NotImplementedError
 
-    def transient(self, code, err):
+    def transient(self, code: int, err: str) -> bool:
         """Whether a probe that failed this way is worth trying again at once."""
         return False
 
     # -- probing ----------------------------------------------------------------------
-    def probe(self, host, count, port_range, timeout=60):
+    def probe(self, host: str, count: int, port_range: tuple[int, int],
+              timeout: float = 60) -> dict[str, Any]:
         low, high = port_range
         argv = [self.python, "-c", PROBE_CODE, self.cwd, str(count), str(low), str(high)]
         for attempt in range(1, PROBE_TRIES + 1):
@@ -307,7 +324,7 @@ class AgentLauncher(Launcher):
             if attempt == PROBE_TRIES or not self.transient(done.returncode, err):
                 break
             time.sleep(0.5 * attempt)
-        info = None
+        info: dict[str, Any] | None = None
         for line in out.splitlines():
             if line.startswith("{"):
                 info = json.loads(line)
@@ -323,13 +340,14 @@ class AgentLauncher(Launcher):
         info["address"] = self.address_of(host, info)
         return info
 
-    def probe_all(self, hosts, counts, port_range):
+    def probe_all(self, hosts: Sequence[str], counts: Mapping[str, int],
+                  port_range: tuple[int, int]) -> dict[str, dict[str, Any]]:
         """Probe every host at once; {host: info}."""
         with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
             futures = {h: pool.submit(self.probe, h, counts[h], port_range) for h in hosts}
             return {h: f.result() for h, f in futures.items()}
 
-    def place(self, tasks, port_range):
+    def place(self, tasks: Sequence[Task], port_range: tuple[int, int]) -> dict[Task, Placement]:
         """``{task: Placement}``: task i on host i mod len(hosts), each with a port free on
         its host and used by no other task of the cluster (so tasks cannot collide even
         where two hosts share an address)."""
@@ -338,7 +356,8 @@ class AgentLauncher(Launcher):
         wanted = {h: 2 * len(tasks) for h in dict.fromkeys(place.values())}
         info = self.probe_all(list(wanted), wanted, port_range)
         self.host_info = info  # what each probe found (its GPUs among it)
-        used, placement = set(), {}
+        used: set[int] = set()
+        placement: dict[Task, Placement] = {}
         for t in tasks:
             h = place[t]
             port = next(p for p in info[h]["ports"] if p not in used)
@@ -346,20 +365,25 @@ class AgentLauncher(Launcher):
             placement[t] = Placement(h, info[h]["address"], port)
         return placement
 
-    def task_env(self, environ):
+    def task_env(self, environ: Mapping[str, str]) -> dict[str, str]:
         # Another machine gets the variables that matter, not this one's whole environment.
         return forwarded_env(environ)
 
-    def host_gpus(self):
-        return {h: info.get("gpus", []) for h, info in self.host_info.items()}
+    def host_gpus(self) -> dict[str | None, list[str]]:
+        gpus: dict[str | None, list[str]] = {h: info.get("gpus", []) for h, info in self.host_info.items()}
+        return gpus
 
-    def describe_reach(self, host):
+    def describe_reach(self, host: str) -> str:
         return f"reaching {host}"
 
     # -- starting ---------------------------------------------------------------------
-    def start(self, spec):
+    def start(self, spec: LaunchSpec) -> AgentProcess:
         if self.closed:
             raise RuntimeError("this launcher was closed; define the cluster again")
+        host = spec.host
+        if host is None:
+            raise ValueError(f"{self.name or type(self).__name__} starts tasks on other hosts: "
+                             "the launch spec names none")
         files = {"_bootstrap.py": Path(BOOTSTRAP).read_text()}
         files.update((name, Path(BOOTSTRAP).with_name(name).read_text()) for name in BOOTSTRAP_FILES)
         script = spec.script
@@ -369,21 +393,21 @@ class AgentLauncher(Launcher):
         argv = [self.python, "-u", "{dir}/_bootstrap.py", *(["--cell"] if spec.cell else []),
                 script, *spec.args]
         spec.cwd = spec.cwd or self.cwd
-        header = {"argv": argv, "env": spec.env, "cwd": spec.cwd,
+        header: dict[str, object] = {"argv": argv, "env": spec.env, "cwd": spec.cwd,
                   "files": files, "port": spec.port, "heartbeat": self.heartbeat or None,
                   "script": None if spec.cell else script}
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(spec.log_path, "wb") as logf:
             popen = subprocess.Popen(
-                self.transport(spec.host, [self.python, "-c", AGENT_CODE]),
+                self.transport(host, [self.python, "-c", AGENT_CODE]),
                 stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.PIPE,
                 start_new_session=True, env=transport_env())
-        proc = AgentProcess(popen, spec.host, spec.log_path, heartbeat=self.heartbeat)
+        proc = AgentProcess(popen, host, spec.log_path, heartbeat=self.heartbeat)
         proc._command(json.dumps(header))
         self.started = [p for p in self.started if p.running] + [proc]
         return proc
 
-    def close(self):
+    def close(self) -> None:
         """End what still runs (SIGKILL through each agent)."""
         self.closed = True
         super().close()

@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -31,8 +31,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from .. import proctree
 from ..errors import UsageError
+from ..ports import PortHold
+from ..proctree import Escalation
 
 if TYPE_CHECKING:
+    import psutil
+
     from ..cluster import Task
 
 BOOTSTRAP = str(Path(__file__).parents[1] / "_bootstrap.py")
@@ -52,13 +56,13 @@ class LaunchSpec:
     """
 
     script: str
-    args: list
-    env: dict
+    args: list[str]
+    env: dict[str, str]
     log_path: Path
     cell: bool = False
-    cwd: str = None
-    host: str = None
-    port: int = None
+    cwd: str | None = None
+    host: str | None = None
+    port: int | None = None
 
 
 class Placement(NamedTuple):
@@ -69,7 +73,7 @@ class Placement(NamedTuple):
     host: str | None
     address: str
     port: int
-    hold: object = None
+    hold: PortHold | None = None
 
 
 class Process:
@@ -77,28 +81,28 @@ class Process:
 
     Subclasses give :meth:`processes` (or override :meth:`send`) and :meth:`end`."""
 
-    lost = None  # why its launcher gave it up for lost (no word from its host), if it did
-    ended_by = None  # the signal that ended it when it was ended on request (its name)
+    lost: str | None = None  # why its launcher gave it up for lost (no word from its host)
+    ended_by: str | None = None  # the signal that ended it when it was ended on request (its name)
 
-    def __init__(self, pid, started=None):
+    def __init__(self, pid: int, started: float | None = None) -> None:
         self.pid = pid
         self.started = time.monotonic() if started is None else started
-        self.returncode = None
-        self.ended = None  # time.monotonic() at exit, stamped by the wait thread
-        self.ended_wall = None  # time.time() at exit, for records
+        self.returncode: int | None = None
+        self.ended: float | None = None  # time.monotonic() at exit, stamped by the wait thread
+        self.ended_wall: float | None = None  # time.time() at exit, for records
         self._exited = threading.Event()
-        self._listeners = []
+        self._listeners: list[Callable[[Process], object]] = []
         self._lock = threading.Lock()
 
     # -- the wait thread ---------------------------------------------------------
-    def _start_waiter(self, wait_fn):
-        def waiter():
+    def _start_waiter(self, wait_fn: Callable[[], int]) -> None:
+        def waiter() -> None:
             code = wait_fn()
             self._set_exit(code)
 
         threading.Thread(target=waiter, name=f"mwhelpers-wait-{self.pid}", daemon=True).start()
 
-    def _set_exit(self, code):
+    def _set_exit(self, code: int) -> None:
         with self._lock:
             self.ended = time.monotonic()
             self.ended_wall = time.time()
@@ -108,7 +112,7 @@ class Process:
         for fn in listeners:
             fn(self)
 
-    def on_exit(self, fn):
+    def on_exit(self, fn: Callable[[Process], object]) -> None:
         """Call ``fn(process)`` once it has exited (at once if it already has)."""
         with self._lock:
             if not self._exited.is_set():
@@ -118,48 +122,49 @@ class Process:
 
     # -- state -------------------------------------------------------------------
     @property
-    def running(self):
+    def running(self) -> bool:
         return not self._exited.is_set()
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: float | None = None) -> int | None:
         """Wait until it has exited; its return code, or None on timeout."""
         self._exited.wait(timeout)
         return self.returncode
 
     # -- its processes -------------------------------------------------------------
-    def processes(self):
+    def processes(self) -> list[psutil.Process]:
         """The live processes that belong to it (psutil), for signalling."""
         raise NotImplementedError
 
-    def send(self, sig):
+    def send(self, sig: int) -> list[psutil.Process]:
         """Send ``sig`` to every process of its tree; returns what was signalled."""
         procs = self.processes()
         proctree.send(procs, sig)
         return procs
 
-    def dump_stacks(self):
+    def dump_stacks(self) -> None:
         """Have the task's Python write every thread's stack to its log (SIGUSR1)."""
         try:
             os.kill(self.pid, signal.SIGUSR1)
         except OSError:
             pass
 
-    def end(self, escalation=proctree.DEFAULT_ESCALATION, who=""):
+    def end(self, escalation: Escalation = proctree.DEFAULT_ESCALATION, who: str = "") -> list[str]:
         """End it (its whole tree) through ``escalation``, a sequence of (signal, seconds
         to wait); return once it is gone, with lines saying what ended with which signal
         (``who`` names the task in them) and what could not be ended."""
         raise NotImplementedError
 
     @property
-    def label(self):
+    def label(self) -> str:
         """How the status table names it: its pid (``pid@host`` elsewhere)."""
         return str(self.pid)
 
-    def describe(self):
+    def describe(self) -> str:
         return f"pid {self.pid}"
 
 
-def end_local(procs, escalation, who=""):
+def end_local(procs: Collection[psutil.Process], escalation: Escalation,
+              who: str = "") -> tuple[list[str], dict[int, str]]:
     """End the psutil processes ``procs`` through ``escalation``: lines saying what ended
     with which signal (``who`` names their task) and what could not be ended, and
     ``{pid: signal name}``."""
@@ -171,12 +176,12 @@ def end_local(procs, escalation, who=""):
             ended)
 
 
-def end_together(jobs):
+def end_together(jobs: Sequence[Callable[[], Iterable[str] | None]]) -> list[str]:
     """Run the ending calls ``jobs`` (each returns its lines) at once, in threads: one
     slow host does not hold up the rest.  Every line, in the order of ``jobs``."""
-    out = [None] * len(jobs)
+    out: list[Iterable[str] | None] = [None] * len(jobs)
 
-    def one(i):
+    def one(i: int) -> None:
         try:
             out[i] = jobs[i]()
         except Exception as e:  # one that cannot be ended must not hide the others' report

@@ -1,24 +1,34 @@
 """The ``local`` backend: tasks on this machine, each a child process in a session of its own."""
 
+from __future__ import annotations
+
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .. import proctree
 from ..gpus import visible_gpus
 from ..ports import reserve_ports
-from .base import BOOTSTRAP, Launcher, Option, Placement, Process, end_local, text
+from ..proctree import Escalation
+from .base import BOOTSTRAP, Launcher, LaunchSpec, Option, Placement, Process, end_local, text
+
+if TYPE_CHECKING:
+    import psutil
+
+    from ..cluster import Task
 
 
 class LocalProcess(Process):
     """A process on this machine, leader of its own session and process group."""
 
-    def __init__(self, popen):
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         super().__init__(popen.pid)
         self.popen = popen
         self._start_waiter(popen.wait)
 
-    def processes(self):
+    def processes(self) -> list[psutil.Process]:
         if not self.running:
             # Descendants that outlived it stay in its process group.
             return [p for p in proctree.group_members(self.pid) if p.pid != os.getpid()]
@@ -27,7 +37,7 @@ class LocalProcess(Process):
         procs += [p for p in proctree.group_members(self.pid) if p.pid not in seen]
         return [p for p in procs if p.pid != os.getpid()]
 
-    def end(self, escalation=proctree.DEFAULT_ESCALATION, who=""):
+    def end(self, escalation: Escalation = proctree.DEFAULT_ESCALATION, who: str = "") -> list[str]:
         lines, ended = end_local(self.processes(), escalation, who)
         self.wait(2)
         self.ended_by = ended.get(self.pid, self.ended_by)
@@ -51,22 +61,26 @@ class LocalLauncher(Launcher):
 
     def __init__(self, host: str = "localhost") -> None:
         self.host = host
+        self._guard_r: int | None
+        self._guard_w: int | None
         self._guard_r, self._guard_w = os.pipe()
-        self.started = []  # the Processes it started that may still run
+        self.started: list[Process] = []  # the Processes it started that may still run
 
-    def place(self, tasks, port_range=None):
+    def place(self, tasks: Sequence[Task],
+              port_range: tuple[int, int] | None = None) -> dict[Task, Placement]:
         """Ports free on this machine, reserved across processes until the cluster closes."""
         held = reserve_ports(len(tasks))
         return {t: Placement(None, self.host, r.port, r) for t, r in zip(tasks, held, strict=True)}
 
-    def host_gpus(self):
+    def host_gpus(self) -> dict[str | None, list[str]]:
         return {None: visible_gpus()}
 
-    def start(self, spec):
-        if self.closed:
+    def start(self, spec: LaunchSpec) -> Process:
+        guard = self._guard_r
+        if self.closed or guard is None:
             raise RuntimeError("this launcher was closed; create a new Runtime")
         spec.cwd = spec.cwd or os.getcwd()
-        env = dict(spec.env, MWHELPERS_GUARD_FD=str(self._guard_r))
+        env = dict(spec.env, MWHELPERS_GUARD_FD=str(guard))
         argv = [sys.executable, "-u", BOOTSTRAP, *(["--cell"] if spec.cell else []),
                 spec.script, *spec.args]
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,13 +88,13 @@ class LocalLauncher(Launcher):
             popen = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                 env=env, cwd=spec.cwd, start_new_session=True,
-                pass_fds=(self._guard_r,),
+                pass_fds=(guard,),
             )
         proc = LocalProcess(popen)
         self.started = [p for p in self.started if p.running] + [proc]
         return proc
 
-    def close(self):
+    def close(self) -> None:
         """SIGKILL whatever still runs, then close the guard pipe."""
         super().close()
         for fd in (self._guard_r, self._guard_w):
@@ -92,5 +106,5 @@ class LocalLauncher(Launcher):
         self._guard_r = self._guard_w = None
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._guard_w is None

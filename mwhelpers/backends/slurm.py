@@ -17,14 +17,17 @@ one ``srun`` step, each building TF_CONFIG from what Slurm tells it
 ``base + SLURM_PROCID``: distinct even where nodes share an address.
 """
 
+from __future__ import annotations
+
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from ..errors import InfrastructureError, UsageError
 from ..kerasfix import KERAS_FIX_ENV
@@ -47,7 +50,7 @@ HOW_TO_ALLOCATE = (
 )
 
 
-def _scontrol(*args):
+def _scontrol(*args: str) -> str:
     if shutil.which("scontrol") is None:
         raise InfrastructureError("Slurm's client commands (scontrol, srun) are not installed "
                                   "on this machine")
@@ -58,16 +61,16 @@ def _scontrol(*args):
     return done.stdout
 
 
-def hostnames(nodelist):
+def hostnames(nodelist: str) -> list[str]:
     """Expand a Slurm node list (``n[1-3],gpu7``) into names, in Slurm's order."""
     return _scontrol("show", "hostnames", nodelist).split()
 
 
-def _fields(record):
-    return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", record))
+def _fields(record: str) -> dict[str, str]:
+    return {m.group(1): m.group(2) for m in re.finditer(r"(\w+)=(\S*)", record)}
 
 
-def job_nodes(job):
+def job_nodes(job: str | int) -> list[str]:
     """The nodes of running job ``job``, in Slurm's order."""
     info = _fields(_scontrol("show", "job", "-o", str(job)))
     if info.get("JobState") != "RUNNING":
@@ -76,7 +79,7 @@ def job_nodes(job):
     return hostnames(info["NodeList"])
 
 
-def node_addresses(nodes):
+def node_addresses(nodes: Iterable[str]) -> dict[str, str]:
     """{node: NodeAddr}: the address other nodes reach each node at."""
     out = {}
     for node in nodes:
@@ -109,18 +112,18 @@ class SlurmLauncher(AgentLauncher):
         super().__init__(python, cwd, heartbeat, hosts=self.nodes)
         self.addresses = node_addresses(self.nodes)
 
-    def transport(self, host, argv):
+    def transport(self, host: str, argv: list[str]) -> list[str]:
         return ["srun", f"--jobid={self.job}", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
                 "--overlap", "--kill-on-bad-exit=1", "--quiet", "--job-name=mwhelpers",
                 "--input=all", *argv]
 
-    def describe_reach(self, host):
+    def describe_reach(self, host: str) -> str:
         return f"'srun --jobid={self.job} --nodelist={host} hostname'"
 
-    def address_of(self, host, probe):
+    def address_of(self, host: str, probe: dict[str, Any]) -> str:
         return self.addresses.get(host, host)
 
-    def explain(self, host, code, err):
+    def explain(self, host: str, code: int, err: str) -> InfrastructureError:
         last = err.strip().splitlines()[-1] if err.strip() else ""
         if code == 127 or "no such file" in err.lower() or "execve" in err.lower():
             return InfrastructureError(f"no Python at {self.python} on node {host} ({last}); install "
@@ -162,9 +165,13 @@ os.execv(sys.executable, [sys.executable, "-u", *sys.argv[1:]])
 '''
 
 
-def write_sbatch(path, script, *, tasks=2, nodes=None, args=(), python=None, env=None,
-                 job_name="tf-multiworker", output="slurm-%j.out", time_limit=None,
-                 partition=None, port_base=None, cwd=None, stall_fix=True, keras_fix=True):
+def write_sbatch(path: str | os.PathLike[str], script: str | os.PathLike[str], *, tasks: int = 2,
+                 nodes: int | str | None = None, args: Iterable[object] = (),
+                 python: str | None = None, env: Mapping[str, object] | None = None,
+                 job_name: str = "tf-multiworker", output: str = "slurm-%j.out",
+                 time_limit: str | int | None = None, partition: str | None = None,
+                 port_base: int | str | None = None, cwd: str | os.PathLike[str] | None = None,
+                 stall_fix: bool = True, keras_fix: bool = True) -> Path:
     """Write a batch script that runs ``script`` as ``tasks`` MultiWorkerMirroredStrategy
     workers (one srun step, ``--kill-on-bad-exit``: one failed worker ends the job).
 

@@ -1,7 +1,10 @@
 """The ``ssh`` backend: tasks on SSH hosts, each through the agent (:mod:`.agent`)."""
 
+from __future__ import annotations
+
 import shlex
 from collections.abc import Sequence
+from typing import Any
 
 from .. import settings
 from ..errors import InfrastructureError
@@ -17,7 +20,7 @@ def ssh_command(value: str | Sequence[str]) -> list[str]:
     return words
 
 
-def _ssh_words(text):
+def _ssh_words(text: str) -> str:
     lowered = text.lower()
     if "could not resolve hostname" in lowered or "name or service not known" in lowered:
         return "its name does not resolve"
@@ -63,26 +66,26 @@ class SSHLauncher(AgentLauncher):
                  cwd: str | None = None, ssh: str | Sequence[str] | None = None,
                  heartbeat: float | None = None) -> None:
         super().__init__(python, cwd, heartbeat, hosts=hosts)
-        self.ssh = settings.get("MWHELPERS_SSH") if ssh is None else list(ssh)
+        self.ssh: list[str] = settings.get("MWHELPERS_SSH") if ssh is None else list(ssh)
 
-    def transport(self, host, argv):
+    def transport(self, host: str, argv: list[str]) -> list[str]:
         return [*self.ssh, *self.OPTIONS, host, shlex.join(argv)]
 
-    def describe_reach(self, host):
+    def describe_reach(self, host: str) -> str:
         return f"'{shlex.join(self.ssh)} {host} true'"
 
-    def address_of(self, host, probe):
+    def address_of(self, host: str, probe: dict[str, Any]) -> str:
         # The address the host was reached at (sshd's side of the connection):
         # reachable by the others, whatever alias the user wrote.
         return probe.get("address") or host.rsplit("@", 1)[-1]
 
-    def transient(self, code, err):
+    def transient(self, code: int, err: str) -> bool:
         # sshd dropped the connection before its greeting: it had too many handshakes in
         # progress (MaxStartups' random early drop) or could not start a session process.
         # OpenSSH leaves retrying to the client.
         return code == 255 and any(words in err for words in SSH_DROPPED)
 
-    def explain(self, host, code, err):
+    def explain(self, host: str, code: int, err: str) -> InfrastructureError:
         last = err.strip().splitlines()[-1] if err.strip() else ""
         if code == 255:
             why = _ssh_words(err) or "ssh failed"
