@@ -3,14 +3,18 @@ file outside the package (``netns_backend.py``, registered by importing it).
 
 Each test runs once per backend with the same small programs (no TensorFlow): where a task
 is placed and what TF_CONFIG names, the environment it gets, readiness, killing one task,
-ending them all, the kernel dying, and supervise restarting after a fault.  The remote
-backends run on the test hosts (network namespaces with sshd and a one-box Slurm); under
-CI=true they must run, elsewhere they skip with the reason.
+ending them all, the kernel dying, and supervise restarting after a fault.  These are the
+runtime's tests of those behaviours (test_runtime.py has what is the same on every backend),
+with the local backend as one of the four.  The remote backends run on the test hosts
+(network namespaces with sshd and a one-box Slurm); under CI=true they must run, elsewhere
+they skip with the reason.
 """
 
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -21,7 +25,7 @@ import pytest
 from conftest import ROOT, STUBBORN, TREE, gone_within, json_line, pid_alive, task_pids
 
 from mwhelpers import available_backends, register_backend
-from mwhelpers.errors import UsageError
+from mwhelpers.errors import UsageError, WorkerFailed
 from mwhelpers.proctree import carrying
 from mwhelpers.workshop.testhosts import missing
 
@@ -39,20 +43,34 @@ WHERE = textwrap.dedent("""
     addr, port = me.rsplit(":", 1)
     s = socket.socket(); s.bind((addr, int(port))); s.listen()
     print("WHERE " + json.dumps({"bound": me, "task": os.environ["MWHELPERS_TASK"],
-          "cfg_task": cfg["task"], "cwd": os.getcwd(), "python": sys.executable,
+          "cfg": cfg, "cwd": os.getcwd(), "python": sys.executable,
           "legacy": os.environ.get("TF_USE_LEGACY_KERAS"), "extra": os.environ.get("EXTRA"),
+          "local_only": os.environ.get("MWH_LOCAL_ONLY"),
           "attempt": os.environ.get("MWHELPERS_ATTEMPT")}), flush=True)
     time.sleep(float(os.environ.get("LINGER", "0")))
 """)
 
-STEPS = textwrap.dedent("""
+# Each start leaves a file in the (shared) working directory.  In attempt 1, worker:1 dies of
+# SIGKILL (a fault, not a bug) once worker:0 has started, and worker:0 waits for it for
+# ever; later attempts take a few steps and finish.
+FAULTY = textwrap.dedent("""
     import os, time
-    attempt = os.environ["MWHELPERS_ATTEMPT"]
-    for step in range(4):
+    attempt, task = os.environ["MWHELPERS_ATTEMPT"], os.environ["MWHELPERS_TASK"]
+    open(f"started {task} attempt {attempt}", "w").close()
+    if attempt == "1":
+        if task == "worker:1":
+            while not os.path.exists("started worker:0 attempt 1"):
+                time.sleep(0.01)
+            os.kill(os.getpid(), 9)
+        time.sleep(300)
+    for step in range(3):
         print(f"step {step} of attempt {attempt}", flush=True)
-        time.sleep(0.3)
+        time.sleep(0.1)
     print(f"finished attempt {attempt}", flush=True)
 """)
+
+# Ends on SIGINT (Python's KeyboardInterrupt), unlike STUBBORN.
+QUITS = 'import time\nprint("waiting for peers", flush=True)\ntime.sleep(300)\n'
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +142,7 @@ def test_every_backend_is_found_by_name():
 def test_placement_and_environment(brt, backend, monkeypatch, tmp_path):
     name, kwargs, hosts = backend
     monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")  # a variable that matters, forwarded
+    monkeypatch.setenv("MWH_LOCAL_ONLY", "this machine's")  # one that does not matter
     cluster = brt.define_cluster(2, chief=True, **kwargs)
     assert cluster.kind == name and cluster.remote == (name != "local")
     if hosts:  # placed in turn over the hosts, TF_CONFIG naming each host's own address
@@ -138,9 +157,12 @@ def test_placement_and_environment(brt, backend, monkeypatch, tmp_path):
     for t in cluster.tasks:
         w = report(brt.get_run(t))
         assert w["bound"] == cluster.address(t)  # it could bind it: it runs where TF_CONFIG says
-        assert w["task"] == str(t) and w["cfg_task"] == {"type": t.type, "index": t.index}
+        assert w["cfg"] == json.loads(cluster.tf_config(t))  # the whole TF_CONFIG, as shown
+        assert w["task"] == str(t) and w["cfg"]["task"] == {"type": t.type, "index": t.index}
         assert w["cwd"] == str(tmp_path) and w["python"] == sys.executable
         assert w["legacy"] == "1" and w["extra"] == "given at launch" and w["attempt"] == "1"
+        if name == "ssh":  # sshd starts a clean environment: only the forwarded variables arrive
+            assert w["local_only"] is None
     label = rf"\d+@{re.escape(cluster.host_of('chief:0'))}" if hosts else r"\d+"
     assert re.search(rf"^chief:0\s+{label}\s+done\s+0", repr(brt.status()), re.M)
 
@@ -148,11 +170,19 @@ def test_placement_and_environment(brt, backend, monkeypatch, tmp_path):
 def test_readiness_waits_for_the_port(brt, backend):
     name, kwargs, hosts = backend
     cluster = brt.define_cluster(1, **kwargs)
+    address = cluster.address("worker:0")
+    t = time.monotonic()
     run = launch(brt, "worker:0", "import time; time.sleep(1.0)\n" + WHERE,
                  env={"LINGER": "30"}, timeout=60)
-    assert run.ready_after is not None and run.ready_after >= 1.0, run.ready_after
-    assert report(run)["bound"] == cluster.address("worker:0")
+    waited = time.monotonic() - t
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5):  # open as launch returned
+        pass
+    assert run.ready_after is not None and 1.0 <= run.ready_after <= waited < 10, \
+        (run.ready_after, waited)  # not before the port opened, nor at the task's end
+    assert report(run)["bound"] == address
     assert run.running and run.state == "ready"
+    assert f"[worker:0] ready after {run.ready_after:.2f} s (port {port} is open)" in brt.echo_lines
 
 
 def test_killing_one_task_ends_its_whole_tree_and_only_it(brt, backend):
@@ -164,8 +194,12 @@ def test_killing_one_task_ends_its_whole_tree_and_only_it(brt, backend):
         assert time.monotonic() < deadline, [r.lines() for r in runs]
         time.sleep(0.05)
     tree = [int(ln.split()[1]) for ln in runs[1].lines() if ln.split()[0] in ("child", "grandchild")]
-    brt.kill("worker:1")
+    tree.append(runs[1].pid)  # the task itself here; elsewhere its transport (ssh, srun, ip)
+    if hosts:
+        tree.append(runs[1].process.remote_pid)  # the task on its host
+    brt.kill("worker:1", "KILL")
     assert runs[1].state == "killed" and runs[1].returncode == -signal.SIGKILL
+    assert runs[1].outcome() == "killed by SIGKILL (SIGKILL sent on request)"
     deadline = time.monotonic() + 5
     while any(pid_alive(p) for p in tree):  # every process of this machine is visible here
         assert time.monotonic() < deadline, [p for p in tree if pid_alive(p)]
@@ -174,24 +208,36 @@ def test_killing_one_task_ends_its_whole_tree_and_only_it(brt, backend):
 
 
 def test_ending_everything_escalates_and_says_what_ended(brt, backend):
+    """end_all's default escalation (SIGINT, SIGTERM 1 s later, SIGKILL 1 s after that): a
+    task that quits on SIGINT ends with it, two that ignore SIGINT and SIGTERM with SIGKILL,
+    all three at once."""
     name, kwargs, hosts = backend
-    brt.define_cluster(2, **kwargs)
-    runs = [launch(brt, t, STUBBORN, ready="start") for t in ("worker:0", "worker:1")]
+    cluster = brt.define_cluster(3, **kwargs)
+    runs = [launch(brt, t, code, ready="start")
+            for t, code in (("worker:0", QUITS), ("worker:1", STUBBORN), ("worker:2", STUBBORN))]
     deadline = time.monotonic() + 15
     while not all("waiting for peers" in r.lines() for r in runs):
         assert time.monotonic() < deadline, [r.lines() for r in runs]
         time.sleep(0.05)
     t = time.monotonic()
-    lines = brt.end_all(policy="interrupt")
+    lines = brt.end_all()
     took = time.monotonic() - t
-    for task in ("worker:0", "worker:1"):  # SIGTERM is ignored: SIGKILL ends them
-        assert any(re.match(rf"ended {task}: pid \d+ .*with SIGKILL", ln) for ln in lines), lines
+    for run, sig in zip(runs, ("SIGINT", "SIGKILL", "SIGKILL"), strict=True):
+        who = (rf"pid {run.process.remote_pid} on {re.escape(cluster.host_of(run.task))}" if hosts
+               else rf"pid {run.pid} \(.+\)")  # here: the task's own command line
+        assert [ln for ln in lines if re.fullmatch(rf"ended {run.task}: {who} with {sig}", ln)], lines
+    assert len(lines) == 3, lines
     assert all(not r.running and r.state == "killed" for r in runs)
-    assert took < 6, f"the two tasks were ended one after the other ({took:.1f} s)"
+    # one after the other, the two that ignore SIGTERM would take 2 x 2 s
+    assert took < 3.5, f"the tasks were ended one after the other ({took:.1f} s)"
     assert nothing_left(hosts, 5), leftovers(hosts)
+    with pytest.raises(WorkerFailed, match="worker:0 failed: killed by SIGINT"):
+        brt.wait(timeout=10)
 
 
 def test_a_killed_kernel_leaves_nothing_behind(backend, tmp_path):
+    """SIGKILL of the process that launched the tasks (no clean-up of its own runs): every
+    task's whole tree, which ignores SIGTERM, is gone within 2 s here, 5 s on other hosts."""
     name, kwargs, hosts = backend
     kernel = textwrap.dedent(f"""
         import sys, time
@@ -201,7 +247,7 @@ def test_a_killed_kernel_leaves_nothing_behind(backend, tmp_path):
         rt = Runtime(log_dir={str(tmp_path / "logs")!r})
         rt.define_cluster(2, **{kwargs!r})
         for t in ("worker:0", "worker:1"):
-            rt.launch(t, code={STUBBORN!r}, env={{{MARK!r}: "1"}}, background=True, ready="start")
+            rt.launch(t, code={TREE!r}, env={{{MARK!r}: "1"}}, background=True, ready="start")
         print("launched", flush=True)
         time.sleep(300)
     """)
@@ -215,27 +261,39 @@ def test_a_killed_kernel_leaves_nothing_behind(backend, tmp_path):
                 break
         assert said and said[-1].strip() == "launched", "".join(said)
         deadline = time.monotonic() + 15
-        while len(carrying(MARK, "1")) < 2:
-            assert time.monotonic() < deadline, "the tasks did not start"
+        while len(carrying(MARK, "1")) < 6:  # each task with its child and grandchild
+            assert time.monotonic() < deadline, "the tasks did not start their trees"
             time.sleep(0.05)
         proc.kill()  # SIGKILL: no clean-up code of the kernel runs
         proc.wait()
-        assert nothing_left(hosts, 10), leftovers(hosts)
+        assert nothing_left(hosts, 5 if hosts else 2), leftovers(hosts)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
 
 
-def test_supervise_restarts_every_task_after_a_fault(brt, backend):
+def test_supervise_restarts_every_task_after_a_fault(brt, backend, tmp_path):
+    """A task killed by SIGKILL (a fault: the supervisor did not do it) makes supervise end
+    its peer, say why, and start every task again, numbered; the output is streamed."""
     name, kwargs, hosts = backend
     brt.define_cluster(2, **kwargs)
-    attempts = brt.supervise(code=STEPS, env={MARK: "1"}, inject=[("worker:1", r"^step 1 ")],
-                             max_restarts=2, timeout=60, stream=False)
-    assert [a["restarted"] for a in attempts] == [True, False]
-    assert attempts[0]["failed"][0] == ("worker:1", "killed by SIGKILL (fault injected by the supervisor)")
-    for r in attempts[1]["runs"]:
-        assert r.returncode == 0 and "finished attempt 2" in r.lines()
+    attempts = brt.supervise(code=FAULTY, env={MARK: "1"}, max_restarts=2, timeout=60)
+    assert [a["attempt"] for a in attempts] == [1, 2]
+    first, second = attempts
+    assert first["failed"][0] == ("worker:1", "killed by SIGKILL")
+    assert first["restarted"] and first["why"].startswith("restarted: killed by SIGKILL: a fault")
+    assert str(first["root_cause"].task) == "worker:1" and first["root_cause_file"].exists()
+    said = [ln for ln in brt.echo_lines if "restarting" in ln]
+    assert len(said) == 1 and said[0].startswith("[mwhelpers] attempt 1: worker:1 killed by SIGKILL first")
+    assert said[0].endswith("; ended the other tasks; restarting all 2 tasks (restart 1 of 2)")
+    assert sorted(p.name for p in tmp_path.glob("started *")) == [  # every task, once an attempt
+        "started worker:0 attempt 1", "started worker:0 attempt 2",
+        "started worker:1 attempt 1", "started worker:1 attempt 2"]
+    assert not second["restarted"] and second["failed"] == [] and second["why"] == "every task finished"
+    for r in second["runs"]:
+        assert r.attempt == 2 and r.returncode == 0 and "finished attempt 2" in r.lines()
+    assert "[worker:0] finished attempt 2" in brt.echo_lines
 
 
 # -- finding backends --------------------------------------------------------------------
@@ -301,30 +359,3 @@ def test_backend_names_and_registrations_are_checked(rt):
     with pytest.raises(UsageError, match=r"the netns backend's option hosts cannot be ''"):
         rt.define_cluster(2, backend="netns", hosts="")
     assert rt.cluster is None
-
-
-def test_the_cluster_magic_builds_its_flags_from_the_backend(ip, rt, capsys):
-    c = ip.run_line_magic("cluster", "1 --backend local --option host=127.0.0.2")
-    assert c.kind == "local" and c.address("worker:0").startswith("127.0.0.2:")
-    c = ip.run_line_magic("cluster", "1 --host 127.0.0.3")  # the local backend's option, a flag
-    assert c.address("worker:0").startswith("127.0.0.3:")
-    with pytest.raises(UsageError, match=r"--option takes NAME=VALUE .* got 'host'"):
-        ip.run_line_magic("cluster", "1 --option host")
-    with pytest.raises(UsageError, match="hosts given twice: as --hosts and --option"):
-        ip.run_line_magic("cluster", "1 --backend netns --hosts a --option hosts=a")
-    with pytest.raises(UsageError, match=r"unrecognized arguments: --job 5"):
-        ip.run_line_magic("cluster", "1 --hosts a --job 5")  # --job is slurm's, not ssh's
-    with pytest.raises(UsageError, match="either --hosts .SSH. or --slurm, not both"):
-        ip.run_line_magic("cluster", "1 --hosts a --slurm")
-    with pytest.raises(UsageError, match=r"option heartbeat cannot be 'soon'"):
-        ip.run_line_magic("cluster", "1 --backend netns --hosts a --heartbeat soon")
-    capsys.readouterr()
-    assert ip.run_line_magic("cluster", "--backend netns --help") is None
-    shown = capsys.readouterr().out
-    assert "options of the netns backend:" in shown
-    assert all(f in shown for f in ("--hosts H1,H2", "--python PATH", "--heartbeat SECONDS"))
-    ip.run_line_magic("cluster", "--help")
-    shown = capsys.readouterr().out
-    assert "options of the local backend:" in shown and "--host ADDRESS" in shown
-    ip.run_line_magic("cluster", "--slurm --help")
-    assert "--job ID" in capsys.readouterr().out

@@ -25,6 +25,7 @@ def test_the_first_task_to_die_is_the_root_cause_whenever_wait_is_called(rt):
     with pytest.raises(WorkerFailed) as err:
         rt.wait(timeout=30)
     assert str(err.value).startswith("worker:1 failed: exit code 41; then worker:0 (exit code 40)")
+    assert [f.task for f in err.value.failures] == ["worker:1", "worker:0"]  # in the order they died
     w0, w1 = rt.get_run("worker:0"), rt.get_run("worker:1")
     assert w1.ended < w0.ended
     # Uptimes stop at the real exit, not when the runtime looked.
@@ -80,24 +81,6 @@ time.sleep(60)
 """
 
 
-# Worker 1 dies of a fault (SIGKILL) in attempt 1, once worker 0 has started: a slow start
-# of worker 0 must not become an attempt in which it never ran. Worker 0 then waits forever.
-FAULTY = """
-import json, os, time
-task = json.loads(os.environ["TF_CONFIG"])["task"]
-attempt = os.environ["MWHELPERS_ATTEMPT"]
-starts = os.path.join(os.environ["MARKER_DIR"], "starts")
-with open(starts, "a") as f:
-    f.write("%s attempt=%s\\n" % (task["index"], attempt))
-if attempt == "1":
-    if task["index"] == 1:
-        while "0 attempt=1" not in open(starts).read():
-            time.sleep(0.01)
-        os.kill(os.getpid(), 9)
-    time.sleep(60)
-"""
-
-
 def test_supervise_does_not_restart_a_program_error(rt, tmp_path):
     t0 = time.monotonic()
     with pytest.raises(WorkerFailed) as err:
@@ -116,18 +99,6 @@ def test_supervise_does_not_restart_a_program_error(rt, tmp_path):
     assert record["attempt"] == 1 and record["kind"] == PROGRAM_ERROR
     assert "ValueError: bad shapes" in record["tail"][-1] and record["ended_at_iso"]
     assert not any(r.running for r in rt.history)
-
-
-def test_supervise_restarts_a_fault_says_why_and_numbers_attempts(rt, tmp_path):
-    attempts = rt.supervise(code=FAULTY, env={"MARKER_DIR": str(tmp_path)}, max_restarts=2,
-                            timeout=60, stream=False)
-    assert [a["attempt"] for a in attempts] == [1, 2]
-    assert attempts[0]["restarted"] and attempts[0]["why"].startswith("restarted: killed by SIGKILL")
-    assert attempts[0]["root_cause"].task == "worker:1"
-    assert attempts[0]["root_cause_file"].exists()
-    assert sorted(filter(None, (tmp_path / "starts").read_text().split("\n"))) == [
-        "0 attempt=1", "0 attempt=2", "1 attempt=1", "1 attempt=2"]
-    assert all(r.attempt == 2 for r in attempts[1]["runs"])
 
 
 def test_an_attempt_is_checked_whole_before_any_task_starts(rt):

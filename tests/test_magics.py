@@ -6,8 +6,9 @@ import sys
 import textwrap
 import time
 
+import netns_backend  # noqa: F401  (registers the "netns" backend, whose flags are shown)
 import pytest
-from conftest import LISTENER, ROOT, pid_alive
+from conftest import LISTENER, ROOT, TREE, pid_alive
 
 from mwhelpers.errors import UsageError, WorkerFailed
 from mwhelpers.magics import parse_worker_line
@@ -17,22 +18,6 @@ from mwhelpers.taskrun import LaunchRequest
 def cell(ip, source):
     result = ip.run_cell(source)
     return result
-
-
-def test_load_ext_does_not_import_tensorflow():
-    import subprocess
-    import sys
-
-    code = ("from IPython.testing.globalipapp import start_ipython\n"
-            "ip = start_ipython(); ip.run_line_magic('load_ext', 'mwhelpers')\n"
-            "import sys; print(sorted(m for m in ('tensorflow', 'keras', 'tf_keras') if m in sys.modules))\n"
-            "print(sorted(ip.magics_manager.magics['line']))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         timeout=60).stdout.splitlines()
-    assert out[0] == "[]"
-    for name in ("cluster", "worker", "workers", "workerlog", "waitworkers", "killworker",
-                 "killbgscripts"):
-        assert f"'{name}'" in out[1]
 
 
 def test_cluster_magic_defines_shows_and_returns(ip, rt, capsys):
@@ -55,6 +40,33 @@ def test_cluster_magic_bad_arguments(ip, rt):
     with pytest.raises(UsageError, match="unrecognized arguments: --chef"):
         ip.run_line_magic("cluster", "2 --chef")
     assert rt.cluster is None
+
+
+def test_the_cluster_magic_builds_its_flags_from_the_backend(ip, rt, capsys):
+    c = ip.run_line_magic("cluster", "1 --backend local --option host=127.0.0.2")
+    assert c.kind == "local" and c.address("worker:0").startswith("127.0.0.2:")
+    c = ip.run_line_magic("cluster", "1 --host 127.0.0.3")  # the local backend's option, a flag
+    assert c.address("worker:0").startswith("127.0.0.3:")
+    with pytest.raises(UsageError, match=r"--option takes NAME=VALUE .* got 'host'"):
+        ip.run_line_magic("cluster", "1 --option host")
+    with pytest.raises(UsageError, match="hosts given twice: as --hosts and --option"):
+        ip.run_line_magic("cluster", "1 --backend netns --hosts a --option hosts=a")
+    with pytest.raises(UsageError, match=r"unrecognized arguments: --job 5"):
+        ip.run_line_magic("cluster", "1 --hosts a --job 5")  # --job is slurm's, not ssh's
+    with pytest.raises(UsageError, match="either --hosts .SSH. or --slurm, not both"):
+        ip.run_line_magic("cluster", "1 --hosts a --slurm")
+    with pytest.raises(UsageError, match=r"option heartbeat cannot be 'soon'"):
+        ip.run_line_magic("cluster", "1 --backend netns --hosts a --heartbeat soon")
+    capsys.readouterr()
+    assert ip.run_line_magic("cluster", "--backend netns --help") is None
+    shown = capsys.readouterr().out
+    assert "options of the netns backend:" in shown
+    assert all(f in shown for f in ("--hosts H1,H2", "--python PATH", "--heartbeat SECONDS"))
+    ip.run_line_magic("cluster", "--help")
+    shown = capsys.readouterr().out
+    assert "options of the local backend:" in shown and "--host ADDRESS" in shown
+    ip.run_line_magic("cluster", "--slurm --help")
+    assert "--job ID" in capsys.readouterr().out
 
 
 def test_worker_cell_runs_in_the_foreground_with_prefixed_output(ip, rt):
@@ -130,13 +142,20 @@ def test_killbgscripts_ends_what_ipython_leaves_behind(ip, rt, capsys):
     """IPython's own %killbgscripts signals bash and leaves `python` running."""
     python_pid = orphan_of_a_bash_bg_cell(ip)
     assert pid_alive(python_pid), "IPython's %killbgscripts now ends the child itself"
-    # Ours finds the orphan through the session mark in its environment.
-    assert cell(ip, "%%worker 0 --bg\n" + LISTENER).success
-    worker_pid = rt.get_run("worker:0").pid
+    # Ours finds the orphan through the session mark in its environment, and ends a worker's
+    # whole tree (a child and a grandchild that ignore SIGTERM like their parent).
+    assert cell(ip, "%%worker 0 --bg --ready start\n" + TREE).success
+    run = rt.get_run("worker:0")
+    deadline = time.monotonic() + 15
+    while not any(ln.startswith("grandchild ") for ln in run.lines()):
+        assert time.monotonic() < deadline, run.lines()
+        time.sleep(0.05)
+    tree = [run.pid] + [int(ln.split()[1]) for ln in run.lines() if ln.split()[0] in ("child", "grandchild")]
     ip.run_line_magic("killbgscripts", "")
     out = capsys.readouterr().out
-    assert not pid_alive(python_pid) and not pid_alive(worker_pid)
-    assert f"pid {python_pid}" in out and f"worker:0: pid {worker_pid}" in out
+    assert not pid_alive(python_pid) and not any(pid_alive(p) for p in tree)
+    assert "Ended 4 process(es)" in out and f"pid {python_pid}" in out
+    assert all(f"worker:0: pid {p} " in out for p in tree), out
     ip.run_line_magic("killbgscripts", "")
     assert "No background processes were running." in capsys.readouterr().out
 
@@ -274,8 +293,11 @@ def test_loading_the_extension_imports_only_what_registering_the_magics_needs():
         ip = InteractiveShell.instance()
         ip.run_line_magic("load_ext", "mwhelpers")
         print(sorted(m for m in sys.modules if m.startswith("mwhelpers")))
-        assert "tensorflow" not in sys.modules
-        assert ip.find_line_magic("cluster") and ip.find_cell_magic("worker")
+        assert not {"tensorflow", "keras", "tf_keras"} & set(sys.modules)
+        for name in ("cluster", "worker", "workers", "workerlog", "waitworkers", "killworker",
+                     "killbgscripts"):
+            assert ip.find_line_magic(name), name
+        assert ip.find_cell_magic("worker")
         import mwhelpers.magics, mwhelpers.workers
         assert mwhelpers.magics.BG_ENV == mwhelpers.workers.BG_ENV
         print(ip.run_line_magic("cluster", "1").tasks)

@@ -31,7 +31,7 @@ from conftest import (
     task_pids,
 )
 
-from mwhelpers.errors import InfrastructureError, UsageError, WorkerFailed
+from mwhelpers.errors import InfrastructureError, UsageError
 from mwhelpers.workshop.testhosts import missing
 
 REASON = missing(slurm=True)
@@ -86,28 +86,6 @@ def where(run):
 
 
 # -- SSH -------------------------------------------------------------------------------------
-
-def test_ssh_tasks_run_on_their_hosts_with_the_kernels_env(remote_rt, env, monkeypatch, tmp_path):
-    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
-    monkeypatch.setenv("MWH_LOCAL_ONLY", "not for other hosts")
-    h1, h2 = env.names
-    cluster = remote_rt.define_cluster(2, chief=True, hosts=[h1, h2])
-    assert [cluster.host_of(t) for t in cluster.tasks] == [h1, h2, h1]  # placed in turn
-    addrs = [cluster.address(t) for t in cluster.tasks]
-    assert [a.split(":")[0] for a in addrs] == [env.addresses[h] for h in (h1, h2, h1)]
-    assert len({a.split(":")[1] for a in addrs}) == 3
-    for t in cluster.tasks:
-        remote_rt.launch(t, code=WHERE, env={"EXTRA": "given with --env"}, background=True,
-                         ready="start")
-    remote_rt.wait(timeout=30)
-    for t, addr in zip(cluster.tasks, addrs, strict=True):
-        w = where(remote_rt.get_run(t))
-        assert w["bound"] == addr  # only possible on the host that owns the address
-        assert w["cwd"] == str(tmp_path) and w["python"].startswith(str(ROOT / ".venv"))
-        assert w["legacy"] == "1" and w["extra"] == "given with --env"
-        assert w["local_only"] is None
-    assert re.search(rf"^chief:0\s+\d+@{h1}\s+done\s+0", repr(remote_rt.status()), re.M)
-
 
 def test_two_names_for_one_host_never_share_a_port(remote_rt, env, tmp_path):
     """Two SSH names that reach the same machine (an alias): each probe finds free ports on
@@ -318,27 +296,6 @@ def test_supervise_restarts_a_task_lost_in_a_partition(remote_rt, env, monkeypat
     assert [r.returncode for r in attempts[1]["runs"]] == [0, 0]
 
 
-def test_a_killed_kernel_leaves_nothing_on_the_hosts(env, tmp_path):
-    from test_kernel import Kernel
-
-    k = Kernel(tmp_path)
-    try:
-        status, out = k.run("%load_ext mwhelpers\n"
-                            f"%cluster 2 --hosts {','.join(env.names)}\n", timeout=60)
-        assert status == "ok", out
-        for i in (0, 1):
-            status, out = k.run(f"%%worker {i} --bg --ready start\n" + STUBBORN, timeout=60)
-            assert status == "ok", out
-        deadline = time.monotonic() + 10
-        while len(task_pids(env)) < 4:  # an agent and a task on each host
-            assert time.monotonic() < deadline, task_pids(env)
-            time.sleep(0.05)
-        os.kill(k.pid, signal.SIGKILL)
-        assert gone_within(env, 5), task_pids(env)
-    finally:
-        k.close()
-
-
 @pytest.mark.tf
 def test_two_ssh_hosts_train_through_the_magics(env, tmp_path):
     from test_kernel import Kernel
@@ -427,23 +384,6 @@ def test_slurm_outside_an_allocation_says_how_to_get_one(remote_rt, env):
 def test_a_killed_slurm_worker_is_restarted_from_its_backup(remote_rt, env, allocation, tmp_path):
     remote_rt.define_cluster(2, slurm=True)
     supervise_under_chaos(remote_rt, tmp_path, kills=1, seed=2)
-
-
-def test_slurm_tasks_run_on_the_allocations_nodes(remote_rt, env, allocation):
-    cluster = remote_rt.define_cluster(2, slurm=True)
-    assert [cluster.host_of(t) for t in cluster.tasks] == env.names
-    for t in cluster.tasks:
-        remote_rt.launch(t, code=WHERE + "import time; time.sleep(60)\n", background=True)
-    for t in cluster.tasks:
-        assert where(remote_rt.get_run(t))["bound"] == cluster.address(t)
-    run = remote_rt.kill("worker:1")
-    assert run.state == "killed"
-    lines = remote_rt.end_all()
-    assert any(re.match(rf"ended worker:0: pid \d+ on {env.names[0]} with SIGINT", ln)
-               for ln in lines), lines
-    assert gone_within(env, 5)
-    with pytest.raises(WorkerFailed):
-        remote_rt.wait()
 
 
 def _squeue(job):

@@ -1,16 +1,14 @@
 """The worker runtime with real processes (no TensorFlow: fast)."""
 
-import json
 import os
 import signal
 import threading
 import time
 
 import pytest
-from conftest import LISTENER, STUBBORN, TREE, pid_alive, squatting
+from conftest import LISTENER, STUBBORN, pid_alive, squatting
 
 from mwhelpers.errors import UsageError, WorkerFailed, WorkerTimeout
-from mwhelpers.workers import port_accepts
 
 
 def test_foreground_streams_prefixed_output_with_tf_config_and_the_kernel_env(rt, monkeypatch):
@@ -60,17 +58,6 @@ def test_script_runs_as_main_with_its_args_and_own_folder_on_sys_path(rt, write)
     assert rt.echo_lines == ["[worker:0] argv ['--epochs', '3'] 42 True"]
 
 
-def test_background_returns_when_the_port_accepts_connections(rt):
-    t0 = time.monotonic()
-    run = rt.launch("worker:0", code=LISTENER, env={"DELAY": "0.6"}, background=True)
-    waited = time.monotonic() - t0
-    assert port_accepts(run.port), "launch returned before the task's port was open"
-    assert 0.6 <= waited < 10 and run.ready_after >= 0.6
-    assert run.state == "ready"
-    assert any("ready after" in ln for ln in rt.echo_lines)
-    rt.kill("worker:0")
-
-
 def test_background_task_that_fails_before_ready_raises_at_once(rt):
     t0 = time.monotonic()
     with pytest.raises(WorkerFailed, match=r"worker:0 failed: exit code 2[\s\S]*broken config"):
@@ -105,16 +92,6 @@ def test_foreground_timeout_names_the_peers_that_never_became_ready(rt):
     with pytest.raises(WorkerTimeout, match=r"worker:1 did not finish within 1 s") as err:
         rt.launch("worker:1", code=LISTENER, timeout=1)
     assert "worker:0 (never launched)" in str(err.value)
-
-
-def test_wait_reports_the_first_failure_as_root_cause(rt):
-    rt.launch("worker:0", code=LISTENER, env={"LIFETIME": "1.5", "EXIT": "1"}, background=True)
-    rt.launch("worker:1", code=LISTENER, env={"LIFETIME": "0.2", "EXIT": "3"}, background=True)
-    with pytest.raises(WorkerFailed) as err:
-        rt.wait(timeout=30)
-    msg = str(err.value)
-    assert msg.startswith("worker:1 failed: exit code 3; then worker:0 (exit code 1)")
-    assert [f.task for f in err.value.failures] == ["worker:1", "worker:0"]
 
 
 def test_wait_ends_survivors_some_time_after_a_peer_failed(rt):
@@ -152,15 +129,6 @@ def _pids_from_log(run, *names):
     raise AssertionError(f"{names} never appeared in {run.log_path}")
 
 
-def test_killworker_ends_the_whole_process_tree(rt):
-    run = rt.launch("worker:0", code=TREE, background=True, ready="start")
-    pids = _pids_from_log(run, "child", "grandchild")
-    rt.kill("worker:0", "KILL")
-    for pid in [run.pid, *pids.values()]:
-        assert not pid_alive(pid), f"pid {pid} survived %killworker"
-    assert run.state == "killed" and run.outcome() == "killed by SIGKILL (SIGKILL sent on request)"
-
-
 def test_kill_with_another_signal_reaches_the_task(rt):
     run = rt.launch("worker:0", code=LISTENER, background=True)
     rt.kill("worker:0", "term")
@@ -177,18 +145,6 @@ def test_kill_when_waits_for_the_log_line(rt):
     assert run.outcome() == r"killed by SIGKILL (SIGKILL sent when its log matched 'step 5\\b')"
     steps = [ln for ln in run.tail(0) if ln.startswith("step")]
     assert "step 5" in steps and len(steps) < 20  # killed soon after, not at the end
-
-
-def test_end_all_escalates_to_sigkill_for_processes_that_ignore_sigterm(rt):
-    run = rt.launch("worker:0", code=STUBBORN, background=True, ready="start")
-    while "waiting for peers" not in run.log_path.read_text():
-        time.sleep(0.05)
-    t0 = time.monotonic()
-    report = rt.end_all()
-    assert time.monotonic() - t0 < 6
-    command = report[0].split("(", 1)[1].split(")")[0]
-    assert report == [f"ended worker:0: pid {run.pid} ({command}) with SIGKILL"]
-    assert not pid_alive(run.pid)
 
 
 def test_end_all_finds_orphans_that_escaped_the_tree(rt):
@@ -330,38 +286,6 @@ def test_relaunching_a_task_keeps_the_previous_log(rt):
 
 # -- supervised restart -------------------------------------------------------------------
 
-FLAKY = """
-import json, os, sys, time
-task = json.loads(os.environ["TF_CONFIG"])["task"]
-marker = os.path.join(os.environ["MARKER_DIR"], "attempts-%s" % task["index"])
-n = (int(open(marker).read()) if os.path.exists(marker) else 0) + 1
-open(marker, "w").write(str(n))
-print("attempt", n, flush=True)
-if task["index"] == 1 and n == 1:
-    peer = os.path.join(os.environ["MARKER_DIR"], "attempts-0")
-    deadline = time.time() + 30
-    while not os.path.exists(peer) and time.time() < deadline:  # a slow start of worker 0
-        time.sleep(0.01)
-    os.kill(os.getpid(), 9)  # worker 1 crashes (a fault, not a bug) on its first attempt
-if n == 1:
-    time.sleep(60)         # its peer would wait for it forever
-print("trained", flush=True)
-"""
-
-
-def test_supervise_restarts_every_task_when_one_fails(rt, tmp_path):
-    attempts = rt.supervise(code=FLAKY, env={"MARKER_DIR": str(tmp_path)}, max_restarts=2,
-                            timeout=60)
-    assert len(attempts) == 2
-    assert attempts[0]["failed"][0] == ("worker:1", "killed by SIGKILL")
-    assert attempts[0]["restarted"] and "killed by SIGKILL" in attempts[0]["why"]
-    assert attempts[1]["failed"] == [] and attempts[1]["why"] == "every task finished"
-    assert all(r.returncode == 0 for r in attempts[1]["runs"])
-    assert (tmp_path / "attempts-0").read_text() == "2"  # worker 0 was restarted too
-    assert any("restarting all 2 tasks (restart 1 of 2)" in ln for ln in rt.echo_lines)
-    assert "[worker:0] trained" in rt.echo_lines
-
-
 def test_supervise_injects_faults_and_gives_up_after_max_restarts(rt, tmp_path):
     code = "import time\nfor i in range(200):\n    print('step', i, flush=True)\n    time.sleep(0.05)\n" \
            "raise SystemExit(9)\n"
@@ -424,12 +348,6 @@ def test_supervise_rejects_bad_arguments(rt):
     with pytest.raises(UsageError, match="peer_grace"):
         rt.supervise(code="print(1)", peer_grace=-1)
     assert rt.history == []
-
-
-def test_tf_config_reaches_each_task(rt):
-    rt.define_cluster(1, chief=True)
-    run = rt.launch("chief:0", code="import os; print(os.environ['TF_CONFIG'])")
-    assert json.loads(run.tail(1)[0]) == json.loads(rt.cluster.tf_config("chief:0"))
 
 
 def test_a_child_process_takes_its_own_session_mark(rt):
