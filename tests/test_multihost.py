@@ -95,7 +95,7 @@ def test_two_names_for_one_host_never_share_a_port(remote_rt, env, tmp_path):
     text = env.ssh_config.read_text()
     config.write_text(text + text.split(f"Host {h1}\n", 1)[1].split("\nHost ")[0].join(
         ["Host same-as-h1\n", "\n"]))
-    cluster = remote_rt.define_cluster(4, hosts=[h1, "same-as-h1"], ssh=f"ssh -F {config}")
+    cluster = remote_rt.define_cluster(4, backend="ssh", hosts=[h1, "same-as-h1"], ssh=f"ssh -F {config}")
     addrs = [cluster.address(t) for t in cluster.tasks]
     assert {a.split(":")[0] for a in addrs} == {env.addresses[h1]} and len(set(addrs)) == 4
     for t in cluster.tasks:
@@ -118,7 +118,7 @@ def test_ssh_errors_say_what_to_do(remote_rt, env, tmp_path):
     for kwargs, words in cases:
         t = time.monotonic()
         with pytest.raises(InfrastructureError, match=re.escape(words)) as e:
-            remote_rt.define_cluster(2, **kwargs)
+            remote_rt.define_cluster(2, backend="ssh", **kwargs)
         assert not isinstance(e.value, UsageError)  # the host failed, not the input
         assert time.monotonic() - t < 15
     assert remote_rt.cluster is None
@@ -168,12 +168,12 @@ def test_a_probe_whose_connection_sshd_dropped_is_tried_again(remote_rt, env, tm
             for key, value in (("STATE", state), ("DROPS", drops), ("DROP_PORT", port)):
                 monkeypatch.setenv(key, str(value))
             if ok:
-                cluster = remote_rt.define_cluster(2, hosts=[env.names[0]], ssh=str(wrapper))
+                cluster = remote_rt.define_cluster(2, backend="ssh", hosts=[env.names[0]], ssh=str(wrapper))
                 assert cluster.host_of("worker:1") == env.names[0]
             else:
                 with pytest.raises(InfrastructureError,
                                    match="its sshd closed the connection before greeting, 3 times"):
-                    remote_rt.define_cluster(2, hosts=[env.names[0]], ssh=str(wrapper))
+                    remote_rt.define_cluster(2, backend="ssh", hosts=[env.names[0]], ssh=str(wrapper))
             assert int(state.read_text()) == tries
 
 
@@ -182,7 +182,7 @@ def test_a_port_this_machine_cannot_reach_is_named(remote_rt, env):
     as behind a firewall) fails readiness with the address and what to check."""
     from mwhelpers.errors import WorkerTimeout
 
-    remote_rt.define_cluster(1, hosts=[env.names[0]])
+    remote_rt.define_cluster(1, backend="ssh", hosts=[env.names[0]])
     hidden = WHERE.replace("s.bind((addr, int(port)))", "s.bind(('127.0.0.1', int(port)))")
     with pytest.raises(WorkerTimeout, match=r"never accepted connections from this machine at "
                        rf"{re.escape(remote_rt.cluster.address('worker:0'))} .*a firewall blocks"):
@@ -192,7 +192,7 @@ def test_a_port_this_machine_cannot_reach_is_named(remote_rt, env):
 
 
 def test_a_dropped_connection_ends_the_remote_program(remote_rt, env):
-    remote_rt.define_cluster(1, hosts=[env.names[0]])
+    remote_rt.define_cluster(1, backend="ssh", hosts=[env.names[0]])
     run = remote_rt.launch("worker:0", code=STUBBORN, background=True, ready="start")
     deadline = time.monotonic() + 10
     while run.process.remote_pid is None:
@@ -231,7 +231,7 @@ def test_a_silent_partition_ends_the_remote_task_and_the_kernel_marks_it_lost(re
     from mwhelpers.failures import Failure
 
     h1, h2 = env.names
-    remote_rt.define_cluster(2, hosts=[h1, h2])
+    remote_rt.define_cluster(2, backend="ssh", hosts=[h1, h2])
     runs = [remote_rt.launch(t, code=STUBBORN, background=True, ready="start")
             for t in ("worker:0", "worker:1")]
     deadline = time.monotonic() + 15
@@ -269,7 +269,7 @@ def test_supervise_restarts_a_task_lost_in_a_partition(remote_rt, env, monkeypat
     started again and finishes."""
     monkeypatch.setenv("MWHELPERS_HEARTBEAT", "2")
     h1, h2 = env.names
-    remote_rt.define_cluster(2, hosts=[h1, h2])
+    remote_rt.define_cluster(2, backend="ssh", hosts=[h1, h2])
     cut = []
 
     def partition():
@@ -369,7 +369,7 @@ def supervise_under_chaos(rt, tmp_path, kills, seed):
 
 @pytest.mark.tf
 def test_random_kills_of_remote_workers_are_survived_with_backups(remote_rt, env, tmp_path):
-    remote_rt.define_cluster(2, hosts=env.names)
+    remote_rt.define_cluster(2, backend="ssh", hosts=env.names)
     supervise_under_chaos(remote_rt, tmp_path, kills=3, seed=1)
 
 
@@ -377,12 +377,12 @@ def test_random_kills_of_remote_workers_are_survived_with_backups(remote_rt, env
 
 def test_slurm_outside_an_allocation_says_how_to_get_one(remote_rt, env):
     with pytest.raises(InfrastructureError, match=r"not inside a Slurm allocation.*salloc -N 2"):
-        remote_rt.define_cluster(2, slurm=True)
+        remote_rt.define_cluster(2, backend="slurm")
 
 
 @pytest.mark.tf
 def test_a_killed_slurm_worker_is_restarted_from_its_backup(remote_rt, env, allocation, tmp_path):
-    remote_rt.define_cluster(2, slurm=True)
+    remote_rt.define_cluster(2, backend="slurm")
     supervise_under_chaos(remote_rt, tmp_path, kills=1, seed=2)
 
 
@@ -486,18 +486,18 @@ SEES_GPUS = "import os\nprint('GPUS', os.environ.get('CUDA_VISIBLE_DEVICES'), fl
 def test_gpus_per_task_come_from_each_slurm_nodes_probe(remote_rt, env, allocation, monkeypatch):
     # srun passes this to the probe on each node, as Slurm's own GPU allocation would set it
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
-    cluster = remote_rt.define_cluster(3, slurm=True, gpus_per_task=1)
+    cluster = remote_rt.define_cluster(3, backend="slurm", gpus_per_task=1)
     assert [cluster.host_of(t) for t in cluster.tasks] == [env.names[0], env.names[1], env.names[0]]
     assert [cluster.gpus_of(t) for t in cluster.tasks] == ["0", "0", "1"]  # per node, in order
     for t in cluster.tasks:
         run = remote_rt.launch(t, code=SEES_GPUS)
         assert f"GPUS {cluster.gpus_of(t)}" in run.lines(), run.lines()
     with pytest.raises(UsageError, match=rf"{env.names[0]} has GPUs 0, 1, 2, 3 .* need 3 each"):
-        remote_rt.define_cluster(3, slurm=True, gpus_per_task=3)
+        remote_rt.define_cluster(3, backend="slurm", gpus_per_task=3)
 
 
 def test_gpus_per_task_over_ssh_are_refused_where_the_probe_finds_none(remote_rt, env):
     # sshd passes no CUDA_VISIBLE_DEVICES and the test hosts have no nvidia-smi
     with pytest.raises(UsageError, match=rf"{env.names[0]} has no GPU .* need 1 each"):
-        remote_rt.define_cluster(2, hosts=env.names, gpus_per_task=1)
+        remote_rt.define_cluster(2, backend="ssh", hosts=env.names, gpus_per_task=1)
     assert remote_rt.cluster is None
