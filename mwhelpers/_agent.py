@@ -32,6 +32,8 @@ When the task's leader exits, what is left of its process group is killed,
 so nothing outlives the task on that machine.
 """
 
+from __future__ import annotations  # never evaluated: the host's Python may be older than 3.10
+
 import json
 import os
 import shutil
@@ -42,22 +44,25 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
+from types import FrameType
+from typing import Any
 
 TAG = "@mwhelpers"
 
 
-def report(*words):
+def report(*words: object) -> None:
     sys.stderr.write(" ".join([TAG, *map(str, words)]) + "\n")
     sys.stderr.flush()
 
 
-def say(text):
+def say(text: str) -> None:
     """A line for the task's log (the agent's own explanation of a failure)."""
     sys.stdout.write(f"[mwhelpers agent on {socket.gethostname()}] {text}\n")
     sys.stdout.flush()
 
 
-def group_alive(pgid):
+def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
         return True
@@ -67,14 +72,14 @@ def group_alive(pgid):
         return True
 
 
-def kill_group(pgid, sig):
+def kill_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
     except OSError:
         pass
 
 
-def _die_with_parent():
+def _die_with_parent() -> None:
     # The task's leader gets SIGKILL should the agent itself die.
     try:
         import ctypes
@@ -84,7 +89,7 @@ def _die_with_parent():
         pass
 
 
-def port_taken(port):
+def port_taken(port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -95,14 +100,14 @@ def port_taken(port):
 
 
 class Agent:
-    def __init__(self, header):
+    def __init__(self, header: dict[str, Any]) -> None:
         self.header = header
-        self.child = None
+        self.child: subprocess.Popen[bytes] | None = None
         self.lock = threading.Lock()  # one ending at a time; the exit report waits for it
         self.exited = threading.Event()
         self.heard = time.monotonic()  # when the kernel last said anything
 
-    def start(self):
+    def start(self) -> int | None:
         h = self.header
         folder = tempfile.mkdtemp(prefix="mwhelpers-task-")
         self.folder = folder
@@ -139,7 +144,7 @@ class Agent:
         report("started", self.child.pid, socket.gethostname())
         return None
 
-    def end(self, steps):
+    def end(self, steps: Iterable[tuple[int, float]]) -> None:
         """Escalate through ``steps`` [(signal, seconds)] until the group is gone."""
         with self.lock:
             if self.child is None:
@@ -155,7 +160,9 @@ class Agent:
                         report("ended", signal.Signals(sig).name)
                         return
 
-    def commands(self):
+    def commands(self) -> None:
+        child = self.child
+        assert child is not None  # read once the task has started
         for line in sys.stdin:
             self.heard = time.monotonic()
             words = line.split()
@@ -165,9 +172,9 @@ class Agent:
                 if words[0] == "ping":
                     report("pong")
                 elif words[0] == "signal":
-                    kill_group(self.child.pid, int(words[1]))
+                    kill_group(child.pid, int(words[1]))
                 elif words[0] == "dump":
-                    os.kill(self.child.pid, signal.SIGUSR1)
+                    os.kill(child.pid, signal.SIGUSR1)
                 elif words[0] == "end":
                     steps = [(int(s.split(":")[0]), float(s.split(":")[1]))
                              for s in words[1].split(",")]
@@ -177,7 +184,7 @@ class Agent:
         # End of input: the kernel, or the connection to it, is gone.
         self.end([(signal.SIGKILL, 5.0)])
 
-    def watch_heartbeat(self, limit):
+    def watch_heartbeat(self, limit: float) -> None:
         """Kill the group once the kernel has been silent for ``limit`` seconds."""
         while not self.exited.wait(min(1.0, limit / 4)):
             silent = time.monotonic() - self.heard
@@ -187,24 +194,26 @@ class Agent:
                 self.end([(signal.SIGKILL, 5.0)])
                 return
 
-    def run(self):
+    def run(self) -> int:
         code = self.start()
         if code is not None:
             return code
+        child = self.child
+        assert child is not None  # start() returns None once it has started the task
         threading.Thread(target=self.commands, daemon=True).start()
         limit = self.header.get("heartbeat")
         if limit:
             self.heard = time.monotonic()
             threading.Thread(target=self.watch_heartbeat, args=(float(limit),), daemon=True).start()
-        code = self.child.wait()
+        code = child.wait()
         self.exited.set()
         with self.lock:
-            if group_alive(self.child.pid):  # helpers left behind by the task
-                kill_group(self.child.pid, signal.SIGKILL)
+            if group_alive(child.pid):  # helpers left behind by the task
+                kill_group(child.pid, signal.SIGKILL)
         return code
 
 
-def main():
+def main() -> int:
     line = sys.stdin.readline()
     try:
         header = json.loads(line)
@@ -213,7 +222,8 @@ def main():
         return 2
     agent = Agent(header)
 
-    def on_signal(signum, frame):  # the same as end of input, without waiting in a handler
+    # the same as end of input, without waiting in a handler
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         if agent.child is not None:
             kill_group(agent.child.pid, signal.SIGKILL)
         report("exit", -signal.SIGKILL)

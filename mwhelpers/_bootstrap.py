@@ -36,15 +36,18 @@ import sys
 import threading
 import types
 
+# No ``from __future__ import annotations`` here: main's compile() would pass it on to the
+# user's program.  The annotations below are ones every Python 3 evaluates.
 
-def _arm_guard():
+
+def _arm_guard() -> None:
     fd_text = os.environ.pop("MWHELPERS_GUARD_FD", "")
     if not fd_text:
         return
     fd = int(fd_text)
     os.set_inheritable(fd, False)  # children of the worker need not hold it
 
-    def watch():
+    def watch() -> None:
         try:
             while os.read(fd, 1):
                 pass
@@ -59,15 +62,16 @@ def _arm_guard():
     threading.Thread(target=watch, name="mwhelpers-parent-guard", daemon=True).start()
 
 
-def _load(name):
+def _load(name: str) -> types.ModuleType:
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
     spec = importlib.util.spec_from_file_location(f"_mwhelpers_{name}", path)
+    assert spec is not None and spec.loader is not None  # a .py file always has both
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def _arm_import_hooks():
+def _arm_import_hooks() -> None:
     tfdata = _load("tfdata")
     if tfdata.stall_fix_wanted(os.environ):
         tfdata.install_import_hook()
@@ -77,7 +81,7 @@ def _arm_import_hooks():
     tfdata.after_import("tensorflow", _load("taskfacts").say)
 
 
-def main():
+def main() -> int:
     cell = len(sys.argv) > 1 and sys.argv[1] == "--cell"
     if cell:
         del sys.argv[1]
@@ -98,7 +102,7 @@ def main():
     # program does not see this file's names.
     module = types.ModuleType("__main__")
     module.__file__ = script
-    module.__builtins__ = builtins
+    module.__builtins__ = builtins  # type: ignore[attr-defined]  # as __main__ has them
     sys.modules["__main__"] = module
     exec(code, module.__dict__)
     return 0

@@ -56,12 +56,17 @@ This file imports only the standard library at module level, so the worker
 start-up can load it by path without the mwhelpers package.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import re
 import shutil
 import sys
 import threading
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 ISSUE = "keras-team/keras#20585"
 KERAS_FIX_ENV = "MWHELPERS_KERAS_FIX"
@@ -101,22 +106,26 @@ FIXED_UPSTREAM = ("[mwhelpers] Keras {version} does not have the failing lines o
                   + " in its trainer: nothing to mend, Keras runs unchanged")
 OFF = ("[mwhelpers] fix_keras_multi_worker(): not armed, " + KERAS_FIX_ENV + "=0 says off "
        "(Keras runs unchanged)")
-_said = set()
+_said: set[str] = set()
 _local = threading.local()
+if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of other hosts)
+    # A rewrite of one form of ``strategy.reduce``: (strategy, the real reduce, reduce_op,
+    # value, axis) -> a 1-tuple holding the result, or None to leave the call to the real one.
+    Rewrite = Callable[[Any, Callable[..., Any], Any, Any, Any], tuple[Any] | None]
 
 
-def _say_once(key, line):
+def _say_once(key: str, line: str) -> None:
     if key not in _said:
         _said.add(key)
         print(line, file=sys.stderr, flush=True)
 
 
-def fix_wanted(environ):
+def fix_wanted(environ: Mapping[str, str]) -> bool:
     """False when ``MWHELPERS_KERAS_FIX`` says off (0, false, no, off); on by default."""
     return environ.get(KERAS_FIX_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def multi_worker_job(environ=os.environ):
+def multi_worker_job(environ: Mapping[str, str] = os.environ) -> bool:
     """True when TF_CONFIG names more than one worker-like task (chief and workers)."""
     try:
         cluster = json.loads(environ.get("TF_CONFIG") or "{}").get("cluster", {})
@@ -125,7 +134,7 @@ def multi_worker_job(environ=os.environ):
         return False
 
 
-def keras_version():
+def keras_version() -> str | None:
     """The version of the Keras this process imported, from the module itself."""
     for name in ("keras.src.version", "keras"):
         version = getattr(sys.modules.get(name), "__version__", None)
@@ -134,12 +143,12 @@ def keras_version():
     return None
 
 
-def major_minor(version):
+def major_minor(version: str | None) -> tuple[int, ...]:
     """(3, 15) for '3.15.1', '3.15.0.dev2026', ...; () when there are no numbers."""
     return tuple(int(n) for n in re.findall(r"\d+", version or "")[:2])
 
 
-def _source(function):
+def _source(function: Callable[..., Any]) -> str | None:
     import inspect
 
     try:
@@ -148,9 +157,9 @@ def _source(function):
         return None
 
 
-def _multi_worker(strategy):
+def _multi_worker(strategy: Any) -> bool:
     """True for a MultiWorkerMirroredStrategy in multi-worker mode (the only case changed)."""
-    tf = sys.modules.get("tensorflow")
+    tf: Any = sys.modules.get("tensorflow")
     try:
         return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
                 and bool(strategy.extended._in_multi_worker_mode()))
@@ -164,26 +173,26 @@ class _Reduce:
     """Stands in for ``strategy.reduce`` on one strategy while one Keras call runs (on this
     thread), rewriting only the failing form of the call; all others go to the strategy."""
 
-    def __init__(self, strategy, rewrite):
+    def __init__(self, strategy: Any, rewrite: Rewrite) -> None:
         self.strategy = strategy
         self.real = strategy.reduce
         self.rewrite = rewrite
 
-    def __call__(self, reduce_op, value, axis=None):
+    def __call__(self, reduce_op: Any, value: Any, axis: Any = None) -> Any:
         if getattr(_local, "active", None) is self:
             rewritten = self.rewrite(self.strategy, self.real, reduce_op, value, axis)
             if rewritten is not None:
                 return rewritten[0]
         return self.real(reduce_op, value, axis=axis)
 
-    def __enter__(self):
-        self.outer = getattr(_local, "active", None)
+    def __enter__(self) -> _Reduce:
+        self.outer: _Reduce | None = getattr(_local, "active", None)
         _local.active = self
         self.had = "reduce" in vars(self.strategy)
         self.strategy.reduce = self
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         if self.had:
             self.strategy.reduce = self.real
         else:
@@ -191,12 +200,13 @@ class _Reduce:
         _local.active = self.outer
 
 
-def _distributed(value):
+def _distributed(value: Any) -> bool:
     tf = sys.modules["tensorflow"]
     return isinstance(value, tf.distribute.DistributedValues)
 
 
-def _first_local_batch(strategy, real, reduce_op, value, axis):
+def _first_local_batch(strategy: Any, real: Callable[..., Any], reduce_op: Any, value: Any,
+                       axis: Any) -> tuple[Any] | None:
     """Bug 1: a batch reduced only for its shapes: each element's first local replica."""
     tf = sys.modules["tensorflow"]
     flat = tf.nest.flatten(value)
@@ -205,17 +215,18 @@ def _first_local_batch(strategy, real, reduce_op, value, axis):
     return (tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], value),)
 
 
-def _logs_mean(strategy, real, reduce_op, value, axis):
+def _logs_mean(strategy: Any, real: Callable[..., Any], reduce_op: Any, value: Any,
+               axis: Any) -> tuple[Any] | None:
     """Bug 2: the scalar logs' mean over axis 0: the mean across replicas instead."""
     if axis != 0 or str(getattr(reduce_op, "value", reduce_op)).upper() != "MEAN":
         return None
     return (real(reduce_op, value, axis=None),)
 
 
-def _wrap_method(cls, name, rewrite, announce):
+def _wrap_method(cls: type, name: str, rewrite: Rewrite, announce: Callable[[], None]) -> None:
     original = getattr(cls, name)
 
-    def method(self, *args, **kwargs):
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         strategy = getattr(self, "_distribute_strategy", None)
         if strategy is None or not _multi_worker(strategy):
             return original(self, *args, **kwargs)
@@ -224,14 +235,15 @@ def _wrap_method(cls, name, rewrite, announce):
             return original(self, *args, **kwargs)
 
     method.__name__ = name
-    method.__wrapped__ = original
+    method.__wrapped__ = original  # type: ignore[attr-defined]
     setattr(cls, name, method)
 
 
-def _wrap_function(module, name, rewrite, announce):
+def _wrap_function(module: ModuleType, name: str, rewrite: Rewrite,
+                   announce: Callable[[], None]) -> None:
     original = getattr(module, name)
 
-    def function(values, strategy, reduction, *args, **kwargs):
+    def function(values: Any, strategy: Any, reduction: Any, *args: Any, **kwargs: Any) -> Any:
         if not _multi_worker(strategy):
             return original(values, strategy, reduction, *args, **kwargs)
         announce()
@@ -239,11 +251,11 @@ def _wrap_function(module, name, rewrite, announce):
             return original(values, strategy, reduction, *args, **kwargs)
 
     function.__name__ = name
-    function.__wrapped__ = original
+    function.__wrapped__ = original  # type: ignore[attr-defined]
     setattr(module, name, function)
 
 
-def _trainer_class(module):
+def _trainer_class(module: ModuleType) -> type | None:
     """Keras's TensorFlow trainer: TensorFlowTrainer (3.0 to 3.15), Trainer (3.16 nightlies)."""
     for name in ("TensorFlowTrainer", "Trainer"):
         cls = getattr(module, name, None)
@@ -252,7 +264,7 @@ def _trainer_class(module):
     return None
 
 
-def _trainer_plan(module, version):
+def _trainer_plan(module: ModuleType, version: str) -> tuple[tuple[str, ...] | None, str | None]:
     """What to mend in this trainer module: (('build', 'logs') subsets, None) or (None, why)."""
     numbers = major_minor(version)
     if not numbers:
@@ -288,7 +300,7 @@ def _trainer_plan(module, version):
     return tuple(places), None
 
 
-def patch_trainer(module):
+def patch_trainer(module: ModuleType) -> bool:
     """Mend ``keras.src.backend.tensorflow.trainer``; True when something was changed."""
     if getattr(module, _PATCHED, False):
         return False
@@ -308,12 +320,12 @@ def patch_trainer(module):
     numbers = major_minor(version)
     what += "".join(f"; not mended: {c}" for low, high, c in CAVEATS if low <= numbers <= high)
 
-    def announce():
+    def announce() -> None:
         _say_once("notice", NOTICE.format(version=version, what=what))
 
-    if "build" in places:
-        _wrap_method(_trainer_class(module), "_maybe_symbolic_build", _first_local_batch,
-                     announce)
+    trainer = _trainer_class(module)
+    if "build" in places and trainer is not None:  # the plan found the class
+        _wrap_method(trainer, "_maybe_symbolic_build", _first_local_batch, announce)
     if "logs" in places:
         _wrap_function(module, "reduce_per_replica", _logs_mean, announce)
     setattr(module, _PATCHED, True)
@@ -322,7 +334,7 @@ def patch_trainer(module):
 
 # -- the callbacks ----------------------------------------------------------------------
 
-def _worker_of(model):
+def _worker_of(model: Any) -> tuple[Any, bool, str] | None:
     """(strategy, chief?, temporary folder name) under multi-worker MWMS, else None."""
     strategy = getattr(model, "_distribute_strategy", None)
     if strategy is None or not _multi_worker(strategy):
@@ -332,22 +344,22 @@ def _worker_of(model):
     return strategy, chief, f"workertemp_{getattr(extended, '_task_id', 0)}"
 
 
-def _local_path(path):
+def _local_path(path: object) -> bool:
     return "://" not in str(path)
 
 
-def _remove_tree(path):
+def _remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _remove_empty(path):
+def _remove_empty(path: str) -> None:
     try:
         os.rmdir(path)
     except OSError:
         pass
 
 
-def _patch_backup(module):
+def _patch_backup(module: ModuleType) -> str | None:
     cls = getattr(module, "BackupAndRestore", None)
     needed = ("_save_model", "on_train_begin", "on_train_end")
     attributes = ("backup_dir", "_weights_path", "_training_metadata_path", "_prev_weights_path",
@@ -358,12 +370,12 @@ def _patch_backup(module):
         return None
     save, train_begin, train_end = cls._save_model, cls.on_train_begin, cls.on_train_end
 
-    def paths(self, folder):
+    def paths(self: Any, folder: str) -> dict[str, str]:
         names = {a: os.path.basename(str(getattr(self, a))) for a in attributes[1:]
                  if hasattr(self, a)}
         return {"backup_dir": folder, **{a: os.path.join(folder, n) for a, n in names.items()}}
 
-    def save_to(self, where):
+    def save_to(self: Any, where: Mapping[str, str]) -> None:
         before = {a: getattr(self, a) for a in where}
         try:
             for a, v in where.items():
@@ -373,7 +385,7 @@ def _patch_backup(module):
             for a, v in before.items():
                 setattr(self, a, v)
 
-    def _save_model(self):
+    def _save_model(self: Any) -> Any:
         worker = _worker_of(self.model)
         if worker is None or not all(hasattr(self, a) for a in attributes[:3]):
             return save(self)
@@ -407,7 +419,7 @@ def _patch_backup(module):
         _remove_tree(staging)
         return None
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self: Any, logs: Any = None) -> Any:
         result = train_begin(self, logs)
         restored = getattr(self.model, "_initial_epoch", None)
         # Keras counts finished epochs from 0 in every process and saves that count: start it
@@ -416,7 +428,7 @@ def _patch_backup(module):
             self._current_epoch = restored
         return result
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self: Any, logs: Any = None) -> Any:
         worker = _worker_of(self.model)
         if worker is None:
             return train_end(self, logs)
@@ -437,13 +449,13 @@ def _patch_backup(module):
 
     for f, original in ((_save_model, save), (on_train_begin, train_begin),
                         (on_train_end, train_end)):
-        f.__wrapped__ = original
+        f.__wrapped__ = original  # type: ignore[attr-defined]
         setattr(cls, f.__name__, f)
     setattr(cls, _PATCHED, True)
     return None
 
 
-def _patch_checkpoint(module):
+def _patch_checkpoint(module: ModuleType) -> str | None:
     cls = getattr(module, "ModelCheckpoint", None)
     needed = ("_save_model", "_get_file_path")
     if cls is None or not all(callable(getattr(cls, n, None)) for n in needed):
@@ -452,7 +464,7 @@ def _patch_checkpoint(module):
         return None
     save, file_path = cls._save_model, cls._get_file_path
 
-    def _get_file_path(self, *args, **kwargs):
+    def _get_file_path(self: Any, *args: Any, **kwargs: Any) -> Any:
         path = file_path(self, *args, **kwargs)
         worker = _worker_of(self.model)
         if worker is None:
@@ -464,7 +476,7 @@ def _patch_checkpoint(module):
             who=(CHIEF_WRITES if worker[1] else OTHER_WRITES).format(path=path, temp=temp)))
         return path if worker[1] else temp
 
-    def _save_model(self, *args, **kwargs):
+    def _save_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = save(self, *args, **kwargs)
         worker = _worker_of(self.model)
         if worker is not None and not worker[1]:
@@ -473,13 +485,13 @@ def _patch_checkpoint(module):
         return result
 
     for f, original in ((_save_model, save), (_get_file_path, file_path)):
-        f.__wrapped__ = original
+        f.__wrapped__ = original  # type: ignore[attr-defined]
         setattr(cls, f.__name__, f)
     setattr(cls, _PATCHED, True)
     return None
 
 
-def patch_callbacks(module):
+def patch_callbacks(module: ModuleType) -> None:
     """Make BackupAndRestore or ModelCheckpoint (whichever ``module`` defines) chief-aware."""
     patch = _patch_backup if module.__name__ == BACKUP else _patch_checkpoint
     why = patch(module)
@@ -487,8 +499,8 @@ def patch_callbacks(module):
         _say_once(f"skipped-{module.__name__}", SKIPPED.format(why=why))
 
 
-def _safely(patch):
-    def run(module):
+def _safely(patch: Callable[[ModuleType], object]) -> Callable[[ModuleType], None]:
+    def run(module: ModuleType) -> None:
         try:
             patch(module)
         except Exception as e:  # a Keras we do not know: run it unchanged
@@ -496,7 +508,7 @@ def _safely(patch):
     return run
 
 
-def install(after_import):
+def install(after_import: Callable[[str, Callable[[ModuleType], object]], None]) -> None:
     """Mend Keras as soon as it loads its trainer and callbacks (now, where it already has);
     ``after_import(name, callback)`` is :func:`mwhelpers.tfdata.after_import`."""
     after_import(TRAINER, _safely(patch_trainer))

@@ -22,7 +22,9 @@ TF 2.21: tensors, variables, datasets, models, ``list_logical_devices``);
 from __future__ import annotations
 
 import ast
+import os
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from .kerasfix import GRADIENTS_REDUCED_SINCE, major_minor
@@ -43,7 +45,7 @@ _OPS = re.compile(
 _MAX_DEPTH = 4
 
 
-def _qualify(name):
+def _qualify(name: str) -> str:
     """``tensorflow.keras.X`` / ``tf_keras.X`` / ``keras.X`` -> ``keras.X``; ``tensorflow.X`` ->
     ``tf.X``."""
     for prefix in ("tensorflow.keras.", "tensorflow.python.keras.", "tf_keras.", "keras.src."):
@@ -57,13 +59,13 @@ def _qualify(name):
 class _Program:
     """One parsed file: its imports (local name -> qualified name) and its functions."""
 
-    def __init__(self, path, source, cell=False):
+    def __init__(self, path: str | os.PathLike[str], source: str, cell: bool = False) -> None:
         self.path = Path(path)
         self.cell = cell
         self.tree = ast.parse(source, filename=str(path))
-        self.names = {}
-        self.functions = {}
-        self.modules = {}  # local name -> module name, for `import mnist_setup`
+        self.names: dict[str, str] = {}
+        self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+        self.modules: dict[str, str] = {}  # local name -> module name, for `import mnist_setup`
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Import):
                 for a in node.names:
@@ -77,7 +79,7 @@ class _Program:
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.functions.setdefault(node.name, node)
 
-    def qualified(self, func):
+    def qualified(self, func: ast.expr) -> str | None:
         """The qualified name of a call's function (``tf.constant``), or None."""
         parts = []
         while isinstance(func, ast.Attribute):
@@ -88,12 +90,12 @@ class _Program:
         head = self.names.get(func.id, func.id)
         return _qualify(".".join([head, *reversed(parts)]))
 
-    def where(self, node):
+    def where(self, node: ast.stmt | ast.expr) -> str:
         return f"line {node.lineno} of the cell" if self.cell else \
             f"{self.path.name} line {node.lineno}"
 
 
-def _calls_in_order(node):
+def _calls_in_order(node: ast.AST) -> list[ast.Call]:
     calls = [n for n in ast.walk(node) if isinstance(n, ast.Call)]
     # Arguments run before the call that takes them: a deeper, later-ending node first.
     return sorted(calls, key=lambda c: (c.end_lineno, c.end_col_offset))
@@ -103,18 +105,18 @@ class _Walker:
     """Follows a program's statements in the order they run, noting TensorFlow operations
     and the creation of MultiWorkerMirroredStrategy."""
 
-    def __init__(self, program, folders):
+    def __init__(self, program: _Program, folders: Iterable[str | os.PathLike[str]]) -> None:
         self.program = program
         self.folders = folders
-        self.first_op = None  # (where, call text)
-        self.mwms = None  # where
-        self._seen = set()
-        self._loaded = {}
+        self.first_op: tuple[str, str] | None = None  # (where, call text)
+        self.mwms: str | None = None  # where
+        self._seen: set[tuple[Path, str]] = set()
+        self._loaded: dict[str, _Program | None] = {}
 
-    def run(self):
+    def run(self) -> None:
         self._body(self.program, self.program.tree.body, 0, ())
 
-    def _module(self, name):
+    def _module(self, name: str) -> _Program | None:
         if name not in self._loaded:
             self._loaded[name] = None
             for folder in self.folders:
@@ -127,7 +129,8 @@ class _Walker:
                     break
         return self._loaded[name]
 
-    def _body(self, program, stmts, depth, via):
+    def _body(self, program: _Program, stmts: Iterable[ast.stmt], depth: int,
+              via: tuple[str, ...]) -> None:
         for stmt in stmts:
             if self.mwms:
                 return
@@ -142,7 +145,7 @@ class _Walker:
                 if self.mwms:
                     return
 
-    def _call(self, program, call, depth, via):
+    def _call(self, program: _Program, call: ast.Call, depth: int, via: tuple[str, ...]) -> None:
         name = program.qualified(call.func)
         if name is None:
             return
@@ -156,7 +159,7 @@ class _Walker:
             return
         if depth >= _MAX_DEPTH:
             return
-        target = None
+        target: tuple[_Program, ast.FunctionDef | ast.AsyncFunctionDef] | None = None
         if isinstance(call.func, ast.Name) and call.func.id in program.functions:
             target = (program, program.functions[call.func.id])
         elif isinstance(call.func, ast.Name) and name.count(".") == 1:  # from mod import f
@@ -165,8 +168,8 @@ class _Walker:
             if other is not None and func in other.functions:
                 target = (other, other.functions[func])
         elif isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name):
-            module = program.modules.get(call.func.value.id)
-            other = self._module(module) if module and "." not in module else None
+            imported = program.modules.get(call.func.value.id)
+            other = self._module(imported) if imported and "." not in imported else None
             if other is not None and call.func.attr in other.functions:
                 target = (other, other.functions[call.func.attr])
         if target and (target[0].path, target[1].name) not in self._seen:
@@ -174,21 +177,21 @@ class _Walker:
             self._body(target[0], target[1].body, depth + 1, (program.where(call), *via))
 
 
-def _is_main_guard(test):
+def _is_main_guard(test: ast.expr) -> bool:
     return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
             and test.left.id == "__name__")
 
 
-def _sets_tf_config(program):
+def _sets_tf_config(program: _Program) -> str | None:
     """Where the program assigns TF_CONFIG itself, outside an ``if`` about TF_CONFIG."""
-    guarded = set()
+    guarded: set[int] = set()
     for node in ast.walk(program.tree):
         if isinstance(node, ast.If) and "TF_CONFIG" in ast.unparse(node.test):
             guarded |= {id(n) for n in ast.walk(node)}
     for node in ast.walk(program.tree):
         if id(node) in guarded:
             continue
-        text = None
+        text: ast.Assign | ast.Call | None = None
         if isinstance(node, ast.Assign):
             if any(_environ_key(t) == "TF_CONFIG" for t in node.targets):
                 text = node
@@ -202,7 +205,7 @@ def _sets_tf_config(program):
     return None
 
 
-def _environ_key(target):
+def _environ_key(target: ast.expr) -> object:
     if isinstance(target, ast.Subscript) and ast.unparse(target.value) in ("os.environ",
                                                                           "environ"):
         key = target.slice
@@ -211,7 +214,7 @@ def _environ_key(target):
     return None
 
 
-def _sets_legacy_itself(program):
+def _sets_legacy_itself(program: _Program) -> bool:
     """The program selects tf_keras itself: TF_USE_LEGACY_KERAS set to a true value in its
     source, or ``import tf_keras``."""
     for node in ast.walk(program.tree):
@@ -223,12 +226,12 @@ def _sets_legacy_itself(program):
     return any(v == "tf_keras" or v.startswith("tf_keras.") for v in program.names.values())
 
 
-def _fit_calls(program):
+def _fit_calls(program: _Program) -> list[ast.Call]:
     return [n for n in ast.walk(program.tree) if isinstance(n, ast.Call)
             and isinstance(n.func, ast.Attribute) and n.func.attr == "fit"]
 
 
-def _steps_per_execution(program):
+def _steps_per_execution(program: _Program) -> tuple[ast.Call, str] | None:
     """The first ``compile(..., steps_per_execution=N)`` with N other than 1, or None."""
     for node in ast.walk(program.tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
@@ -240,8 +243,10 @@ def _steps_per_execution(program):
     return None
 
 
-def check(source, path, env, keras_version=None, tf_version=None, folders=(), cell=False,
-          keras_fix=True):
+def check(source: str, path: str | os.PathLike[str], env: Mapping[str, str],
+          keras_version: str | None = None, tf_version: str | None = None,
+          folders: Sequence[str | os.PathLike[str]] = (), cell: bool = False,
+          keras_fix: bool = True) -> list[str]:
     """Warnings (plain sentences) about ``source`` (the program at ``path``; ``cell``: a
     notebook cell's code) run with the environment ``env``.  ``keras_version`` and
     ``tf_version``: what the task's Python has installed (None: unknown, the Keras checks
@@ -253,7 +258,7 @@ def check(source, path, env, keras_version=None, tf_version=None, folders=(), ce
         program = _Program(path, source, cell)
     except (SyntaxError, ValueError):
         return []
-    warnings = []
+    warnings: list[str] = []
     walker = _Walker(program, folders)
     walker.run()
     if walker.mwms and walker.first_op:
@@ -295,15 +300,15 @@ def check(source, path, env, keras_version=None, tf_version=None, folders=(), ce
             "MultiWorkerMirroredStrategy, Keras 3's fit fails with more than one step per "
             "execution (\"You must feed a value for placeholder tensor ...cond/Placeholder\"), "
             "with or without mwhelpers' fix. Use steps_per_execution=1, the default.")
-    where = _sets_tf_config(program)
-    if where:
+    sets_config = _sets_tf_config(program)
+    if sets_config:
         warnings.append(
-            f"{where} sets TF_CONFIG itself: that replaces the TF_CONFIG mwhelpers gives each "
+            f"{sets_config} sets TF_CONFIG itself: that replaces the TF_CONFIG mwhelpers gives each "
             "task from the cluster (%cluster), so the tasks would not be the cluster you "
             "defined. Delete that line, or set it only when TF_CONFIG is not already set.")
     return warnings
 
 
-def _keras3(keras_version, tf_version):
+def _keras3(keras_version: str | None, tf_version: str | None) -> bool:
     return bool(keras_version and tf_version) and major_minor(keras_version) >= (3, 0) \
         and major_minor(tf_version) >= (2, 16)

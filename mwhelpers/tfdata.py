@@ -34,15 +34,20 @@ This file imports only the standard library at module level, so the worker
 start-up can load it by path without the mwhelpers package.
 """
 
+from __future__ import annotations
+
 import importlib.abc
 import sys
 import warnings
+from collections.abc import Callable, Mapping, Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
 from typing import Any
 
 _PATCHED = "_mwhelpers_no_autotune"
 
 
-def _no_autotune_options():
+def _no_autotune_options() -> Any:
     import tensorflow as tf
 
     options = tf.data.Options()
@@ -50,7 +55,7 @@ def _no_autotune_options():
     return options
 
 
-def _patch_device_datasets():
+def _patch_device_datasets() -> bool:
     """Make the per-device datasets of MultiDeviceIterator run without autotuning."""
     try:
         from tensorflow.python.data.ops import multi_device_iterator_ops as mdi
@@ -59,11 +64,11 @@ def _patch_device_datasets():
     except (ImportError, AttributeError):
         return False
     if not getattr(original, _PATCHED, False):
-        def create_device_dataset(*args, **kwargs):
+        def create_device_dataset(*args: Any, **kwargs: Any) -> Any:
             return original(*args, **kwargs).with_options(_no_autotune_options())
 
         setattr(create_device_dataset, _PATCHED, True)
-        create_device_dataset.__wrapped__ = original
+        create_device_dataset.__wrapped__ = original  # type: ignore[attr-defined]
         mdi._create_device_dataset = create_device_dataset
     return True
 
@@ -98,23 +103,23 @@ SKIPPED = ("[mwhelpers] the end-of-fit stall workaround is not applied, tf.data 
 # The private methods wrapped, with the name of the argument after ``self`` that each takes.
 WRAPPED = (("_experimental_distribute_dataset", "dataset"),
            ("_distribute_datasets_from_function", "dataset_fn"))
-_said = set()
+_said: set[str] = set()
 
 
-def _say_once(key, line):
+def _say_once(key: str, line: str) -> None:
     if key not in _said:
         _said.add(key)
         print(line, file=sys.stderr, flush=True)
 
 
-def _tf_version():
+def _tf_version() -> str:
     module = sys.modules.get("tensorflow")
     version = getattr(module, "__version__", None) or getattr(
         getattr(module, "version", None), "VERSION", None)
     return f"TensorFlow {version}" if version else "this TensorFlow"
 
 
-def _why_not(ext):
+def _why_not(ext: object) -> str | None:
     """Why ``ext`` (CollectiveAllReduceExtended) cannot be wrapped safely, or None."""
     import inspect
 
@@ -134,7 +139,7 @@ def _why_not(ext):
     return None
 
 
-def _without_autotune(dataset):
+def _without_autotune(dataset: Any) -> Any:
     """``dataset`` with autotuning off, or unchanged (and said why) when that cannot be done."""
     if not _patch_device_datasets():
         # Both iterators must stop autotuning; the user's alone does not end the stall.
@@ -150,14 +155,14 @@ def _without_autotune(dataset):
     return dataset
 
 
-def patch_mwms(module):
+def patch_mwms(module: ModuleType) -> bool:
     """Make MWMS distribute datasets (and iterate per device) without autotuning.
 
     Returns True when patched.  When this TensorFlow's private methods are
     missing or take other arguments, nothing is changed, the log says so in
     one line, and False is returned: the program runs as without mwhelpers.
     """
-    ext = getattr(module, "CollectiveAllReduceExtended", None)
+    ext: Any = getattr(module, "CollectiveAllReduceExtended", None)  # TensorFlow's private class
     if getattr(ext, _PATCHED, False):
         return False
     why = _why_not(ext)
@@ -167,10 +172,11 @@ def patch_mwms(module):
     distribute = ext._experimental_distribute_dataset
     from_function = ext._distribute_datasets_from_function
 
-    def _experimental_distribute_dataset(self, dataset, *args, **kwargs):
+    def _experimental_distribute_dataset(self: Any, dataset: Any, *args: Any, **kwargs: Any) -> Any:
         return distribute(self, _without_autotune(dataset), *args, **kwargs)
 
-    def _distribute_datasets_from_function(self, dataset_fn, *args, **kwargs):
+    def _distribute_datasets_from_function(self: Any, dataset_fn: Callable[[Any], Any], *args: Any,
+                                           **kwargs: Any) -> Any:
         return from_function(self, lambda ctx: _without_autotune(dataset_fn(ctx)), *args, **kwargs)
 
     ext._experimental_distribute_dataset = _experimental_distribute_dataset
@@ -179,7 +185,7 @@ def patch_mwms(module):
     return True
 
 
-def _patch_safely(module):
+def _patch_safely(module: ModuleType) -> None:
     try:
         patch_mwms(module)
     except Exception as e:  # a TensorFlow we do not know: run the program unpatched
@@ -189,11 +195,12 @@ def _patch_safely(module):
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Runs ``callback(module)`` right after the module ``name`` is first executed."""
 
-    def __init__(self, name, callback):
+    def __init__(self, name: str, callback: Callable[[ModuleType], object]) -> None:
         self.name = name
         self.callback = callback
 
-    def find_spec(self, fullname, path, target=None):
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname != self.name:
             return None
         for finder in sys.meta_path:
@@ -209,22 +216,22 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             return None
         run = loader.exec_module
 
-        def exec_module(module):
+        def exec_module(module: ModuleType) -> None:
             run(module)
             if self in sys.meta_path:
                 sys.meta_path.remove(self)
             callback(module)
 
-        loader.exec_module = exec_module
+        loader.exec_module = exec_module  # type: ignore[method-assign]  # this loader's, once
         return spec
 
 
-def stall_fix_wanted(environ):
+def stall_fix_wanted(environ: Mapping[str, str]) -> bool:
     """False when ``MWHELPERS_STALL_FIX`` says off (0, false, no, off); on by default."""
     return environ.get(STALL_FIX_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def after_import(name, callback):
+def after_import(name: str, callback: Callable[[ModuleType], object]) -> None:
     """Call ``callback(module)`` once the module ``name`` has been executed (now, when it
     already has been; once per name)."""
     module = sys.modules.get(name)
@@ -234,7 +241,7 @@ def after_import(name, callback):
         sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
-def install_import_hook():
+def install_import_hook() -> bool:
     """Patch MultiWorkerMirroredStrategy as soon as TensorFlow loads it (or now)."""
     after_import(MWMS_MODULE, _patch_safely)
     return True
