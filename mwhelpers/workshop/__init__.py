@@ -14,8 +14,10 @@ several machines on one laptop:
 * :mod:`.data`: :func:`load_mnist`, real MNIST digits online or offline.
 """
 
+from typing import Any
 
-def __getattr__(name):
+
+def __getattr__(name: str) -> Any:
     if name == "load_mnist":
         from .data import load_mnist
 

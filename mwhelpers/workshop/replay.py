@@ -21,7 +21,9 @@ import html
 import json
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 TAG_PREFIX = "replay:"
 FORMAT = 1
@@ -31,15 +33,15 @@ class RecordingError(Exception):
     """A recording cannot be made or read as asked."""
 
 
-def _key(cell) -> str | None:
+def _key(cell: Mapping[str, Any]) -> str | None:
     keys = [t[len(TAG_PREFIX):] for t in cell.get("metadata", {}).get("tags", []) if t.startswith(TAG_PREFIX)]
     return keys[0] if keys else None
 
 
-def tagged_cells(nb) -> dict[str, dict]:
+def tagged_cells(nb: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """KEY -> cell, for the cells of a notebook (an nbformat node or plain dict) tagged
     ``replay:KEY``.  A key used twice is an error."""
-    found: dict[str, dict] = {}
+    found: dict[str, dict[str, Any]] = {}
     for cell in nb["cells"]:
         key = _key(cell)
         if key is None:
@@ -50,12 +52,12 @@ def tagged_cells(nb) -> dict[str, dict]:
     return found
 
 
-def _source(cell) -> str:
+def _source(cell: Mapping[str, Any]) -> str:
     src = cell["source"]
     return "".join(src) if isinstance(src, list) else src
 
 
-def _kept(output) -> dict | None:
+def _kept(output: Mapping[str, Any]) -> dict[str, Any] | None:
     """An output as the recording keeps it: streams and displayed data (text, HTML, images)."""
     kind = output["output_type"]
     if kind == "stream":
@@ -68,7 +70,8 @@ def _kept(output) -> dict | None:
     return None  # an error output: a recording of a failed run is refused before this
 
 
-def record(executed: str | os.PathLike, path: str | os.PathLike, note: str = "") -> dict:
+def record(executed: str | os.PathLike[str], path: str | os.PathLike[str],
+           note: str = "") -> dict[str, Any]:
     """Save the outputs of ``executed``'s ``replay:KEY`` cells to ``path`` (JSON).
 
     ``executed`` is a notebook that ran where those cells could (its outputs are kept);
@@ -100,7 +103,7 @@ def record(executed: str | os.PathLike, path: str | os.PathLike, note: str = "")
     return recording
 
 
-def stale(notebook: str | os.PathLike, path: str | os.PathLike) -> list[str]:
+def stale(notebook: str | os.PathLike[str], path: str | os.PathLike[str]) -> list[str]:
     """What no longer matches between ``notebook``'s tagged cells and the recording at
     ``path``: one sentence per key that is missing, extra or whose source changed."""
     cells = tagged_cells(json.loads(Path(notebook).read_text()))
@@ -116,16 +119,16 @@ def stale(notebook: str | os.PathLike, path: str | os.PathLike) -> list[str]:
 class Recording:
     """The saved outputs of a notebook's ``replay:KEY`` cells, shown with :meth:`show`."""
 
-    def __init__(self, data: dict, path: Path | None = None):
+    def __init__(self, data: Mapping[str, Any], path: Path | None = None) -> None:
         if data.get("format") != FORMAT or not isinstance(data.get("cells"), dict):
             raise RecordingError(f"{path or 'this'} is not a recording mwhelpers {FORMAT} can read")
         self.path = path
         self.recorded = data.get("recorded", "")
         self.note = data.get("note", "")
-        self.cells: dict[str, dict] = data["cells"]
+        self.cells: dict[str, dict[str, Any]] = data["cells"]
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Recording:
+    def load(cls, path: str | os.PathLike[str]) -> Recording:
         path = Path(path)
         try:
             return cls(json.loads(path.read_text()), path)
@@ -135,7 +138,7 @@ class Recording:
             raise RecordingError(f"{path} is not valid JSON ({err.msg}, line {err.lineno})") from None
 
     @classmethod
-    def find(cls, name: str, start: str | os.PathLike | None = None) -> Recording:
+    def find(cls, name: str, start: str | os.PathLike[str] | None = None) -> Recording:
         """The recording ``recorded/NAME.json`` beside the notebook: looked for in the folder
         of the notebook this kernel runs (``JPY_SESSION_NAME``, which Jupyter Server and the
         suite set), then from ``start`` (default: the current folder) and the folders above
@@ -177,7 +180,7 @@ class Recording:
                 publish_display_data(out["data"])
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m mwhelpers.workshop.replay",

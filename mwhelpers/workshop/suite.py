@@ -23,6 +23,8 @@ hosts cannot be made, the suite says why and those notebooks run their local
 part only.
 """
 
+from __future__ import annotations
+
 import argparse
 import ast
 import contextlib
@@ -31,19 +33,26 @@ import secrets
 import shutil
 import sys
 import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 # This checkout, when mwhelpers runs from one (not from an installed wheel).
 CHECKOUT = ROOT if (ROOT / "pyproject.toml").is_file() and (ROOT / "notebooks").is_dir() else None
 SUITE_ENV = "MWHELPERS_SUITE_RUN"
+# run_timed's arguments: the notebook, the output folder, its parameters, its run's mark, and
+# the parameters it gets only if it declares them.
+Job = tuple[Path, Path, dict[str, Any], str, dict[str, Any]]
+# run_timed's result: the notebook, its error or None, its seconds and CPU seconds.
+Done = tuple[Path, str | None, float, float]
 
 
 class SuiteError(Exception):
     """A notebook cannot be run as asked (no parameters cell, unknown parameter)."""
 
 
-def declared_parameters(path):
+def declared_parameters(path: Path) -> list[str]:
     """The names the notebook's ``parameters`` cell declares; SuiteError if it has none."""
     import nbformat
 
@@ -62,14 +71,14 @@ def declared_parameters(path):
     return names
 
 
-def parse_value(text):
+def parse_value(text: str) -> Any:
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return text
 
 
-def with_root_on_path(pythonpath):
+def with_root_on_path(pythonpath: str) -> str:
     """``pythonpath`` with this checkout first (kernels must import this mwhelpers); as it
     was when mwhelpers is installed."""
     if CHECKOUT is None:
@@ -78,7 +87,7 @@ def with_root_on_path(pythonpath):
     return os.pathsep.join([str(CHECKOUT), *parts])
 
 
-def find_notebooks(names):
+def find_notebooks(names: Sequence[str | os.PathLike[str]]) -> list[Path]:
     """The notebooks named (files, or folders whose ``*.ipynb`` count); SuiteError with what
     to do when a name is neither or nothing is found."""
     if not names:
@@ -105,7 +114,7 @@ def find_notebooks(names):
     return paths
 
 
-def end_leftovers(run_id):
+def end_leftovers(run_id: str) -> int:
     """End processes that carry this suite run's mark (a notebook's leaked workers)."""
     from ..proctree import carrying, end_processes
 
@@ -114,7 +123,7 @@ def end_leftovers(run_id):
 
 
 @contextlib.contextmanager
-def stderr_to(path):
+def stderr_to(path: Path) -> Iterator[None]:
     """Point file descriptor 2 at ``path`` while papermill runs.
 
     The kernel (and TensorFlow's C++ logging in it) inherits this process's
@@ -133,7 +142,7 @@ def stderr_to(path):
 
 
 @contextlib.contextmanager
-def test_hosts(paths, params):
+def test_hosts(paths: Sequence[Path], params: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     """Parameters for the notebooks that take ``ssh_hosts``: test hosts made for this
     run (ended afterwards), or nothing when the user named hosts or none can be made."""
     takers = [p for p in paths if _takes_hosts(p)]
@@ -160,14 +169,15 @@ def test_hosts(paths, params):
             os.environ.update(saved)
 
 
-def _takes_hosts(path):
+def _takes_hosts(path: Path) -> bool:
     try:
         return "ssh_hosts" in declared_parameters(path)
     except SuiteError:
         return False
 
 
-def run_notebook(path, out_dir, params, run_id, optional=None):
+def run_notebook(path: Path, out_dir: Path, params: Mapping[str, Any], run_id: str,
+                 optional: Mapping[str, Any] | None = None) -> str | None:
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -205,7 +215,8 @@ def run_notebook(path, out_dir, params, run_id, optional=None):
     return error
 
 
-def run_timed(path, out_dir, params, run_id, optional):
+def run_timed(path: Path, out_dir: Path, params: Mapping[str, Any], run_id: str,
+              optional: Mapping[str, Any] | None) -> Done:
     """Run one notebook with this run's mark; (path, error or None, seconds, CPU seconds).
 
     ``run_id`` is the notebook's own mark, so its leftovers are told apart
@@ -227,7 +238,7 @@ def run_timed(path, out_dir, params, run_id, optional):
     return path, error, time.monotonic() - t0, cpu_seconds() - cpu0
 
 
-def cpu_seconds():
+def cpu_seconds() -> float:
     """User + system CPU seconds of this process and of its waited-for descendants."""
     import resource
 
@@ -235,7 +246,7 @@ def cpu_seconds():
                                                   resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
-def run_all(jobs, parallel):
+def run_all(jobs: Sequence[Job], parallel: int) -> Iterator[Done]:
     """Run ``jobs`` (run_timed's arguments), ``parallel`` at a time; yield results as they end.
 
     With more than one at a time, each notebook runs in a process of its own
@@ -272,7 +283,7 @@ def run_all(jobs, parallel):
                 end_leftovers(run_id)
 
 
-def write_html(nb_path):
+def write_html(nb_path: Path) -> None:
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -280,13 +291,13 @@ def write_html(nb_path):
     nb_path.with_suffix(".html").write_text(body, encoding="utf-8")
 
 
-def longest_first(paths, out_dir):
+def longest_first(paths: Iterable[Path], out_dir: Path) -> list[Path]:
     """``paths`` ordered by how long each took in the last run recorded in ``out_dir``,
     longest first (unknown ones first of all, in name order), so that with several
     at a time a long notebook does not start last and run alone."""
     import json
 
-    def last_seconds(path):
+    def last_seconds(path: Path) -> float:
         try:
             meta = json.loads((out_dir / path.name).read_text(encoding="utf-8"))["metadata"]
             return float(meta["papermill"]["duration"])
@@ -296,7 +307,7 @@ def longest_first(paths, out_dir):
     return sorted(paths, key=lambda p: (-last_seconds(p), p.name))
 
 
-def default_jobs():
+def default_jobs() -> int:
     """One notebook at a time per CPU, up to four.
 
     A notebook alone leaves the CPUs idle much of the time (its kernel waits for
@@ -308,7 +319,7 @@ def default_jobs():
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 dev.py suite", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("notebooks", nargs="*", metavar="NOTEBOOK_OR_FOLDER",
@@ -359,8 +370,8 @@ def main(argv=None):
 
     width = max(len(r[0]) for r in rows)
     print(f"\n{'notebook'.ljust(width)}  status  seconds  CPU s  error")
-    for name, status, secs, cpu, err in rows:
-        print(f"{name.ljust(width)}  {status:<6}  {secs:>7}  {cpu:>5}  {err}")
+    for name, status, secs, cpu_text, err in rows:
+        print(f"{name.ljust(width)}  {status:<6}  {secs:>7}  {cpu_text:>5}  {err}")
     failed = sum(r[1] != "ok" for r in rows)
     cpu = sum(float(r[3]) for r in rows)
     print(f"\n{len(rows) - failed} passed, {failed} failed in {time.monotonic() - total:.1f} s "

@@ -22,6 +22,8 @@ Layout (N hosts, a /24 chosen free among 10.251.0.0/16):
   namespace, node name = host name, and ``slurm.conf`` for the clients.
 """
 
+from __future__ import annotations
+
 import argparse
 import contextlib
 import fcntl
@@ -35,14 +37,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 NEEDED = {"ssh": ["ip", "ssh", "ssh-keygen", "/usr/sbin/sshd"],
           "slurm": ["munged", "slurmctld", "slurmd", "srun", "sbatch", "scontrol", "nsenter",
                     "unshare"]}
 
 
-def missing(slurm=False):
+def missing(slurm: bool = False) -> str:
     """Why test hosts cannot be made here ('' when they can)."""
     if os.geteuid() != 0:
         return "test hosts need root (network namespaces, sshd)"
@@ -54,11 +58,11 @@ def missing(slurm=False):
     return ""
 
 
-def _run(*cmd, check=True, **kw):
+def _run(*cmd: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(cmd), check=check, capture_output=True, text=True, **kw)
 
 
-def _daemon_env(**extra):
+def _daemon_env(**extra: str) -> dict[str, str]:
     """The daemons' environment: ours without mwhelpers' marks, which would make a
     runtime (or the suite) count them as its own leftovers."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MWHELPERS_")}
@@ -66,7 +70,9 @@ def _daemon_env(**extra):
     return env
 
 
-def _wait_port(addr, port, timeout, what, proc=None, log=None):
+def _wait_port(addr: str, port: int, timeout: float, what: str,
+               proc: subprocess.Popen[bytes] | None = None,
+               log: str | os.PathLike[str] | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -86,7 +92,7 @@ USERS = Path("/run/mwh-testhosts")  # one file per live set of test hosts, while
 
 
 @contextlib.contextmanager
-def _machine_lock():
+def _machine_lock() -> Iterator[None]:
     """One set of test hosts at a time changes what they share on this machine: the
     10.251.S.0/24 subnets and sshd's ``/run/sshd``.  Several sets can be up at once (the
     suite beside the tests, two test processes), and a set that removed ``/run/sshd``
@@ -101,7 +107,7 @@ def _machine_lock():
         os.close(fd)
 
 
-def _live_users():
+def _live_users() -> list[str]:
     """Prefixes of the test-host sets that are up (their first namespace exists)."""
     if not USERS.is_dir():
         return []
@@ -109,7 +115,7 @@ def _live_users():
             if f.name != "made-run-sshd" and Path(f"/run/netns/{f.name}h1").exists()]
 
 
-def _free_subnet():
+def _free_subnet() -> int:
     used = _run("ip", "-o", "-4", "addr").stdout
     for s in range(10, 250):
         if f" 10.251.{s}." not in used:
@@ -125,7 +131,8 @@ class TestHosts:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, n=2, slurm=False, workdir=None):
+    def __init__(self, n: int = 2, slurm: bool = False,
+                 workdir: str | os.PathLike[str] | None = None) -> None:
         self.n = n
         self.slurm = slurm
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="mwh-hosts-"))
@@ -133,32 +140,32 @@ class TestHosts:
         # among processes: it names the namespaces, links and Slurm cluster
         self.prefix = f"mw{os.getpid() % 10000}{chr(ord('a') + next(_SETS) % 26)}"
         self.bridge = f"{self.prefix}br"
-        self.subnet = None
+        self.subnet: int | None = None  # S of 10.251.S.0/24, chosen by up()
         self.names = [f"{self.prefix}h{i}" for i in range(1, n + 1)]
-        self.addresses = {}
-        self.procs = {}  # name -> Popen of each daemon we started
+        self.addresses: dict[str, str] = {}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}  # name -> each daemon we started
         self._uses_privsep = False
-        self._made_netns = []
+        self._made_netns: list[str] = []
         self.ssh_config = self.dir / "ssh_config"
-        self.munge_dir = None
+        self.munge_dir: Path | None = None
         self.slurm_conf = self.dir / "slurm" / "slurm.conf"
 
     # -- what users of the hosts need ------------------------------------------------
     @property
-    def gateway(self):
+    def gateway(self) -> str:
         return f"10.251.{self.subnet}.1"
 
-    def env(self):
+    def env(self) -> dict[str, str]:
         """Environment for the clients: ssh through our config, Slurm through our conf."""
         out = {"MWHELPERS_SSH": f"ssh -F {self.ssh_config}"}
         if self.slurm:
             out["SLURM_CONF"] = str(self.slurm_conf)
         return out
 
-    def ssh(self, host, *cmd, timeout=30):
+    def ssh(self, host: str, *cmd: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         return _run("ssh", "-F", str(self.ssh_config), host, *cmd, check=False, timeout=timeout)
 
-    def log_tails(self, lines=25):
+    def log_tails(self, lines: int = 25) -> str:
         """The last ``lines`` of each daemon's log, for a failing test's report: once the
         hosts are down their folder (and the logs) are gone."""
         logs = sorted((self.dir / "ssh").glob("sshd_*.log")) + sorted((self.dir / "slurm").glob("*.log"))
@@ -171,13 +178,13 @@ class TestHosts:
             out.append(f"--- {log.name} ---\n" + ("\n".join(text) or "(empty)"))
         return "\n".join(out)
 
-    def netns_pids(self, name):
+    def netns_pids(self, name: str) -> list[int]:
         """PIDs of the processes in namespace ``name`` (``ip netns pids``)."""
         out = _run("ip", "netns", "pids", name, check=False).stdout.split()
         return [int(p) for p in out]
 
     # -- bring up ------------------------------------------------------------------------
-    def __enter__(self):
+    def __enter__(self) -> TestHosts:
         try:
             self.up()
         except BaseException:
@@ -185,10 +192,10 @@ class TestHosts:
             raise
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.down()
 
-    def up(self):
+    def up(self) -> None:
         why = missing(self.slurm)
         if why:
             raise RuntimeError(why)
@@ -202,14 +209,14 @@ class TestHosts:
             self._slurm()
         (self.dir / "hosts.json").write_text(json.dumps(self.describe(), indent=1))
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         return {"prefix": self.prefix, "subnet": self.subnet, "hosts": self.names,
                 "addresses": self.addresses, "env": self.env(),
                 "pids": {k: p.pid for k, p in self.procs.items()},
                 "munge_dir": str(self.munge_dir) if self.munge_dir else None,
                 "uses_privsep": self._uses_privsep}
 
-    def _network(self):
+    def _network(self) -> None:
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
@@ -228,7 +235,7 @@ class TestHosts:
             _run(*inside, "link", "set", "lo", "up")
             self.addresses[name] = addr
 
-    def _use_privsep(self):
+    def _use_privsep(self) -> None:
         """Register this set as a user of ``/run/sshd``, made if missing (under the lock)."""
         USERS.mkdir(mode=0o755, exist_ok=True)
         if not PRIVSEP.exists():
@@ -237,7 +244,7 @@ class TestHosts:
         (USERS / self.prefix).write_text(str(self.dir))
         self._uses_privsep = True
 
-    def _leave_privsep(self):
+    def _leave_privsep(self) -> None:
         """Unregister; the last set to leave removes ``/run/sshd`` if a set made it."""
         with _machine_lock():
             (USERS / self.prefix).unlink(missing_ok=True)
@@ -247,7 +254,7 @@ class TestHosts:
                 shutil.rmtree(PRIVSEP, ignore_errors=True)
             shutil.rmtree(USERS, ignore_errors=True)
 
-    def _sshd(self):
+    def _sshd(self) -> None:
         d = self.dir / "ssh"
         d.mkdir(exist_ok=True)
         for key in ("host_key", "client_key"):
@@ -282,7 +289,7 @@ class TestHosts:
             _wait_port(self.addresses[name], 22, 15, f"sshd of {name}", self.procs[f"sshd-{name}"],
                        d / f"sshd_{name}.log")
 
-    def _slurm(self):
+    def _slurm(self) -> None:
         d = self.dir / "slurm"
         for sub in (d, d / "state"):
             sub.mkdir(parents=True, exist_ok=True)
@@ -311,7 +318,9 @@ class TestHosts:
             raise RuntimeError("munged did not start:\n"
                                + (log.read_text(errors="replace")[-2000:] if log.exists() else ""))
         me = socket.gethostname()
-        base = 16800 + (self.subnet % 100) * 10
+        subnet = self.subnet
+        assert subnet is not None  # chosen by up() before this runs
+        base = 16800 + (subnet % 100) * 10
         nodes = [f"NodeName={n} NodeAddr={self.addresses[n]} NodeHostname={n} CPUs=2 "
                  f"Port={base + 2} State=UNKNOWN" for n in self.names]
         self.slurm_conf.write_text("\n".join([
@@ -362,7 +371,7 @@ class TestHosts:
                            + (d / "slurmctld.log").read_text(errors="replace")[-2000:])
 
     # -- tear down ---------------------------------------------------------------------
-    def down(self):
+    def down(self) -> None:
         """End every daemon we started (by PID), then remove namespaces, bridge and files."""
         if self.slurm and self.slurm_conf.exists() and "slurmctld" in self.procs:
             try:  # jobs first, while slurmd can still end their steps
@@ -391,7 +400,7 @@ class TestHosts:
             self.munge_dir = None
 
 
-def _stop(proc, timeout=5):
+def _stop(proc: subprocess.Popen[bytes], timeout: float = 5) -> None:
     if proc.poll() is not None:
         return
     try:
@@ -404,7 +413,7 @@ def _stop(proc, timeout=5):
         proc.wait(5)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("action", choices=("up", "down"))
     ap.add_argument("--hosts", type=int, default=2)
