@@ -1,4 +1,5 @@
-"""The code and the notebooks pass ruff with the project's configuration (pyproject.toml)."""
+"""The code and the notebooks pass ruff, and the package passes mypy, with the project's
+configuration (pyproject.toml)."""
 
 import subprocess
 import sys
@@ -24,3 +25,12 @@ def test_ruff_reads_the_notebooks(tmp_path):
                            str(ROOT / "pyproject.toml"), str(path)], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 1 and "F401" in done.stdout, done.stdout + done.stderr
+
+
+def test_mypy_finds_nothing():
+    """The type checker, on the package ([tool.mypy]: files, strictness, what is left out).
+    Its cache, .mypy_cache in the checkout (which ignores itself in git), makes a second run
+    take about a second."""
+    done = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
