@@ -2,8 +2,10 @@
 """One entry point for the project's two jobs, on a machine with only Python.
 
     python3 dev.py suite [--full] [-j N] [NOTEBOOK ...]   run the notebook suite headless
-    python3 dev.py test [PYTEST ARGS ...]                 run the tests (side by side, one
-                                                          process per CPU: pytest-xdist)
+    python3 dev.py test [--fast] [PYTEST ARGS ...]        run the tests (side by side, one
+                                                          process per CPU: pytest-xdist);
+                                                          --fast: without TensorFlow, notebooks
+                                                          and the test hosts (under a minute)
     python3 dev.py matrix [ENV ...]                       the supported versions' ends, in
                                                           clean environments (tests/matrix.py)
 
@@ -105,6 +107,22 @@ def test_processes(args):
     return ["-n", str(min(os.cpu_count() or 1, 4)), "--dist", "loadgroup"]
 
 
+# The markers --fast leaves out (pyproject.toml declares them): what imports TensorFlow or
+# starts its workers, what runs notebooks in Jupyter kernels, what needs the test hosts.
+FAST = "not tf and not notebook and not hosts"
+
+
+def fast_selection(args):
+    """``args`` with ``--fast`` replaced by pytest's ``-m`` for the fast run."""
+    if "--fast" not in args:
+        return list(args)
+    rest = [a for a in args if a != "--fast"]
+    if any(a == "-m" or a.startswith("-m") for a in rest):
+        sys.exit("[dev] --fast is a -m of its own; give either --fast or -m EXPRESSION, "
+                 f'e.g. -m "{FAST} and ..."')
+    return ["-m", FAST, *rest]
+
+
 def main(argv):
     if not argv or argv[0] not in ("suite", "test", "matrix"):
         print(__doc__.strip())
@@ -113,6 +131,7 @@ def main(argv):
     ensure_env()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     if job == "test":
+        rest = fast_selection(rest)
         cmd = [str(PY), "-m", "pytest", *test_processes(rest), *rest]
     elif job == "matrix":
         cmd = [str(PY), str(ROOT / "tests" / "matrix.py"), *rest]

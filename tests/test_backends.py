@@ -85,7 +85,7 @@ def allocation(hosts):
     subprocess.run(["scancel", m.group(1)], capture_output=True, timeout=30, env=env)
 
 
-@pytest.fixture(params=["local", *REMOTE])
+@pytest.fixture(params=["local", *(pytest.param(name, marks=pytest.mark.hosts) for name in REMOTE)])
 def backend(request, monkeypatch, tmp_path):
     """(name, define_cluster keyword arguments, test hosts or None) for each backend."""
     name = request.param

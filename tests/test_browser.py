@@ -35,7 +35,7 @@ REASON = ("Debian's chromium and chromium-driver are not installed (apt-get inst
           "selenium is not installed" if not HAVE_SELENIUM else "")
 if REASON and os.environ.get("CI") == "true":
     raise RuntimeError(f"CI must run the browser test, but: {REASON}")
-pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON)
+pytestmark = [pytest.mark.skipif(bool(REASON), reason=REASON), pytest.mark.notebook]
 
 BACKGROUND = (  # about 9 s of Keras-like progress
     "import time\n"

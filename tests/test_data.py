@@ -52,6 +52,7 @@ def test_auto_uses_keras_cached_file_when_present(offline, tmp_path, monkeypatch
         "MNIST: 100 training and 10 test images from Keras' cached MNIST")
 
 
+@pytest.mark.tf  # Keras 3 imports TensorFlow
 def test_auto_falls_back_when_keras_cannot_download(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))  # no cached file
     import socket

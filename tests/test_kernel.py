@@ -109,6 +109,7 @@ def failing_notebook(path):
     return path
 
 
+@pytest.mark.notebook
 def test_a_failed_worker_fails_the_notebook_under_nbclient(tmp_path, monkeypatch):
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -125,6 +126,7 @@ def test_a_failed_worker_fails_the_notebook_under_nbclient(tmp_path, monkeypatch
     assert nb.cells[2].get("outputs", []) == []
 
 
+@pytest.mark.notebook
 def test_a_failed_worker_fails_the_notebook_under_papermill(tmp_path, monkeypatch):
     import papermill
     from papermill.exceptions import PapermillExecutionError

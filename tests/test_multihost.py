@@ -38,7 +38,8 @@ REASON = missing(slurm=True)
 if REASON and os.environ.get("CI") == "true":
     raise RuntimeError(f"CI must run the multi-host tests, but: {REASON}")
 # One test process runs them all (pytest-xdist): they share the module's test hosts.
-pytestmark = [pytest.mark.skipif(bool(REASON), reason=REASON), pytest.mark.xdist_group("testhosts")]
+pytestmark = [pytest.mark.skipif(bool(REASON), reason=REASON), pytest.mark.xdist_group("testhosts"),
+              pytest.mark.hosts]
 
 # Binds the exact address TF_CONFIG gives it: this works only on the host that owns it.
 WHERE = textwrap.dedent("""
@@ -452,6 +453,7 @@ def test_scancel_ends_a_batch_job_whose_workers_ignore_sigterm(env, tmp_path):
 # -- the notebook ------------------------------------------------------------------------------
 
 @pytest.mark.tf
+@pytest.mark.notebook
 def test_more_machines_notebook_runs_on_ssh_hosts_and_slurm(env, tmp_path, monkeypatch):
     import nbformat
     from nbclient import NotebookClient

@@ -9,6 +9,8 @@ import pytest
 from conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+# A run of a tutorial is marked tf and notebook (TensorFlow trains in its kernel and workers);
+# the suite's runs of small notebooks, notebook.
 
 
 def test_there_are_notebooks():
@@ -49,6 +51,8 @@ def execute(name, tmp_path):
     return nb
 
 
+@pytest.mark.tf
+@pytest.mark.notebook
 def test_tour_runs_under_nbclient(tmp_path, pythonpath):
     nb = execute("00_mwhelpers_tour.ipynb", tmp_path)
     text = outputs_text(nb)
@@ -69,6 +73,8 @@ def test_tour_runs_under_nbclient(tmp_path, pythonpath):
     assert "this machine has no GPU" in text
 
 
+@pytest.mark.tf
+@pytest.mark.notebook
 def test_strategies_guide_runs_under_nbclient(tmp_path, pythonpath):
     nb = execute("01_strategies_guide.ipynb", tmp_path)
     text = outputs_text(nb)
@@ -83,6 +89,8 @@ def test_strategies_guide_runs_under_nbclient(tmp_path, pythonpath):
     assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))  # drawn
 
 
+@pytest.mark.tf
+@pytest.mark.notebook
 def test_mirrored_strategy_notebook_runs_under_nbclient(tmp_path, pythonpath):
     text = outputs_text(execute("02_mirrored_strategy_keras.ipynb", tmp_path))
     assert "number of devices: 2" in text
@@ -97,6 +105,8 @@ def test_mirrored_strategy_notebook_runs_under_nbclient(tmp_path, pythonpath):
         "ckpt-01.keras", "ckpt-02.keras", "ckpt-03.keras", "ckpt-04.keras"]
 
 
+@pytest.mark.tf
+@pytest.mark.notebook
 def test_multi_worker_notebook_runs_under_nbclient(tmp_path, pythonpath):
     nb = execute("03_multi_worker_keras.ipynb", tmp_path)
     text = outputs_text(nb)
@@ -122,6 +132,8 @@ def test_multi_worker_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert len(nb.cells) <= 35
 
 
+@pytest.mark.tf
+@pytest.mark.notebook
 def test_under_the_hood_notebook_runs_under_nbclient(tmp_path, pythonpath):
     nb = execute("03b_under_the_hood.ipynb", tmp_path)
     text = outputs_text(nb)
@@ -135,6 +147,8 @@ def test_under_the_hood_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
 
 
+@pytest.mark.tf
+@pytest.mark.notebook
 def test_sharding_notebook_runs_under_nbclient(tmp_path, pythonpath):
     nb = execute("04_dataset_sharding.ipynb", tmp_path)
     text = outputs_text(nb)
@@ -147,6 +161,8 @@ def test_sharding_notebook_runs_under_nbclient(tmp_path, pythonpath):
         f"part-{i}.tfrecord" for i in range(4)]
 
 
+@pytest.mark.tf
+@pytest.mark.notebook
 def test_saving_notebook_runs_under_nbclient(tmp_path, pythonpath):
     text = outputs_text(execute("05_saving_multi_worker.ipynb", tmp_path))
     assert "task_type: None | task_id: None | replicas: 1" in text
@@ -158,6 +174,8 @@ def test_saving_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert not list(tmp_path.glob("out_*/*/workertemp_*"))  # temporary copies removed
 
 
+@pytest.mark.tf
+@pytest.mark.notebook
 def test_backup_and_restore_notebook_runs_under_nbclient(tmp_path, pythonpath):
     nb = execute("06_backup_and_restore.ipynb", tmp_path)
     text = outputs_text(nb)
@@ -175,6 +193,8 @@ def test_backup_and_restore_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
 
 
+@pytest.mark.tf
+@pytest.mark.notebook
 def test_custom_loop_keras3_notebook_runs_under_nbclient(tmp_path, pythonpath):
     text = outputs_text(execute("07_custom_loop_keras3.ipynb", tmp_path))
     assert "| keras 3." in text  # the kernel's versions line (mwhelpers.versions)
@@ -187,6 +207,8 @@ def test_custom_loop_keras3_notebook_runs_under_nbclient(tmp_path, pythonpath):
                      r"attempt 2 restored step \1: nothing done twice", text)
 
 
+@pytest.mark.tf
+@pytest.mark.notebook
 def test_evaluator_notebook_runs_under_nbclient(tmp_path, pythonpath):
     text = outputs_text(execute("08_evaluator_tensorboard.ipynb", tmp_path))
     assert "Cluster(2 worker, 1 evaluator)" in text
@@ -196,6 +218,8 @@ def test_evaluator_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert len(list((tmp_path / "ckpt").glob("ckpt-*.index"))) == 5
 
 
+@pytest.mark.tf
+@pytest.mark.notebook
 def test_parameter_server_notebook_runs_under_nbclient(tmp_path, pythonpath):
     nb = execute("09_parameter_server.ipynb", tmp_path)
     text = outputs_text(nb)
@@ -225,6 +249,8 @@ def run_suite(*args, pythonpath=str(ROOT), owner=None):
                           capture_output=True, text=True, timeout=600, env=env)
 
 
+@pytest.mark.tf
+@pytest.mark.notebook
 def test_suite_runs_a_notebook_with_papermill_and_writes_outputs(tmp_path):
     out = tmp_path / "out"
     proc = run_suite(str(ROOT / "notebooks" / "00_mwhelpers_tour.ipynb"), "--output", str(out),
@@ -271,6 +297,7 @@ def make_nb(path, cells, params=True):
     return path
 
 
+@pytest.mark.notebook
 def test_suite_refuses_missing_parameters_cell_and_unknown_parameters(tmp_path):
     bare = make_nb(tmp_path / "bare.ipynb", ["print(1)"], params=False)
     good = make_nb(tmp_path / "good.ipynb", ["print(1)"])
@@ -281,6 +308,7 @@ def test_suite_refuses_missing_parameters_cell_and_unknown_parameters(tmp_path):
     assert "0 passed, 2 failed" in proc.stdout
 
 
+@pytest.mark.notebook
 def test_suite_keeps_kernel_stderr_out_of_the_console(tmp_path):
     nb = make_nb(tmp_path / "noisy.ipynb", ["import os\nos.write(2, b'KERNEL-FD2-MARKER\\n')"])
     proc = run_suite(str(nb), "--output", str(tmp_path / "out"))
@@ -289,6 +317,7 @@ def test_suite_keeps_kernel_stderr_out_of_the_console(tmp_path):
     assert "KERNEL-FD2-MARKER" in (tmp_path / "out" / "noisy.stderr.log").read_text()
 
 
+@pytest.mark.notebook
 def test_suite_reports_the_failing_cell_and_leaves_no_worker(tmp_path):
     nb = make_nb(tmp_path / "fails.ipynb", [
         "%load_ext mwhelpers",
@@ -302,6 +331,7 @@ def test_suite_reports_the_failing_cell_and_leaves_no_worker(tmp_path):
     assert suite_workers(tmp_path) == [], "a suite's worker was left running"
 
 
+@pytest.mark.notebook
 def test_suite_runs_notebooks_side_by_side_and_ends_only_the_failed_ones_workers(tmp_path):
     fails = make_nb(tmp_path / "a_fails.ipynb", [
         "%load_ext mwhelpers",
@@ -331,6 +361,7 @@ def test_suite_runs_notebooks_side_by_side_and_ends_only_the_failed_ones_workers
     assert suite_workers(tmp_path) == [], "a suite's worker was left running"
 
 
+@pytest.mark.notebook
 def test_ctrl_c_stops_the_suite_and_ends_every_notebooks_workers(tmp_path):
     import os
     import signal
@@ -376,6 +407,7 @@ def test_suite_starts_the_notebooks_that_took_longest_last_time_first(tmp_path):
     assert [p.stem for p in longest_first(paths, out)] == ["c", "d", "b", "a"]
 
 
+@pytest.mark.notebook
 def test_suite_puts_the_checkout_first_on_a_pythonpath_that_was_already_set(tmp_path):
     other = tmp_path / "site"
     other.mkdir()

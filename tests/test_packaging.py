@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import tomllib
 from conftest import ROOT
 from packaging.requirements import Requirement
@@ -78,6 +79,7 @@ def test_the_installed_environment_is_the_lock_with_one_tensorflow():
          ("joblib", "pandas", "scikit-learn", "scipy")]), broken
 
 
+@pytest.mark.tf
 def test_the_tensorflow_that_runs_is_the_cpu_build():
     code = ("import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
             "import tensorflow as tf; print(tf.sysconfig.get_build_info().get('is_cuda_build'))")

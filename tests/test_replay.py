@@ -47,6 +47,7 @@ HOSTS_CELL = ("from IPython.display import HTML, display\n"
               "display(HTML('<b>a table</b>'))")
 
 
+@pytest.mark.notebook
 def test_a_recorded_cell_is_shown_where_it_cannot_run(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     ran = notebook(tmp_path / "ran.ipynb", [("x = 1", None), (HOSTS_CELL, "hosts")])
@@ -68,6 +69,7 @@ def test_a_recorded_cell_is_shown_where_it_cannot_run(tmp_path, monkeypatch):
     assert shown[2].data["text/html"] == "<b>a table</b>"
 
 
+@pytest.mark.notebook
 def test_record_refuses_what_would_teach_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     skipped = notebook(tmp_path / "skipped.ipynb", [("pass", "hosts")])
@@ -128,6 +130,7 @@ def test_notebook_10s_recording_matches_its_cells_and_shows_a_real_run():
 
 
 @pytest.mark.tf
+@pytest.mark.notebook
 def test_notebook_10_without_hosts_shows_the_recorded_run(tmp_path):
     # The suite runs the kernel in its output folder, here outside the checkout: the recording is
     # found beside the notebook all the same.

@@ -50,6 +50,7 @@ def test_nothing_to_run_is_refused_with_what_to_do(installed, tmp_path, args, sa
     assert says in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.notebook
 def test_a_folder_of_notebooks_runs_from_an_installed_copy(installed, tmp_path):
     tiny_notebook(tmp_path / "lessons" / "one.ipynb")
     out = suite(installed, tmp_path, "lessons", "-p", "n", "3")

@@ -13,7 +13,8 @@ REASON = missing()
 if REASON and os.environ.get("CI") == "true":
     raise RuntimeError(f"CI must run the test-host tests: {REASON}")
 # in the test-host tests' process: no other set of this process is up meanwhile
-pytestmark = [pytest.mark.skipif(bool(REASON), reason=REASON), pytest.mark.xdist_group("testhosts")]
+pytestmark = [pytest.mark.skipif(bool(REASON), reason=REASON), pytest.mark.xdist_group("testhosts"),
+              pytest.mark.hosts]
 
 
 def test_the_set_that_made_sshds_folder_can_go_down_first(tmp_path):
