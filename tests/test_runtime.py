@@ -287,8 +287,9 @@ def test_relaunching_a_task_keeps_the_previous_log(rt):
 # -- supervised restart -------------------------------------------------------------------
 
 def test_supervise_injects_faults_and_gives_up_after_max_restarts(rt, tmp_path):
-    code = "import time\nfor i in range(200):\n    print('step', i, flush=True)\n    time.sleep(0.05)\n" \
-           "raise SystemExit(9)\n"
+    # long enough in attempt 1 for the fault; attempt 2 (no fault injected) exits 9 soon
+    code = ("import os, time\nfor i in range(200 if os.environ['MWHELPERS_ATTEMPT'] == '1' else 8):\n"
+            "    print('step', i, flush=True)\n    time.sleep(0.05)\nraise SystemExit(9)\n")
     with pytest.raises(WorkerFailed, match="exit code 9"):
         rt.supervise(code=code, max_restarts=1, inject=[("worker:1", r"step 3\b")], timeout=60,
                      stream=False)
