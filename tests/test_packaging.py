@@ -129,9 +129,10 @@ def test_the_public_api_has_type_hints_that_resolve():
     import typing
 
     import mwhelpers
+    from mwhelpers.workshop import load_mnist
 
-    functions = [getattr(mwhelpers, name) for name in ("runtime", "load_mnist", "parse_task",
-                                                        "avoid_teardown_stall")]
+    functions = [load_mnist] + [getattr(mwhelpers, name) for name in (
+        "runtime", "parse_task", "avoid_teardown_stall", "register_backend", "write_sbatch")]
     for cls, methods in PUBLIC_METHODS.items():
         functions += [getattr(getattr(mwhelpers, cls), m) for m in methods]
     for fn in functions:
