@@ -34,3 +34,27 @@ def test_mypy_finds_nothing():
     done = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+
+
+def test_the_plugin_interface_has_hints_that_resolve():
+    """What a backend subclasses or calls is annotated in full, and the annotations resolve at
+    run time (typing.get_type_hints), as the public API's do (test_packaging.py)."""
+    import inspect
+    import typing
+
+    from mwhelpers.backends import agent, base, slurm
+
+    functions = [base.end_local, base.end_together, base.text, base.seconds, slurm.write_sbatch,
+                 agent.host_list, agent.forwarded_env]
+    for cls in (base.Launcher, base.Process, agent.AgentLauncher, agent.AgentProcess, base.Option):
+        for name, f in vars(cls).items():
+            f = f.fget if isinstance(f, property) else f
+            if inspect.isfunction(f) and (not name.startswith("_") or name == "__init__"):
+                functions.append(f)
+    for cls in (base.LaunchSpec, base.Placement, base.Option):
+        assert typing.get_type_hints(cls)
+    for fn in functions:
+        hints = typing.get_type_hints(fn)  # raises if an annotation does not resolve
+        params = [n for n in inspect.signature(fn).parameters if n not in ("self", "cls")]
+        missing = [n for n in params if n not in hints] + ([] if "return" in hints else ["return"])
+        assert not missing, f"{fn.__qualname__} lacks hints for {missing}"

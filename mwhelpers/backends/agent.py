@@ -28,19 +28,17 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
+
+import psutil
 
 from .. import proctree, settings
+from ..cluster import Task
 from ..errors import InfrastructureError, UsageError
 from ..failures import describe_exit
 from ..gpus import visible_gpus
 from ..proctree import Escalation
 from .base import BOOTSTRAP, Launcher, LaunchSpec, Option, Placement, Process, seconds, text
-
-if TYPE_CHECKING:
-    import psutil
-
-    from ..cluster import Task
 
 AGENT_CODE = (Path(__file__).parents[1] / "_agent.py").read_text()
 # The files the worker start-up loads beside itself, sent with it to every host.

@@ -27,17 +27,15 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
+
+import psutil
 
 from .. import proctree
+from ..cluster import Task
 from ..errors import UsageError
 from ..ports import PortHold
 from ..proctree import Escalation
-
-if TYPE_CHECKING:
-    import psutil
-
-    from ..cluster import Task
 
 BOOTSTRAP = str(Path(__file__).parents[1] / "_bootstrap.py")
 

@@ -6,18 +6,15 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+
+import psutil
 
 from .. import proctree
+from ..cluster import Task
 from ..gpus import visible_gpus
 from ..ports import reserve_ports
 from ..proctree import Escalation
 from .base import BOOTSTRAP, Launcher, LaunchSpec, Option, Placement, Process, end_local, text
-
-if TYPE_CHECKING:
-    import psutil
-
-    from ..cluster import Task
 
 
 class LocalProcess(Process):
