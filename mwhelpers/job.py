@@ -58,7 +58,7 @@ class JobHost(Protocol):
 
     def spawn(self, task: Task, request: LaunchRequest, attempt: int) -> TaskRun: ...
 
-    def checked_tasks(self, requests: Sequence[LaunchRequest]) -> list[Task]: ...
+    def checked_tasks(self, requests: Sequence[LaunchRequest], look: bool = True) -> list[Task]: ...
 
     def probe(self, run: TaskRun) -> bool: ...
 
@@ -80,11 +80,13 @@ class Job:
         return f"Job(attempt {self.attempt}: {', '.join(str(r.task) for r in self.runs)})"
 
     # -- starting ----------------------------------------------------------------------
-    def start(self, requests: Sequence[LaunchRequest]) -> list[TaskRun]:
+    def start(self, requests: Sequence[LaunchRequest], look: bool = True) -> list[TaskRun]:
         """Start ``requests`` back to back, all checked first (a bad one starts nothing);
         when one cannot be started, the ones already started are ended and the error
-        raised.  Returns the new runs; nothing waits here for readiness."""
-        tasks = self.host.checked_tasks(requests)
+        raised.  ``look``: look at each program before its launch (the supervisor's
+        restarts start what it looked at already).  Returns the new runs; nothing waits
+        here for readiness."""
+        tasks = self.host.checked_tasks(requests, look)
         started: list[TaskRun] = []
         try:
             for task, request in zip(tasks, requests, strict=True):

@@ -32,7 +32,7 @@ from .taskrun import LaunchRequest
 def _start(job, requests):
     """Start every task of an attempt at once; if one cannot start, the others are ended."""
     try:
-        runs = job.start(requests)
+        runs = job.start(requests, look=job.attempt == 1)
     except BaseException:
         job.host.echo(f"[mwhelpers] attempt {job.attempt} could not start every task; the ones "
                       "started were ended")

@@ -23,6 +23,7 @@ line.  Very long lines are cut.  The bounds are :data:`cell_limits`.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -171,6 +172,11 @@ class Watcher:
         self.probe = probe
         self._followers = {id(r): LogFollower(r.log_path) for r in self.runs}
         self._listeners = []
+        # Set when a run exits: the watch wakes at once instead of at its next poll, so a
+        # death is noticed (and a supervised restart begins) without waiting a poll out.
+        self._exited = threading.Event()
+        for r in self.runs:
+            r.process.on_exit(lambda _process: self._exited.set())
 
     def on_line(self, fn: Callable) -> Watcher:
         """Call ``fn(run, line)`` for every new line of every run; returns the watcher."""
@@ -222,7 +228,8 @@ class Watcher:
                 next_probe = now + PROBE_EVERY
             if deadline is not None and now >= deadline:
                 return "deadline"
-            time.sleep(POLL)
+            if self._exited.wait(POLL):
+                self._exited.clear()
 
 
 def await_ready(run, probe: Callable, deadline: float) -> str:

@@ -338,16 +338,17 @@ class Runtime:
                 self._await_ready(run, request.timeout, job)
         return runs
 
-    def checked_tasks(self, requests: Sequence[LaunchRequest]) -> list[Task]:
+    def checked_tasks(self, requests: Sequence[LaunchRequest], look: bool = True) -> list[Task]:
         """The tasks of ``requests``, once each is known to be in the cluster, not running,
-        (here) its port free, and given once; the program of each looked at before launch
-        (warnings only, once per program text)."""
+        (here) its port free, and given once; with ``look``, the program of each looked at
+        before launch (warnings only, once per program text)."""
         tasks = [self._checked_task(r) for r in requests]
         twice = sorted({str(t) for t in tasks if tasks.count(t) > 1})
         if twice:
             raise UsageError(f"{', '.join(twice)} given more than once; start each task once")
         for task, request in zip(tasks, requests, strict=True):
-            self._look_before_launch(task, request)
+            if look:
+                self._look_before_launch(task, request)
         return tasks
 
     def _checked_task(self, request):
