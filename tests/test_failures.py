@@ -14,14 +14,16 @@ EXIT_AFTER = ("import os, sys, time\ntime.sleep(float(os.environ['AFTER']))\n"
               "sys.exit(int(os.environ['CODE']))\n")
 
 
-def test_the_first_task_to_die_is_the_root_cause_whenever_wait_is_called(rt):
-    """worker:1 dies at 0.2 s, worker:0 at 1.5 s, and wait() only looks at 2.5 s:
-    the root cause is worker:1, by when each died, not by launch order or noticing."""
+@pytest.mark.parametrize("looks_at", [0.0, 2.5], ids=["while-they-run", "after-both-died"])
+def test_the_first_task_to_die_is_the_root_cause_whenever_wait_is_called(rt, looks_at):
+    """worker:1 dies at 0.2 s, worker:0 at 1.5 s; wait() is called at once (worker:0 then exits
+    by itself within the grace after its peer's failure) or only at 2.5 s: the root cause is
+    worker:1, by when each died, not by launch order or noticing."""
     rt.launch("worker:0", code=EXIT_AFTER, env={"AFTER": "1.5", "CODE": "40"}, background=True,
               ready="start")
     rt.launch("worker:1", code=EXIT_AFTER, env={"AFTER": "0.2", "CODE": "41"}, background=True,
               ready="start")
-    time.sleep(2.5)
+    time.sleep(looks_at)
     with pytest.raises(WorkerFailed) as err:
         rt.wait(timeout=30)
     assert str(err.value).startswith("worker:1 failed: exit code 41; then worker:0 (exit code 40)")
