@@ -211,7 +211,9 @@ class Job:
         """Failure records of the failed ``runs`` (default: the latest of each task), the
         first to die first, the diagnosis on the first."""
         runs = self.latest() if runs is None else list(runs)
-        found = failure_records.in_order(runs, restartable_exit_codes)
+        # A tuple: every failure is classified against all the codes (a one-shot iterable
+        # passed in would be used up by the first).
+        found = failure_records.in_order(runs, tuple(restartable_exit_codes))
         if found:
             found[0].diagnosis = [f.to_dict() for f in explain_failure(found, runs)]
         return found
