@@ -129,6 +129,7 @@ class Job:
                 self.host.echo("interrupted: ended " + ", ".join(str(r.task) for r in alive))
             raise
         if how == "deadline":
+            assert timeout is not None  # the watcher sets a deadline only with a timeout
             stuck = [r for r in runs if r.running]
             self.end(stuck, "stuck", f"ended by mwhelpers: it {what} within {timeout:g} s")
             raise timeout_error(stuck, timeout, what, self.host.latest_runs(),
@@ -183,7 +184,8 @@ class Job:
         escalation = proctree.ESCALATIONS["now" if policy == "stuck" else policy]
         owned = {p.pid for r in live for p in r.process.processes()} | {os.getpid()}
         others = list({p.pid: p for p in extra if p.pid not in owned}.values())
-        jobs = [partial(r.process.end, escalation, str(r.task)) for r in live]
+        jobs: list[Callable[[], list[str]]] = [partial(r.process.end, escalation, str(r.task))
+                                               for r in live]
         if others:
             jobs.append(lambda: end_local(others, escalation)[0])
         return end_together(jobs)
@@ -192,7 +194,7 @@ class Job:
     def _dump_stacks(runs: Sequence[TaskRun], within: float = 1.0) -> None:
         """Have every run write its Python stacks into its log, and give the dumps up to
         ``within`` seconds, for all at once, to land."""
-        sizes = {}
+        sizes: dict[TaskRun, int] = {}
         for r in runs:
             sizes[r] = r.log_path.stat().st_size if r.log_path.exists() else 0
             r.process.dump_stacks()

@@ -28,13 +28,22 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from .logs import LogFollower, QuietFilter
+
+if TYPE_CHECKING:
+    from .taskrun import TaskRun
 
 SERVER_JOBS = ("chief", "worker", "ps")  # tasks that start a gRPC server on their port
 POLL = 0.05  # seconds between reads of the logs
 READY_POLL = 0.01  # seconds between readiness probes of a task being waited for
 PROBE_EVERY = 0.5  # seconds between readiness probes of runs not ready yet
+
+# What a watcher hands each new line to: ``fn(run, line)``; what it returns is ignored.
+LineListener = Callable[["TaskRun", str], object]
+# Whether a run's port accepts connections.
+Probe = Callable[["TaskRun"], bool]
 
 
 @dataclass
@@ -60,7 +69,7 @@ class CellLimits:
     tail: int = 50
     width: int | None = 2000
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: object) -> None:
         # Checked when set, so that a wrong value fails before anything is launched.
         least = {"head": 0, "tail": 0, "width": 1}.get(name)
         if least is not None and not (
@@ -80,10 +89,10 @@ class _Shown:
 
     __slots__ = ("run", "seen", "last", "noted")
 
-    def __init__(self, run, tail):
+    def __init__(self, run: TaskRun, tail: int) -> None:
         self.run = run
         self.seen = 0  # lines that passed the quiet filter
-        self.last = deque(maxlen=tail) if tail > 0 else None  # lines after the head
+        self.last: deque[str] | None = deque(maxlen=tail) if tail > 0 else None  # lines after the head
         self.noted = False  # the line saying the rest is held back was echoed
 
 
@@ -102,10 +111,10 @@ class CellEcho:
         self.echo = echo
         self.quiet = quiet
         self.limits = replace(limits or cell_limits)  # a change during a watch waits for the next
-        self._filters = {}
-        self._runs = {}  # id(run) -> _Shown, in the order first seen
+        self._filters: dict[int, QuietFilter] = {}  # id(run) -> its filter
+        self._runs: dict[int, _Shown] = {}  # id(run) -> _Shown, in the order first seen
 
-    def __call__(self, run, line: str) -> None:
+    def __call__(self, run: TaskRun, line: str) -> None:
         if self.quiet and not self._filters.setdefault(id(run), QuietFilter()).keep(line):
             return
         st = self._runs.get(id(run))
@@ -125,7 +134,7 @@ class CellEcho:
         if st.last is not None:
             st.last.append(line)
 
-    def left_out(self, run) -> int:
+    def left_out(self, run: TaskRun) -> int:
         """How many of ``run``'s lines so far are neither shown nor held to be shown."""
         st = self._runs.get(id(run))
         return 0 if st is None else self._left_out(st)
@@ -147,7 +156,7 @@ class CellEcho:
             for line in st.last or ():
                 self.echo(self._line(st.run, line))
 
-    def _line(self, run, line: str) -> str:
+    def _line(self, run: TaskRun, line: str) -> str:
         width = self.limits.width
         if width is not None and len(line) > width:
             line = f"{line[:width]} ... [{len(line) - width:,} more characters in the log]"
@@ -167,18 +176,18 @@ class Watcher:
     """Follows ``runs`` (see the module's text); ``probe(run)`` says whether a run's
     port accepts connections (None: readiness is not noted)."""
 
-    def __init__(self, runs: Iterable, probe: Callable | None = None) -> None:
+    def __init__(self, runs: Iterable[TaskRun], probe: Probe | None = None) -> None:
         self.runs = list(runs)
         self.probe = probe
         self._followers = {id(r): LogFollower(r.log_path) for r in self.runs}
-        self._listeners = []
+        self._listeners: list[LineListener] = []
         # Set when a run exits: the watch wakes at once instead of at its next poll, so a
         # death is noticed (and a supervised restart begins) without waiting a poll out.
         self._exited = threading.Event()
         for r in self.runs:
             r.process.on_exit(lambda _process: self._exited.set())
 
-    def on_line(self, fn: Callable) -> Watcher:
+    def on_line(self, fn: LineListener) -> Watcher:
         """Call ``fn(run, line)`` for every new line of every run; returns the watcher."""
         self._listeners.append(fn)
         return self
@@ -212,7 +221,7 @@ class Watcher:
                 if finish is not None:
                     finish()
 
-    def _watch(self, timeout, until):
+    def _watch(self, timeout: float | None, until: Callable[[], bool] | None) -> str:
         deadline = None if timeout is None else time.monotonic() + timeout
         next_probe = 0.0
         while True:
@@ -232,7 +241,7 @@ class Watcher:
                 self._exited.clear()
 
 
-def await_ready(run, probe: Callable, deadline: float) -> str:
+def await_ready(run: TaskRun, probe: Probe, deadline: float) -> str:
     """Probe ``run``'s port until it accepts connections (``"ready"``: the run is marked
     ready), the run ends (``"ended"``) or ``time.monotonic()`` passes ``deadline``
     (``"deadline"``)."""
