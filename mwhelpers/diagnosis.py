@@ -18,11 +18,19 @@ from __future__ import annotations
 import os
 import re
 import signal
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import stacks, taskfacts
 from .failures import PEER_LOST, explained, last_exception, signal_of
+
+if TYPE_CHECKING:
+    from .cluster import Task
+    from .failures import Failure
+    from .taskrun import TaskRun
 
 KERAS_ISSUE = "keras-team/keras#20585"
 _KERAS3_FIT = "Attempt to convert a value (PerReplica"
@@ -78,52 +86,53 @@ class Finding:
     cause: str
     advice: str
 
-    def lines(self):
+    def lines(self) -> list[str]:
         return explained([self.to_dict()])
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, str]:
         return asdict(self)
 
 
 class _Job:
     """The runs of one job with their logs read once."""
 
-    def __init__(self, runs):
+    def __init__(self, runs: Iterable[TaskRun]) -> None:
         self.runs = list(runs)
-        self._lines = {}
+        self._lines: dict[int, list[str]] = {}  # id(run) -> its log's lines
 
-    def lines(self, run):
+    def lines(self, run: TaskRun) -> list[str]:
         if id(run) not in self._lines:
             self._lines[id(run)] = run.lines()
         return self._lines[id(run)]
 
-    def facts(self, run):
+    def facts(self, run: TaskRun) -> dict[str, str] | None:
         return taskfacts.parse(self.lines(run))
 
-    def failed_logs(self, failures):
+    def failed_logs(self, failures: Iterable[Failure]
+                    ) -> Iterator[tuple[Failure, TaskRun | None, list[str]]]:
         """(failure, its run or None, its log lines: the run's, else the failure's tail)."""
         for f in failures:
             run = self.run_of(f)
             yield f, run, self.lines(run) if run else f.tail
 
-    def run_of(self, failure):
+    def run_of(self, failure: Failure) -> TaskRun | None:
         return next((r for r in self.runs if str(r.task) == failure.task and r.pid == failure.pid),
                     None)
 
 
-def _names(tasks):
-    tasks = [str(t) for t in tasks]
-    return tasks[0] if len(tasks) == 1 else ", ".join(tasks[:-1]) + " and " + tasks[-1]
+def _names(tasks: Iterable[object]) -> str:
+    names = [str(t) for t in tasks]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 # -- failed jobs ---------------------------------------------------------------------------
-def explain_failure(failures, runs=()):
+def explain_failure(failures: Sequence[Failure], runs: Iterable[TaskRun] = ()) -> list[Finding]:
     """Findings for a failed job: ``failures`` (root cause first) among ``runs`` (every run
     of the job, those that finished too).  At most two; [] when nothing is recognised."""
     if not failures:
         return []
     job = _Job(list(runs) or [])
-    found = []
+    found: list[Finding] = []
     for rule in (_settings_differ, _keras3_fit, _steps_per_execution, _op_before_strategy,
                  _collectives_differ, _module_missing, _peer_finished_first, _foreign_sigkill):
         finding = rule(job, failures)
@@ -134,7 +143,7 @@ def explain_failure(failures, runs=()):
     return found
 
 
-def _settings_differ(job, failures):
+def _settings_differ(job: _Job, failures: Sequence[Failure]) -> Finding | None:
     facts = {str(r.task): f for r in job.runs if (f := job.facts(r))}
     if len(facts) < 2:
         return None
@@ -157,7 +166,7 @@ def _settings_differ(job, failures):
     return None
 
 
-def _keras3_fit(job, failures):
+def _keras3_fit(job: _Job, failures: Sequence[Failure]) -> Finding | None:
     for f, run, lines in job.failed_logs(failures):
         if not any(_KERAS3_FIT in ln for ln in lines):
             continue
@@ -185,7 +194,7 @@ def _keras3_fit(job, failures):
     return None
 
 
-def _steps_per_execution(job, failures):
+def _steps_per_execution(job: _Job, failures: Sequence[Failure]) -> Finding | None:
     for f, _, lines in job.failed_logs(failures):
         if not any(_MULTI_STEP.search(ln) for ln in lines) or \
                 not any(_MULTI_STEP_WHERE in ln for ln in lines):
@@ -199,7 +208,7 @@ def _steps_per_execution(job, failures):
     return None
 
 
-def _collectives_differ(job, failures):
+def _collectives_differ(job: _Job, failures: Sequence[Failure]) -> Finding | None:
     for _, _, lines in job.failed_logs(failures):
         for line in lines:
             for pattern, member in _COLLECTIVE_MEMBERS:
@@ -233,13 +242,13 @@ _DTYPES = {"1": "float32", "2": "float64", "3": "int32", "9": "int64", "10": "bo
            "19": "float16", "14": "bfloat16"}
 
 
-def _task_of(device):
+def _task_of(device: str) -> str:
     """'worker:1' for '/job:worker/replica:0/task:1/device:CPU:0', else the device."""
     m = _DEVICE_TASK.match(device)
     return f"{m.group('job')}:{m.group('index')}" if m else device
 
 
-def _shape_differs(m):
+def _shape_differs(m: re.Match[str]) -> tuple[str, str, str]:
     return (f"collective instance {m.group('instance')} had shape {m.group('mine')} on "
             f"{_task_of(m.group('device'))} and {m.group('other')} on another task",
             "they ran different steps, epochs, models, batch sizes or code paths",
@@ -247,7 +256,7 @@ def _shape_differs(m):
             "task batches of the same size (batch with drop_remainder=True)")
 
 
-def _type_differs(m):
+def _type_differs(m: re.Match[str]) -> tuple[str, str, str]:
     instance = m.group("instance")
     kinds = [_KINDS.get(k, f"collective of type {k}") for k in (m.group("kind"), m.group("got_kind"))]
     dtypes = [_DTYPES.get(t, f"data type {t}") for t in (m.group("dtype"), m.group("got_dtype"))]
@@ -260,29 +269,29 @@ def _type_differs(m):
     return what, _DIFFERENT_PATHS, _SAME_PROGRAM
 
 
-def _a(noun):
+def _a(noun: str) -> str:
     return ("an " if noun[0] in "aeiou" else "a ") + noun
 
 
-def _group_size_differs(m):
+def _group_size_differs(m: re.Match[str]) -> tuple[str, str, str]:
     return (f"{_task_of(m.group('device'))} joined collective group {m.group('group')} as a group "
             f"of {m.group('mine')} devices, which another task had made a group of "
             f"{m.group('other')}", _HOW_MANY, _SAME_DEVICES)
 
 
-def _group_full(m):
+def _group_full(m: re.Match[str]) -> tuple[str, str, str]:
     return (f"{_task_of(m.group('device'))} asked to join collective group {m.group('group')}, "
             "which was already full: the tasks that joined first had made it a group of fewer "
             "devices", _HOW_MANY, _SAME_DEVICES)
 
 
-def _no_sender(m):
+def _no_sender(m: re.Match[str]) -> tuple[str, str, str]:
     return (f"collective instance {m.group('instance')} was a broadcast that its "
             f"{m.group('size')} devices all waited to receive and none sent", _DIFFERENT_PATHS,
             _SAME_PROGRAM + _ONE_SENDER)
 
 
-def _two_senders(m):
+def _two_senders(m: re.Match[str]) -> tuple[str, str, str]:
     return (f"collective instance {m.group('instance')} was a broadcast sent by two devices, "
             f"ranks {m.group('first')} and {m.group('second')}", _DIFFERENT_PATHS,
             _SAME_PROGRAM + _ONE_SENDER)
@@ -293,7 +302,7 @@ _COLLECTIVE_MEMBERS = ((_SHAPE_DIFFERS, _shape_differs), (_TYPE_DIFFERS, _type_d
                        (_NO_SENDER, _no_sender), (_TWO_SENDERS, _two_senders))
 
 
-def _op_before_strategy(job, failures):
+def _op_before_strategy(job: _Job, failures: Sequence[Failure]) -> Finding | None:
     for f, _, lines in job.failed_logs(failures):
         if _OP_FIRST in last_exception(lines):
             return Finding(
@@ -306,7 +315,7 @@ def _op_before_strategy(job, failures):
     return None
 
 
-def _module_missing(job, failures):
+def _module_missing(job: _Job, failures: Sequence[Failure]) -> Finding | None:
     root = failures[0]
     run = job.run_of(root)
     if run is None:
@@ -315,8 +324,10 @@ def _module_missing(job, failures):
     if not m:
         return None
     name = m.group(1).split(".")[0]
-    task_dir = run.cwd if run.cell else str(Path(run.script).parent)
     kernel_dir = os.getcwd()
+    # A cell runs in its run's folder; a run here without one (its launcher did not fill it
+    # in) started in the kernel's.
+    task_dir = (run.cwd or kernel_dir) if run.cell else str(Path(run.script).parent)
     here = [d for d in dict.fromkeys([kernel_dir, run.cwd or kernel_dir, str(Path(run.script).parent)])
             if d and _module_in(d, name)]
     if run.host is not None:
@@ -348,23 +359,23 @@ def _module_missing(job, failures):
         f"is a module of your own, write {name}.py into {task_dir} (%%writefile)")
 
 
-def _module_in(folder, name):
+def _module_in(folder: str, name: str) -> bool:
     base = Path(folder)
     return (base / f"{name}.py").is_file() or (base / name).is_dir()
 
 
-def _peer_finished_first(job, failures):
+def _peer_finished_first(job: _Job, failures: Sequence[Failure]) -> Finding | None:
     root = failures[0]
     root_run = job.run_of(root)
     lines = job.lines(root_run) if root_run else root.tail
     if not PEER_LOST.search(last_exception(lines) or "\n".join(lines[-5:])):
         return None
-    done = [r for r in job.runs if r.returncode == 0 and r.ended_wall is not None
-            and r.ended_wall <= root.ended_at]
+    done = [(ended, r) for r in job.runs if r.returncode == 0
+            and (ended := r.ended_wall) is not None and ended <= root.ended_at]
     if not done:
         return None
-    first = min(done, key=lambda r: r.ended_wall)
-    gap = root.ended_at - first.ended_wall
+    first_ended, first = min(done, key=lambda d: d[0])
+    gap = root.ended_at - first_ended
     last = _last_progress(job.lines(first))
     got = f" (its last progress line: {last!r})" if last else ""
     return Finding(
@@ -376,12 +387,12 @@ def _peer_finished_first(job, failures):
         "equal)")
 
 
-def _last_progress(lines):
+def _last_progress(lines: Sequence[str]) -> str:
     shown = [ln for ln in lines if _PROGRESS.match(ln) and not ln.startswith("[mwhelpers]")]
     return shown[-1].strip()[:80] if shown else ""
 
 
-def _foreign_sigkill(job, failures):
+def _foreign_sigkill(job: _Job, failures: Sequence[Failure]) -> Finding | None:
     root = failures[0]
     if signal_of(root.returncode) != signal.SIGKILL or root.note:
         return None  # mwhelpers notes every signal it sends
@@ -398,7 +409,8 @@ def _foreign_sigkill(job, failures):
 
 
 # -- stuck jobs ----------------------------------------------------------------------------
-def explain_stuck(stuck, runs=(), not_ready=()):
+def explain_stuck(stuck: Sequence[TaskRun], runs: Sequence[TaskRun] = (),
+                  not_ready: Sequence[tuple[Task, str]] = ()) -> tuple[list[str], list[Finding]]:
     """``(where_lines, findings)`` for tasks that did not finish or become ready in time.
 
     ``stuck`` are the runs that were still running (their stacks were dumped into their
@@ -407,16 +419,16 @@ def explain_stuck(stuck, runs=(), not_ready=()):
     where each stuck task's program was; the findings name the task that is behind.
     """
     job = _Job(runs or stuck)
-    places = {}
+    places: dict[TaskRun, stacks.Where] = {}
     for r in stuck:
-        place = stacks.where(job.lines(r), lambda f, n, r=r: _source_line(r, f, n))
+        place = stacks.where(job.lines(r), partial(_source_line, r))
         if place is not None:
             places[r] = place
-    lines = []
+    lines: list[str] = []
     for r, place in places.items():
         inside = "inside TensorFlow, called from" if place.in_framework else "at"
         lines.append(f"  {r.task} was {inside} {_at(r, place)}")
-    found = []
+    found: list[Finding] = []
     absent = [(t, why) for t, why in not_ready if why == "never launched"]
     if absent:
         found.append(Finding(
@@ -428,8 +440,8 @@ def explain_stuck(stuck, runs=(), not_ready=()):
     silent = [(t, why) for t, why in not_ready if why != "never launched" and "running" in why]
     for t, _ in silent:
         run = next((r for r in stuck if r.task == t), None)
-        place = places.get(run)
-        at = f": it was at {_at(run, place)}" if place else ""
+        place = places.get(run) if run is not None else None
+        at = f": it was at {_at(run, place)}" if run is not None and place else ""
         found.append(Finding(
             "peer-not-ready",
             f"{t} is running but its TensorFlow server never started{at}; the server starts "
@@ -461,12 +473,12 @@ def explain_stuck(stuck, runs=(), not_ready=()):
     return lines, found[:2]
 
 
-def _in_cell(run, file):
+def _in_cell(run: TaskRun, file: str) -> bool:
     """Whether ``file`` (from a task's stack) is the task's notebook cell."""
     return run.cell and (file == str(run.script) or os.path.basename(file) == "cell.py")
 
 
-def _at(run, place, source=True):
+def _at(run: TaskRun, place: stacks.Where, source: bool = True) -> str:
     """'main.py line 10, in load: time.sleep(600)', or 'line 10 of the cell, ...'."""
     frame = place.frame
     text = f"line {frame.line} of the cell" if _in_cell(run, frame.file) else \
@@ -476,7 +488,7 @@ def _at(run, place, source=True):
     return text + (f": {place.source}" if source and place.source else "")
 
 
-def _source_line(run, file, number):
+def _source_line(run: TaskRun, file: str, number: int) -> str:
     if os.path.isfile(file):
         return stacks.source_line(file, number)
     if _in_cell(run, file):  # a remote task's copy of the cell is cell.py there
