@@ -26,7 +26,7 @@ from .errors import UsageError, WorkerFailed
 from .failures import explained, report
 from .job import JobHost
 from .proctree import parse_signal
-from .taskrun import LaunchRequest
+from .taskrun import LaunchRequest, parse_timeout
 
 
 def _start(job, requests):
@@ -78,8 +78,9 @@ def supervise(rt: JobHost, script: str | os.PathLike | None = None, *, code: str
     ``restartable_exit_codes`` adds exit codes to restart on (besides
     signals and 128 + signal); when a task exits with one of them, the other
     tasks get up to ``peer_grace`` seconds to exit by themselves before they
-    are ended.  ``timeout`` bounds each attempt.  ``stall_fix`` and ``keras_fix``
-    are the launch options of the same names (see :meth:`Runtime.launch`).
+    are ended.  ``timeout`` (seconds, more than 0, as for :meth:`Runtime.launch`) bounds
+    each attempt.  ``stall_fix`` and ``keras_fix`` are the launch options of the same names
+    (see :meth:`Runtime.launch`).
 
     Returns the list of attempts, each a dict: ``attempt`` (1, 2...),
     ``runs``, ``events`` (faults injected), ``failed`` ((task, outcome)
@@ -97,6 +98,7 @@ def supervise(rt: JobHost, script: str | os.PathLike | None = None, *, code: str
         raise UsageError(f"restartable_exit_codes must be whole numbers, got {codes!r}")
     if not isinstance(peer_grace, (int, float)) or isinstance(peer_grace, bool) or peer_grace < 0:
         raise UsageError(f"peer_grace must be a number of seconds >= 0, got {peer_grace!r}")
+    attempt_timeout = parse_timeout(timeout)
     cluster = rt.ensure_cluster()
     tasks = [cluster.check_task(t) for t in (tasks or cluster.tasks)]
     faults = []
@@ -133,7 +135,7 @@ def supervise(rt: JobHost, script: str | os.PathLike | None = None, *, code: str
         def attempt_over(runs=runs, workers=workers):
             return any(r.failed for r in runs) or all(not r.running for r in workers)
 
-        job.watch(runs, timeout, stream=stream, on_line=on_line, until=attempt_over)
+        job.watch(runs, attempt_timeout, stream=stream, on_line=on_line, until=attempt_over)
         _let_peers_finish(runs, codes, peer_grace)
         ended = job.end(runs, "now", "ended by the supervisor")
         failed = job.failures(runs, codes)
