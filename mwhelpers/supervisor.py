@@ -19,17 +19,23 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import Any
 
+from .cluster import Task
 from .errors import UsageError, WorkerFailed
-from .failures import explained, report
-from .job import JobHost
+from .failures import Failure, explained, report
+from .job import Job, JobHost
 from .proctree import parse_signal
-from .taskrun import LaunchRequest, parse_timeout
+from .taskrun import LaunchRequest, TaskRun, parse_timeout
+
+# A fault to inject: (task, regex) or (task, regex, signal); see :func:`supervise`.
+Fault = tuple[str | int | Task, str] | tuple[str | int | Task, str, int | str | signal.Signals]
+# A fault once checked: its task, its regex compiled, its signal.
+_Checked = tuple[Task, re.Pattern[str], signal.Signals]
 
 
-def _start(job, requests):
+def _start(job: Job, requests: Sequence[LaunchRequest]) -> list[TaskRun]:
     """Start every task of an attempt at once; if one cannot start, the others are ended."""
     try:
         runs = job.start(requests, look=job.attempt == 1)
@@ -44,12 +50,12 @@ def _start(job, requests):
     return runs
 
 
-def _echo_diagnosis(rt, root):
+def _echo_diagnosis(rt: JobHost, root: Failure) -> None:
     for line in explained(root.diagnosis):
         rt.echo(f"[mwhelpers] {line}")
 
 
-def _let_peers_finish(runs, codes, grace):
+def _let_peers_finish(runs: Sequence[TaskRun], codes: Container[int], grace: float) -> None:
     """When a task exited with one of ``codes`` (it stopped on purpose, having saved, as
     PreemptionCheckpointHandler makes every worker do), give the other workers up to
     ``grace`` seconds to exit the same way before they are ended: ending them at once
@@ -62,10 +68,11 @@ def _let_peers_finish(runs, codes, grace):
             r.wait(max(0.0, deadline - time.monotonic()))
 
 
-def supervise(rt: JobHost, script: str | os.PathLike | None = None, *, code: str | None = None,
-              args: Sequence[str] = (), tasks: Iterable | None = None, max_restarts: int = 3,
+def supervise(rt: JobHost, script: str | os.PathLike[str] | None = None, *,
+              code: str | None = None, args: Sequence[str] = (),
+              tasks: Iterable[str | int | Task] | None = None, max_restarts: int = 3,
               timeout: float | str | None = None,
-              env: Mapping[str, str] | Sequence[str] | None = None, inject: Iterable[tuple] = (),
+              env: Mapping[str, str] | Sequence[str] | None = None, inject: Iterable[Fault] = (),
               stream: bool = True, restartable_exit_codes: Iterable[int] = (),
               peer_grace: float = 10.0, stall_fix: bool | None = None,
               keras_fix: bool | None = None) -> list[dict[str, Any]]:
@@ -101,7 +108,7 @@ def supervise(rt: JobHost, script: str | os.PathLike | None = None, *, code: str
     attempt_timeout = parse_timeout(timeout)
     cluster = rt.ensure_cluster()
     tasks = [cluster.check_task(t) for t in (tasks or cluster.tasks)]
-    faults = []
+    faults: list[_Checked] = []
     for fault in inject:
         if not isinstance(fault, (tuple, list)) or len(fault) not in (2, 3):
             raise UsageError(f"inject: each fault is (task, regex) or (task, regex, signal), got {fault!r}")
@@ -114,14 +121,15 @@ def supervise(rt: JobHost, script: str | os.PathLike | None = None, *, code: str
                                     background=True, ready="start", stall_fix=stall_fix,
                                     keras_fix=keras_fix)
                 for t in tasks]
-    attempts = []
+    attempts: list[dict[str, Any]] = []
     for attempt in range(1, max_restarts + 2):
         job = rt.new_job(attempt, supervised=True)
         runs = _start(job, requests)
         pending = list(faults) if attempt == 1 else []
-        events = []
+        events: list[str] = []
 
-        def on_line(run, line, pending=pending, events=events, job=job):
+        def on_line(run: TaskRun, line: str, pending: list[_Checked] = pending,
+                    events: list[str] = events, job: Job = job) -> None:
             for fault in list(pending):
                 if fault[0] == run.task and fault[1].search(line) and run.running:
                     pending.remove(fault)
@@ -132,7 +140,7 @@ def supervise(rt: JobHost, script: str | os.PathLike | None = None, *, code: str
                     rt.echo(f"[mwhelpers] {events[-1]}")
 
         workers = [r for r in runs if r.task.type != "ps"]
-        def attempt_over(runs=runs, workers=workers):
+        def attempt_over(runs: list[TaskRun] = runs, workers: list[TaskRun] = workers) -> bool:
             return any(r.failed for r in runs) or all(not r.running for r in workers)
 
         job.watch(runs, attempt_timeout, stream=stream, on_line=on_line, until=attempt_over)
