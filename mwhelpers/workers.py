@@ -31,7 +31,7 @@ import psutil
 
 from . import proctree, results, settings, supervisor
 from .backends import create_backend, pick_backend
-from .backends.base import LaunchSpec
+from .backends.base import Launcher, LaunchSpec
 from .cluster import Cluster, Task, job_tasks, parse_task
 from .errors import UsageError
 from .failures import Failure
@@ -47,7 +47,7 @@ from .tfdata import STALL_FIX_ENV
 from .timeline import LogMarks, Timeline
 from .timeouts import not_ready_error
 from .versions import installed
-from .watcher import SERVER_JOBS, await_ready, cell_limits
+from .watcher import SERVER_JOBS, CellLimits, await_ready, cell_limits
 
 TaskSpec = str | int | Task  # "worker:1", 1 (worker:1), "chief", Task("worker", 1)
 
@@ -58,11 +58,11 @@ BG_ENV = "MWHELPERS_BG"
 TRAINING_JOBS = ("chief", "worker")  # tasks that wait for each other (collectives)
 
 
-def _print(line):
+def _print(line: str) -> None:
     print(line, flush=True)
 
 
-def port_accepts(port, host="127.0.0.1"):
+def port_accepts(port: int, host: str = "127.0.0.1") -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):
             return True
@@ -70,15 +70,15 @@ def port_accepts(port, host="127.0.0.1"):
         return False
 
 
-def default_log_dir(session_name=None):
-    root = settings.get("MWHELPERS_LOG_DIR")
-    root = Path(root) if root else Path.cwd() / "worker_logs"
+def default_log_dir(session_name: str | None = None) -> Path:
+    setting: str | None = settings.get("MWHELPERS_LOG_DIR")
+    root = Path(setting) if setting else Path.cwd() / "worker_logs"
     name = session_name or os.environ.get("JPY_SESSION_NAME") or "kernel"
     stem = Path(name).stem or "kernel"
     return root / f"{stem}-{os.getpid()}"
 
 
-def claim_session():
+def claim_session() -> str:
     """This process's session mark, set in its environment.
 
     Every process started from here from now on (also through %%bash --bg
@@ -96,32 +96,33 @@ def claim_session():
 class Runtime:
     """Launches and tracks the task processes of one kernel (or script)."""
 
-    def __init__(self, log_dir: str | os.PathLike | None = None,
+    def __init__(self, log_dir: str | os.PathLike[str] | None = None,
                  echo: Callable[[str], None] = _print) -> None:
         self._log_dir = Path(log_dir) if log_dir else None
         self.echo = echo
-        self.cluster = None
-        self.job = None  # the current attempt's Job (mwhelpers.job)
-        self.runs = {}  # Task -> latest TaskRun
-        self.history = []  # every TaskRun, oldest first
-        self._launch_counts = {}
-        self._warned = set()  # (program text hash, warning) already said (precheck)
+        self.cluster: Cluster | None = None
+        self.job: Job | None = None  # the current attempt's Job (mwhelpers.job)
+        self.runs: dict[Task, TaskRun] = {}  # Task -> latest TaskRun
+        self.history: list[TaskRun] = []  # every TaskRun, oldest first
+        self._launch_counts: dict[Task, int] = {}
+        # (program text hash, warning) already said (precheck)
+        self._warned: set[tuple[int, str]] = set()
         self._marks = LogMarks()  # stamps epoch and step lines for the timeline
         self._cluster_from = 0  # index in history of the current cluster's first run
         self._lock = threading.RLock()
-        self.launcher = None  # the current cluster's backend (mwhelpers.backends)
-        self._launchers = []  # it, for the finalizer
+        self.launcher: Launcher | None = None  # the current cluster's backend (mwhelpers.backends)
+        self._launchers: list[Launcher] = []  # it, for the finalizer
         self.session = claim_session()
         # The end-of-fit stall fix in every worker (tfdata.py); per launch: stall_fix=.
-        self.stall_fix = settings.get("MWHELPERS_STALL_FIX")
+        self.stall_fix: bool = settings.get("MWHELPERS_STALL_FIX")
         # Keras 3 fit under multi-worker MWMS mended in every worker (kerasfix.py); per
         # launch: keras_fix=.
-        self.keras_fix = settings.get("MWHELPERS_KERAS_FIX")
+        self.keras_fix: bool = settings.get("MWHELPERS_KERAS_FIX")
         # Cells show a task's output without TF's informational C++ lines (logs keep them).
         self.verbose = False
         # How much of a task's output a cell shows (mwhelpers.watcher.CellLimits): the
         # process's own, mwhelpers.watcher.cell_limits (rt.cell_limits.head = 1000, say).
-        self.cell_limits = cell_limits
+        self.cell_limits: CellLimits = cell_limits
         # At exit (or when this object is collected) the launchers end what still runs.
         self._finalizer = weakref.finalize(self, _close_launchers, self._launchers)
 
@@ -138,33 +139,33 @@ class Runtime:
         self.launcher = None
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return not self._finalizer.alive
 
-    def __enter__(self):
+    def __enter__(self) -> Runtime:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- cluster -------------------------------------------------------------
     @property
-    def log_dir(self):
+    def log_dir(self) -> Path:
         if self._log_dir is None:
             self._log_dir = default_log_dir()
         self._log_dir.mkdir(parents=True, exist_ok=True)
         return self._log_dir
 
     @log_dir.setter
-    def log_dir(self, value):
+    def log_dir(self, value: str | os.PathLike[str]) -> None:
         self._log_dir = Path(value)
 
-    def use_session_name(self, name):
+    def use_session_name(self, name: str | None) -> None:
         """Name the default log folder after the notebook (unless one was set)."""
         if self._log_dir is None and name:
             self._log_dir = default_log_dir(name)
 
-    def _resolve(self, spec):
+    def _resolve(self, spec: TaskSpec) -> Task:
         """A task name checked against the cluster when there is one."""
         return self.cluster.check_task(spec) if self.cluster else parse_task(spec)
 
@@ -227,10 +228,25 @@ class Runtime:
             self.job = None
             return new
 
-    def ensure_cluster(self):
+    def ensure_cluster(self) -> Cluster:
         if self.cluster is None:
-            self.define_cluster(workers=2)
+            return self.define_cluster(workers=2)
         return self.cluster
+
+    @property
+    def _cluster(self) -> Cluster:
+        """The current cluster, for what needs one (a launch makes one first)."""
+        if self.cluster is None:
+            raise UsageError("no cluster is defined (%cluster N or define_cluster defines one)")
+        return self.cluster
+
+    @property
+    def _launcher(self) -> Launcher:
+        """The current cluster's backend, for what starts tasks (None once closed)."""
+        if self.launcher is None:
+            raise UsageError("this runtime was closed; use a new one (mwhelpers.runtime() "
+                             "makes one)")
+        return self.launcher
 
     # -- runs and their logs ---------------------------------------------------
     def get_run(self, task: TaskSpec) -> TaskRun:
@@ -255,9 +271,9 @@ class Runtime:
 
     # -- launching -----------------------------------------------------------
     def launch(self, task: TaskSpec = "worker:0", *, code: str | None = None,
-               script: str | os.PathLike | None = None, args: Sequence[str] = (),
+               script: str | os.PathLike[str] | None = None, args: Sequence[str] = (),
                background: bool = False, timeout: float | str | None = None,
-               log: str | os.PathLike | None = None,
+               log: str | os.PathLike[str] | None = None,
                env: Mapping[str, str] | Sequence[str] | None = None, ready: str = "auto",
                stall_fix: bool | None = None, keras_fix: bool | None = None,
                verbose: bool | None = None) -> TaskRun:
@@ -295,23 +311,23 @@ class Runtime:
         self.job.supervised = supervised
         return self.job
 
-    def _interactive_job(self):
+    def _interactive_job(self) -> Job:
         """The job that tasks launched one by one join: attempt 1, until a cluster is
         defined again or a supervised run made its own."""
         if self.job is None or self.job.supervised:
-            self.new_job(1)
+            return self.new_job(1)
         return self.job
 
     def start(self, request: LaunchRequest) -> TaskRun:
         """Launch a checked :class:`LaunchRequest` (see :meth:`launch`)."""
         with self._lock:
             created = self.cluster is None
-            self.ensure_cluster()
+            cluster = self.ensure_cluster()
             try:
                 self.checked_tasks([request])
             except UsageError:
                 if created:
-                    self.cluster.close()
+                    cluster.close()
                     self.cluster = None
                 raise
             job = self._interactive_job()
@@ -351,27 +367,29 @@ class Runtime:
                 self._look_before_launch(task, request)
         return tasks
 
-    def _checked_task(self, request):
+    def _checked_task(self, request: LaunchRequest) -> Task:
         """``request``'s task, once it is known to be in the cluster, not running, and (here)
         its port free."""
-        task = self.cluster.check_task(request.task)
+        task = self._cluster.check_task(request.task)
         self._check_not_running(task)
-        if task.type in SERVER_JOBS and not self.cluster.remote:
+        if task.type in SERVER_JOBS and not self._cluster.remote:
             self._check_port_free(task)
         return task
 
-    def _look_before_launch(self, task, request):
+    def _look_before_launch(self, task: Task, request: LaunchRequest) -> None:
         """Warn, never refuse, about the mistakes that can be seen in the program's source
         (:mod:`mwhelpers.precheck`); each warning once per program text."""
         if request.code is not None:
             source, path, folders = request.code, "cell.py", [os.getcwd()]
         else:
+            script = request.script
+            assert script is not None  # a request holds code or a script (LaunchRequest.parse)
             try:
-                source = Path(request.script).read_text(encoding="utf-8", errors="replace")
+                source = script.read_text(encoding="utf-8", errors="replace")
             except OSError:
                 return
-            path, folders = request.script, [str(Path(request.script).parent)]
-        same_python = self.launcher.python == sys.executable
+            path, folders = str(script), [str(script.parent)]
+        same_python = self._launcher.python == sys.executable
         keras_version, tf_version = (installed("keras"), installed("tensorflow")) \
             if same_python else (None, None)
         env = {**os.environ, **request.env}
@@ -390,7 +408,7 @@ class Runtime:
                 self._warned.add(key)
                 self.echo(f"[mwhelpers] warning: {warning}")
 
-    def _check_not_running(self, task):
+    def _check_not_running(self, task: Task) -> None:
         run = self.runs.get(task)
         if run is not None and run.running:
             raise UsageError(
@@ -398,15 +416,15 @@ class Runtime:
                 f"wait for it (%waitworkers) or end it (%killworker {task}) first"
             )
 
-    def _check_port_free(self, task):
-        port = self.cluster.port(task)
+    def _check_port_free(self, task: Task) -> None:
+        port = self._cluster.port(task)
         if port_in_use(port):
             raise UsageError(
                 f"port {port} of {task} is already taken by {holder_of(port)}; end that "
                 "process, or define the cluster again (%cluster) to get new ports"
             )
 
-    def _log_path(self, task, log):
+    def _log_path(self, task: Task, log: Path | None) -> Path:
         if log:
             return log
         n = self._launch_counts.get(task, 0) + 1
@@ -414,16 +432,21 @@ class Runtime:
         suffix = "" if n == 1 else f".run{n}"
         return self.log_dir / f"{task.slug}{suffix}.log"
 
-    def child_env(self, task, extra=None, stall_fix=None, attempt=1, base=None, keras_fix=None):
+    def child_env(self, task: Task, extra: Mapping[str, str] | None = None,
+                  stall_fix: bool | None = None, attempt: int = 1,
+                  base: Mapping[str, str] | None = None,
+                  keras_fix: bool | None = None) -> dict[str, str]:
         """The environment a task's program gets: ``base`` (default: the kernel's
         whole environment), TF_CONFIG and mwhelpers' variables, then ``extra``."""
         env = dict(os.environ if base is None else base)
         # The kernel's inline plotting backend means nothing in a worker.
         if "inline" in os.environ.get("MPLBACKEND", ""):
             env["MPLBACKEND"] = "Agg"
-        env["TF_CONFIG"] = self.cluster.tf_config(task)
-        if self.cluster.gpus is not None:  # its own GPUs (a --env given at launch still wins)
-            env["CUDA_VISIBLE_DEVICES"] = self.cluster.gpus_of(task)
+        cluster = self._cluster
+        env["TF_CONFIG"] = cluster.tf_config(task)
+        if cluster.gpus is not None:  # its own GPUs (a --env given at launch still wins)
+            # (none for a task that the cluster's GPU map leaves out, as its table says)
+            env["CUDA_VISIBLE_DEVICES"] = cluster.gpus_of(task) or ""
         env["MWHELPERS_TASK"] = str(task)
         env["MWHELPERS_ATTEMPT"] = str(attempt)
         env[STALL_FIX_ENV] = "1" if (self.stall_fix if stall_fix is None else stall_fix) else "0"
@@ -435,29 +458,31 @@ class Runtime:
     def spawn(self, task: Task, request: LaunchRequest, attempt: int) -> TaskRun:
         """Start one task's process (a :class:`~mwhelpers.job.Job` calls this) and record
         its run."""
+        cluster, launcher = self._cluster, self._launcher
         log_path = self._log_path(task, request.log)
         if request.code is not None:
             script = self.log_dir / f"{task.slug}_cell.py"
             script.write_text(request.code)
         else:
+            assert request.script is not None  # a request holds code or a script
             script = request.script
         ready = request.ready
         if ready == "auto":
             ready = "port" if task.type in SERVER_JOBS else "start"
-        host = self.cluster.host_of(task)
+        host = cluster.host_of(task)
         # The backend says what a task's environment starts from (another machine gets the
         # variables that matter, not the kernel's whole environment) and fills in its folder.
-        base = self.launcher.task_env(os.environ)
+        base = launcher.task_env(os.environ)
         spec = LaunchSpec(script=str(Path(script).resolve()), args=list(request.args),
                           env=self.child_env(task, request.env, request.stall_fix, attempt, base,
                                              request.keras_fix),
                           log_path=Path(log_path), cell=request.code is not None,
-                          host=host, port=self.cluster.port(task))
-        process = self.launcher.start(spec)
-        run = TaskRun(task, process, spec.log_path, self.cluster.port(task),
-                      self.cluster.address(task), ready, spec.script, attempt=attempt,
+                          host=host, port=cluster.port(task))
+        process = launcher.start(spec)
+        run = TaskRun(task, process, spec.log_path, cluster.port(task),
+                      cluster.address(task), ready, spec.script, attempt=attempt,
                       cwd=spec.cwd, host=host, cell=spec.cell)
-        if self.cluster.gpus is not None:
+        if cluster.gpus is not None:
             run.gpus = spec.env.get("CUDA_VISIBLE_DEVICES", "")
         run.keras_fix = settings.get("MWHELPERS_KERAS_FIX", spec.env)
         self.runs[task] = run
@@ -468,9 +493,10 @@ class Runtime:
     # -- readiness and following ----------------------------------------------
     def probe(self, run: TaskRun) -> bool:
         """True once ``run``'s server accepts connections where TF_CONFIG says it is."""
-        return port_accepts(run.port, self.cluster.connect_address(run.task))
+        return port_accepts(run.port, self._cluster.connect_address(run.task))
 
-    def _await_ready(self, run, timeout, job, default_timeout=120.0):
+    def _await_ready(self, run: TaskRun, timeout: float | None, job: Job,
+                     default_timeout: float = 120.0) -> TaskRun:
         timeout = default_timeout if timeout is None else timeout
         if run.ready_mode == "start":
             run.mark_ready()
@@ -490,7 +516,7 @@ class Runtime:
         else:
             job.end([run], "stuck", f"ended by mwhelpers: it did not become ready within "
                     f"{timeout:g} s")
-            raise not_ready_error(run, timeout, self.cluster.host_of(run.task))
+            raise not_ready_error(run, timeout, self._cluster.host_of(run.task))
         return run
 
     def watch(self, runs: Iterable[TaskRun], timeout: float | None = None, *,
@@ -513,9 +539,9 @@ class Runtime:
             runs, timeout, stream=stream, quiet=quiet, on_line=on_line, until=until, what=what,
             end_on_interrupt=end_on_interrupt)
 
-    def not_ready_tasks(self):
+    def not_ready_tasks(self) -> list[tuple[Task, str]]:
         """(task, reason) for each chief/worker task that never became ready."""
-        out = []
+        out: list[tuple[Task, str]] = []
         if self.cluster is None:
             return out
         for task in self.cluster.tasks:
@@ -571,9 +597,9 @@ class Runtime:
         run = self.runs.get(self._resolve(task))
         if run is None or not run.running:
             raise UsageError(f"{self._resolve(task)} is not running; launch it with --bg first")
-        found = []
+        found: list[str] = []
 
-        def on_line(r, line):
+        def on_line(r: TaskRun, line: str) -> None:
             if not found and regex.search(line):
                 found.append(line)
 
@@ -620,7 +646,7 @@ class Runtime:
                                                "ended by %killbgscripts",
                                                extra=extra + self.escaped_orphans())
 
-    def escaped_orphans(self):
+    def escaped_orphans(self) -> list[psutil.Process]:
         """Processes that a task or a ``%%script --bg`` cell of this session started
         and that lost their parent.
 
@@ -668,7 +694,7 @@ class Runtime:
             pattern = re.compile(grep)
         except re.error as err:
             raise UsageError(f"--grep {grep!r} is not a regular expression: {err}") from None
-        out = []
+        out: list[str] = []
         for r in runs:
             matching = [ln for ln in r.lines() if pattern.search(ln)]
             out += [f"[{r.task}] {ln}" for ln in (matching[-n:] if n else matching)]
@@ -692,12 +718,12 @@ class Runtime:
     supervise = supervisor.supervise
 
 
-def _close_launchers(launchers):
+def _close_launchers(launchers: list[Launcher]) -> None:
     for launcher in list(launchers):
         launcher.close()
 
 
-_RUNTIME = None
+_RUNTIME: Runtime | None = None
 
 
 def runtime() -> Runtime:
