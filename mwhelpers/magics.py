@@ -12,12 +12,15 @@
     %killbgscripts
 """
 
+from __future__ import annotations
+
 import argparse
 import contextlib
 import os
 import re
 import shlex
 import sys
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
@@ -26,12 +29,22 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .errors import UsageError
 from .launchoptions import LAUNCH_OPTIONS, launch_help, launch_usage
 
+if TYPE_CHECKING:  # for the annotations only: loading the extension imports none of these
+    from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
+
+    from .backends.base import Option
+    from .cluster import Cluster
+    from .live import LiveViews
+    from .status import StatusTable
+    from .timeline import Timeline
+    from .workers import Runtime
+
 # Loading the extension registers the magics and nothing more: the runtime (the package's
 # other modules, psutil) is imported by the first magic that needs it.
 BG_ENV = "MWHELPERS_BG"  # mwhelpers.workers.BG_ENV, which a test holds equal to it
 
 
-def runtime():
+def runtime() -> Runtime:
     from .workers import runtime as the_runtime
 
     return the_runtime()
@@ -40,13 +53,13 @@ def runtime():
 class _Parser(argparse.ArgumentParser):
     """argparse, raising our UsageError (what was wrong, and the usage) instead of exiting."""
 
-    backend_options = ()
+    backend_options: tuple[Option, ...] = ()
 
-    def error(self, message):
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}\n{self.format_usage().strip()}")
 
 
-def cluster_parser(line):
+def cluster_parser(line: str) -> tuple[_Parser, str]:
     """The parser of ``%cluster`` for the backend ``line`` names, and that name: the
     general flags, then the backend's own options as flags (``--hosts``, ``--job``...)."""
     from .backends import available_backends, backend_class, options_of
@@ -89,9 +102,9 @@ def cluster_parser(line):
     return p, name
 
 
-def _parse(magic, line):
-    """Parse ``line`` with the magic's ``magic_arguments`` parser, raising our UsageError
-    (what was wrong, and the usage).
+def _parse(magic: Any, line: str) -> argparse.Namespace:
+    """Parse ``line`` with the magic's ``magic_arguments`` parser (the ``parser`` attribute
+    those decorators give the method), raising our UsageError (what was wrong, and the usage).
 
     The words are split as a shell would (``shlex``): IPython's own
     ``parse_argstring`` keeps the quotes, so ``--when "^Epoch 2/"`` would
@@ -106,7 +119,7 @@ def _parse(magic, line):
         raise UsageError(f"{parser.prog}: {e}\n{parser.format_usage().strip()}") from None
 
 
-def parse_worker_line(line):
+def parse_worker_line(line: str) -> dict[str, Any]:
     """Split ``[TASK] [options] [SCRIPT [ARGS...]]``.
 
     Options are read until the first word that is neither an option nor a
@@ -122,7 +135,8 @@ def parse_worker_line(line):
     except ValueError as e:
         raise UsageError(f"cannot parse {line!r}: {e}") from None
     flags = {o.flag: o for o in LAUNCH_OPTIONS}
-    opts = {"task": None, "script": None, "args": []}
+    # task, script and args, then the launch options given, by name (LaunchRequest.parse's)
+    opts: dict[str, Any] = {"task": None, "script": None, "args": []}
     i = 0
     while i < len(words):
         w = words[i]
@@ -163,13 +177,14 @@ def parse_worker_line(line):
 
 @magics_class
 class WorkerMagics(Magics):
-    def __init__(self, shell=None, session_name=None, **kwargs):
+    def __init__(self, shell: InteractiveShell | None = None, session_name: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
-        self._live = None
+        self._live: LiveViews | None = None
         self._session_name = session_name  # the notebook's, for the log folder's name
 
     @property
-    def rt(self):
+    def rt(self) -> Runtime:
         rt = runtime()
         if self._session_name is not None:
             rt.use_session_name(self._session_name)
@@ -177,7 +192,7 @@ class WorkerMagics(Magics):
         return rt
 
     @property
-    def live(self):
+    def live(self) -> LiveViews:
         """The live views under the cells of background tasks (made on first use)."""
         if self._live is None:
             from .live import LiveViews
@@ -186,12 +201,12 @@ class WorkerMagics(Magics):
         return self._live
 
     @property
-    def in_kernel(self):
+    def in_kernel(self) -> bool:
         """A Jupyter kernel (displays can update); not a terminal IPython."""
         return getattr(self.shell, "kernel", None) is not None
 
     @line_magic
-    def cluster(self, line):
+    def cluster(self, line: str) -> Cluster | None:
         """Define the cluster, or show the current one; returns it (``c = %cluster 2``).
 
         %cluster [N] [--chief] [--ps K] [--evaluator] [--gpus-per-task K]
@@ -221,7 +236,7 @@ class WorkerMagics(Magics):
         if a.help:
             print(parser.format_help())
             return None
-        options = {}
+        options: dict[str, str] = {}
         for item in a.option:
             key, eq, value = item.partition("=")
             if not eq or not key.isidentifier():
@@ -240,7 +255,7 @@ class WorkerMagics(Magics):
                                       gpus_per_task=a.gpus_per_task, backend=name, **options)
 
     @line_cell_magic
-    def worker(self, line, cell=None):
+    def worker(self, line: str, cell: str | None = None) -> None:
         """Run a worker task's Python program in its own process.
 
         %%worker [TASK] [--bg] [--timeout S] [--log PATH] [--ready port|start] [--env K=V ...]
@@ -284,7 +299,7 @@ class WorkerMagics(Magics):
     @argument("--save", default=None, metavar="PATH",
               help="with --timeline: where to save the PNG (default: timeline.png in the "
                    "log folder)")
-    def workers(self, line):
+    def workers(self, line: str) -> StatusTable | Timeline | None:
         """A status table of every task launched in this kernel (returned: shown as the
         cell's result, or kept by ``table = %workers``).
 
@@ -312,7 +327,7 @@ class WorkerMagics(Magics):
     @argument("--follow", action="store_true", help="stream the log until the task ends")
     @argument("--grep", default=None, metavar="REGEX",
               help="only the lines that match REGEX (the last N of them)")
-    def workerlog(self, line):
+    def workerlog(self, line: str) -> None:
         """The last N (20) log lines of one task, or of every task.
 
         --grep REGEX keeps the lines that match (``--grep "^Epoch|loss"``).
@@ -334,7 +349,7 @@ class WorkerMagics(Magics):
     @line_magic
     @magic_arguments()
     @argument("--timeout", type=float, default=None, metavar="S", help="give up after S seconds")
-    def waitworkers(self, line):
+    def waitworkers(self, line: str) -> None:
         """Wait for every background task to end.
 
         Raises with the root cause (the first task to die: exit code or
@@ -356,7 +371,7 @@ class WorkerMagics(Magics):
     @argument("--signal", default="KILL", help="signal to send (default KILL, a crash)")
     @argument("--when", default=None, metavar="REGEX", help="first wait for a log line matching it")
     @argument("--timeout", type=float, default=300.0, metavar="S", help="how long --when waits")
-    def killworker(self, line):
+    def killworker(self, line: str) -> None:
         """Signal a task's whole process tree (default SIGKILL, a crash).
 
         --when waits until the task's log has a line matching REGEX first.
@@ -374,7 +389,7 @@ class WorkerMagics(Magics):
                   f"it is now {run.state}")
 
     @line_magic
-    def killbgscripts(self, line):
+    def killbgscripts(self, line: str) -> None:
         """End every background task's whole process tree, and %%script --bg ones.
 
         Unlike IPython's own %killbgscripts (which signals only the ``bash``
@@ -385,6 +400,7 @@ class WorkerMagics(Magics):
         ``!nohup tensorboard ... &``, are left running.  Escalates SIGINT ->
         SIGTERM -> SIGKILL.
         """
+        assert self.shell is not None  # registered on a shell (load), IPython calls it there
         script_magics = self.shell.magics_manager.registry.get("ScriptMagics")
         bg = list(getattr(script_magics, "bg_processes", []) or [])
         pids = [p.pid for p in bg if getattr(p, "returncode", None) is None and getattr(p, "pid", None)]
@@ -409,29 +425,29 @@ class _BackgroundCellMark:
     carries ``BG_ENV``: what the cell starts inherits it, and so do that program's
     descendants after they are re-parented. ``%killbgscripts`` ends only marked orphans."""
 
-    def __init__(self, ipython):
+    def __init__(self, ipython: InteractiveShell) -> None:
         self.ipython = ipython
 
-    def pre_run_cell(self, info=None):
+    def pre_run_cell(self, info: ExecutionInfo | None = None) -> None:
         first = (getattr(info, "raw_cell", "") or "").lstrip("\n").split("\n", 1)[0]
         m = _SCRIPT_MAGICS.match(first)
         if m and "--bg" in m.group(2).split():
             os.environ[BG_ENV] = runtime().session
 
-    def post_run_cell(self, result=None):
+    def post_run_cell(self, result: ExecutionResult | None = None) -> None:
         os.environ.pop(BG_ENV, None)
 
-    def register(self):
+    def register(self) -> None:
         self.ipython.events.register("pre_run_cell", self.pre_run_cell)
         self.ipython.events.register("post_run_cell", self.post_run_cell)
 
-    def unregister(self):
+    def unregister(self) -> None:
         for name in ("pre_run_cell", "post_run_cell"):
             with contextlib.suppress(ValueError):
                 self.ipython.events.unregister(name, getattr(self, name))
 
 
-_LOADED = {}  # shell -> (WorkerMagics instance, _BackgroundCellMark)
+_LOADED: dict[InteractiveShell, tuple[WorkerMagics, _BackgroundCellMark]] = {}
 
 
 # %%worker? lists each option from the table the parser reads.
@@ -440,7 +456,7 @@ if WorkerMagics.worker.__doc__:  # None under python -OO
         "        " + line.strip() for line in launch_help().splitlines())
 
 
-def load(ipython):
+def load(ipython: InteractiveShell) -> None:
     if ipython in _LOADED:
         return
     magics = WorkerMagics(shell=ipython, session_name=ipython.user_ns.get("__session__"))
@@ -450,13 +466,14 @@ def load(ipython):
     _LOADED[ipython] = (magics, mark)
 
 
-def unload(ipython):
+def unload(ipython: InteractiveShell) -> None:
     """Remove the magics (IPython's own %killbgscripts comes back).  Tasks keep running
     (the runtime outlives the extension, so ``%reload_ext`` picks them up again); the
     message says which, and how to end them."""
-    magics, mark = _LOADED.pop(ipython, (None, None))
-    if magics is None:
+    loaded = _LOADED.pop(ipython, None)
+    if loaded is None:
         return
+    magics, mark = loaded
     mark.unregister()
     if magics._live is not None:
         magics._live.stop()
