@@ -7,6 +7,11 @@ the same features are available from Python through :class:`Runtime`
 Importing this package is cheap: TensorFlow is never imported here.
 """
 
+import typing as _typing  # private: dir(mwhelpers) lists the public names only
+
+if _typing.TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
 __version__ = "0.2.0"
 
 _LAZY = {
@@ -25,7 +30,41 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
+# What a type checker sees of the names above: the same objects, imported here only while
+# checking (a user's `from mwhelpers import Runtime` is typed, not Any).
+if _typing.TYPE_CHECKING:
+    from .backends import AgentLauncher as AgentLauncher
+    from .backends import Launcher as Launcher
+    from .backends import LaunchSpec as LaunchSpec
+    from .backends import Option as Option
+    from .backends import Placement as Placement
+    from .backends import Process as Process
+    from .backends import available_backends as available_backends
+    from .backends import register_backend as register_backend
+    from .backends.slurm import write_sbatch as write_sbatch
+    from .cluster import Cluster as Cluster
+    from .cluster import Task as Task
+    from .cluster import parse_task as parse_task
+    from .errors import InfrastructureError as InfrastructureError
+    from .errors import MWHelpersError as MWHelpersError
+    from .errors import UsageError as UsageError
+    from .errors import WorkerError as WorkerError
+    from .errors import WorkerFailed as WorkerFailed
+    from .errors import WorkerTimeout as WorkerTimeout
+    from .failures import Failure as Failure
+    from .kerasfix import fix_keras_multi_worker as fix_keras_multi_worker
+    from .results import Results as Results
+    from .results import read_results as read_results
+    from .taskrun import LaunchRequest as LaunchRequest
+    from .tfdata import avoid_teardown_stall as avoid_teardown_stall
+    from .versions import tensorflow_distributions as tensorflow_distributions
+    from .versions import versions as versions
+    from .workers import Runtime as Runtime
+    from .workers import TaskRun as TaskRun
+    from .workers import runtime as runtime
+
+
+def __getattr__(name: str) -> _typing.Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'mwhelpers' has no attribute {name!r}")
@@ -36,17 +75,17 @@ def __getattr__(name):
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(list(globals()) + list(_LAZY))
 
 
-def load_ipython_extension(ipython):
+def load_ipython_extension(ipython: "InteractiveShell") -> None:
     from .magics import load
 
     load(ipython)
 
 
-def unload_ipython_extension(ipython):
+def unload_ipython_extension(ipython: "InteractiveShell") -> None:
     from .magics import unload
 
     unload(ipython)
