@@ -25,6 +25,7 @@ import pytest
 from conftest import ROOT, STUBBORN, TREE, gone_within, json_line, pid_alive, task_pids
 
 from mwhelpers import available_backends, register_backend
+from mwhelpers.backends import pick_backend
 from mwhelpers.errors import UsageError, WorkerFailed
 from mwhelpers.proctree import carrying
 from mwhelpers.workshop.testhosts import missing
@@ -348,8 +349,14 @@ def test_backend_names_and_registrations_are_checked(rt):
         rt.define_cluster(2, backend="local", python="/usr/bin/python3", ssh="ssh -F cfg")
     with pytest.raises(UsageError, match="slurm, ssh all take python: name one with backend=NAME"):
         rt.define_cluster(2, python="/usr/bin/python3")
-    with pytest.raises(UsageError, match="no backend takes all of hosts, job"):
+    with pytest.raises(UsageError, match=r"no built-in backend takes all of hosts, job; name the "
+                                         r"backend \(backend=NAME; there are: .*netns"):
         rt.define_cluster(2, hosts=["a"], job=12)
+    # without a name, only a built-in backend is chosen: netns (registered) takes hosts too
+    assert "netns" in available_backends()
+    assert [pick_backend(o) for o in ({}, {"host": "127.0.0.2"}, {"hosts": ["a"]}, {"job": 7},
+                                      {"hosts": "a", "ssh": "ssh -F c", "heartbeat": 0})] == \
+        ["local", "local", "ssh", "slurm", "ssh"]
     # values are checked against each option's type before the backend is made
     with pytest.raises(UsageError, match=r"the slurm backend's option job cannot be 'abc' \(a job "
                                          r"id is a number"):

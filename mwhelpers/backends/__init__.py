@@ -115,26 +115,22 @@ def _as_given(value: Any) -> Any:
 
 
 def pick_backend(options: Mapping[str, Any]) -> str:
-    """The backend that ``define_cluster`` uses when none is named: ``local`` when no option
-    is given or it takes them all; otherwise the one backend that takes every option given
-    (``hosts=`` means ``ssh``, ``job=`` means ``slurm``)."""
+    """The backend that ``define_cluster`` uses when none is named: ``local`` when it takes
+    every option given (none given, too); otherwise the one built-in backend that does
+    (``hosts=`` means ``ssh``, ``job=`` means ``slurm``).  A backend a package added is only
+    ever used by its name, so that installing one never changes what a call means."""
     given = {k for k, v in options.items() if v is not None}
-    if given <= set(options_of(backend_class("local"))):
+    takers = [name for name in BUILT_IN if given <= set(options_of(backend_class(name)))]
+    if "local" in takers:
         return "local"
-    takers = []
-    for name in available_backends():
-        try:
-            if given <= set(options_of(backend_class(name))):
-                takers.append(name)
-        except UsageError:  # a broken plugin takes nothing
-            continue
     if len(takers) == 1:
         return takers[0]
     what = ", ".join(sorted(given))
     if not takers:
-        raise UsageError(f"no backend takes all of {what}; %cluster --backend NAME --help "
-                         f"lists a backend's options (backends: {', '.join(available_backends())})")
-    raise UsageError(f"{', '.join(takers)} all take {what}: name one with backend=NAME")
+        raise UsageError(f"no built-in backend takes all of {what}; name the backend "
+                         f"(backend=NAME; there are: {', '.join(available_backends())}); "
+                         "%cluster --backend NAME --help lists a backend's options")
+    raise UsageError(f"{', '.join(sorted(takers))} all take {what}: name one with backend=NAME")
 
 
 def create_backend(name: str, options: Mapping[str, Any]) -> Launcher:
