@@ -4,6 +4,7 @@ import threading
 import time
 
 import nbformat
+import pytest
 from conftest import ROOT
 
 from mwhelpers.live import LiveViews, TaskView, progress
@@ -67,6 +68,7 @@ def test_the_html_view_names_state_exit_and_progress(rt):
     assert "epoch 1/1, step 1/1" in page
 
 
+@pytest.mark.notebook
 def test_in_a_kernel_the_view_updates_while_the_kernel_is_idle(tmp_path):
     from test_kernel import Kernel
 
@@ -104,6 +106,7 @@ def test_in_a_kernel_the_view_updates_while_the_kernel_is_idle(tmp_path):
         k.close()
 
 
+@pytest.mark.notebook
 def test_headless_runs_save_the_final_state(tmp_path, monkeypatch):
     from nbclient import NotebookClient
 
