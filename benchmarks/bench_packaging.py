@@ -26,7 +26,7 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from mwhelpers.versions import TF_DISTRIBUTIONS  # noqa: E402
+from mwhelpers.packages import TF_DISTRIBUTIONS  # noqa: E402
 
 LAST_010 = "c7d097c"  # the last commit with 0.1.0's packaging
 

@@ -25,7 +25,7 @@ _LAZY = {
     "register_backend": "backends", "available_backends": "backends", "Launcher": "backends",
     "AgentLauncher": "backends", "Option": "backends", "Process": "backends",
     "Placement": "backends", "LaunchSpec": "backends", "write_sbatch": "backends.slurm",
-    "versions": "versions", "tensorflow_distributions": "versions",
+    "versions": "packages", "tensorflow_distributions": "packages",
     "Results": "results", "read_results": "results",
 }
 
@@ -53,12 +53,12 @@ if _typing.TYPE_CHECKING:
     from .errors import WorkerTimeout as WorkerTimeout
     from .failures import Failure as Failure
     from .kerasfix import fix_keras_multi_worker as fix_keras_multi_worker
+    from .packages import tensorflow_distributions as tensorflow_distributions
+    from .packages import versions as versions
     from .results import Results as Results
     from .results import read_results as read_results
     from .taskrun import LaunchRequest as LaunchRequest
     from .tfdata import avoid_teardown_stall as avoid_teardown_stall
-    from .versions import tensorflow_distributions as tensorflow_distributions
-    from .versions import versions as versions
     from .workers import Runtime as Runtime
     from .workers import TaskRun as TaskRun
     from .workers import runtime as runtime

@@ -39,6 +39,7 @@ from .gpus import assign, check_per_task
 from .job import Job
 from .kerasfix import KERAS_FIX_ENV
 from .logs import LogFollower
+from .packages import installed
 from .ports import holder_of, port_in_use, port_range
 from .precheck import check
 from .status import StatusTable
@@ -46,7 +47,6 @@ from .taskrun import LaunchRequest, TaskRun, parse_timeout
 from .tfdata import STALL_FIX_ENV
 from .timeline import LogMarks, Timeline
 from .timeouts import not_ready_error
-from .versions import installed
 from .watcher import SERVER_JOBS, CellLimits, await_ready, cell_limits
 
 TaskSpec = str | int | Task  # "worker:1", 1 (worker:1), "chief", Task("worker", 1)

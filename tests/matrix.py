@@ -64,8 +64,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from mwhelpers.packages import TF_DISTRIBUTIONS  # noqa: E402
 from mwhelpers.results import last  # noqa: E402
-from mwhelpers.versions import TF_DISTRIBUTIONS  # noqa: E402
 
 PROGRAMS = ROOT / "tests" / "programs" / "tutorial"
 

@@ -14,9 +14,9 @@ from conftest import ROOT
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-import mwhelpers.versions
+import mwhelpers.packages
 
-TF_DISTRIBUTIONS = set(mwhelpers.versions.TF_DISTRIBUTIONS)
+TF_DISTRIBUTIONS = set(mwhelpers.packages.TF_DISTRIBUTIONS)
 # Installed by the lock without the dependencies they declare (see requirements/tutorials.txt).
 WITHOUT_DEPS = {"mlxtend"}
 
@@ -143,7 +143,9 @@ def test_the_public_api_has_type_hints_that_resolve():
 
 
 def test_versions_name_the_tensorflow_distribution_without_importing_it():
-    code = ("import sys, mwhelpers\n"
+    # mwhelpers.versions stays the function once the runtime is imported (its module is
+    # mwhelpers.packages: importing a submodule of that name would replace it)
+    code = ("import sys, mwhelpers, mwhelpers.workers, mwhelpers.magics\n"
             "print(mwhelpers.versions('tensorflow', 'keras', 'no-such-package'))\n"
             "print(mwhelpers.tensorflow_distributions(), 'tensorflow' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
