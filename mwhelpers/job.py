@@ -209,16 +209,23 @@ class Job:
 
     # -- outcome ---------------------------------------------------------------------------
     def failures(self, runs: Iterable[TaskRun] | None = None,
-                 restartable_exit_codes: Iterable[int] = ()) -> list[Failure]:
+                 restartable_exit_codes: Iterable[int] = (), diagnose: bool = True
+                 ) -> list[Failure]:
         """Failure records of the failed ``runs`` (default: the latest of each task), the
-        first to die first, the diagnosis on the first."""
+        first to die first; with ``diagnose``, the diagnosis on the first (it reads whole
+        logs: the supervisor has it made once the next attempt is launched)."""
         runs = self.latest() if runs is None else list(runs)
         # A tuple: every failure is classified against all the codes (a one-shot iterable
         # passed in would be used up by the first).
         found = failure_records.in_order(runs, tuple(restartable_exit_codes))
-        if found:
-            found[0].diagnosis = [f.to_dict() for f in explain_failure(found, runs)]
+        if found and diagnose:
+            self.diagnose(found, runs)
         return found
+
+    @staticmethod
+    def diagnose(found: Sequence[Failure], runs: Sequence[TaskRun]) -> None:
+        """Put on the root cause ``found[0]`` what the failure means and what to do."""
+        found[0].diagnosis = [f.to_dict() for f in explain_failure(found, runs)]
 
     def raise_failures(self, runs: Iterable[TaskRun] | None = None) -> None:
         found = self.failures(runs)

@@ -56,6 +56,13 @@ def command(text: str) -> list[str]:
     return words
 
 
+def milliseconds(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("below 0")
+    return value
+
+
 def port(text: str) -> int:
     value = int(text)
     if not 1024 <= value <= 65535:
@@ -109,6 +116,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("MWHELPERS_KERAS_FIX", switch, True, "on",
             "`0` turns off the Keras 3 multi-worker fix (keras-team/keras#20585), also an "
             "explicit `fix_keras_multi_worker()` call; `--no-keras-fix` per launch", "1 or 0"),
+    Setting("MWHELPERS_RECONNECT_MS", milliseconds, 50, "50",
+            "gRPC's first reconnect back-off in every task (added to `TF_GRPC_DEFAULT_OPTIONS` "
+            "as `grpc.initial_reconnect_backoff_ms` unless that names it): a task that dials a "
+            "peer not yet up tries again after this, not after gRPC's 1 s; `0` leaves gRPC's own",
+            "whole milliseconds, 0 or more"),
     Setting("MWHELPERS_PORT_BASE", port, None, "from the Slurm job id",
             "in a batch script from `write_sbatch`: the first of the ports its tasks use",
             "a port number between 1024 and 65535"),

@@ -50,7 +50,15 @@ def _start(job: Job, requests: Sequence[LaunchRequest]) -> list[TaskRun]:
     return runs
 
 
-def _echo_diagnosis(rt: JobHost, root: Failure) -> None:
+def _explain(rt: JobHost, record: dict[str, Any], failed: list[Failure],
+             runs: list[TaskRun]) -> None:
+    """The failed attempt ``record``'s diagnosis (on its root cause and in the record), its
+    root-cause file, and the diagnosis said."""
+    root = failed[0]
+    Job.diagnose(failed, runs)
+    record["diagnosis"] = root.diagnosis
+    record["root_cause_file"] = root.write(rt.log_dir / f"attempt-{record['attempt']}"
+                                                        ".root-cause.json")
     for line in explained(root.diagnosis):
         rt.echo(f"[mwhelpers] {line}")
 
@@ -122,9 +130,17 @@ def supervise(rt: JobHost, script: str | os.PathLike[str] | None = None, *,
                                     keras_fix=keras_fix)
                 for t in tasks]
     attempts: list[dict[str, Any]] = []
+    # The failed attempt a restart was decided for: its diagnosis and root-cause file are made
+    # once the next attempt is launched (they read whole logs: the restart does not wait).
+    explain_later: tuple[dict[str, Any], list[Failure], list[TaskRun]] | None = None
     for attempt in range(1, max_restarts + 2):
         job = rt.new_job(attempt, supervised=True)
-        runs = _start(job, requests)
+        try:
+            runs = _start(job, requests)
+        finally:  # launched, or it could not be: the last failure is explained either way
+            if explain_later is not None:
+                _explain(rt, *explain_later)
+                explain_later = None
         pending = list(faults) if attempt == 1 else []
         events: list[str] = []
 
@@ -146,36 +162,36 @@ def supervise(rt: JobHost, script: str | os.PathLike[str] | None = None, *,
         job.watch(runs, attempt_timeout, stream=stream, on_line=on_line, until=attempt_over)
         _let_peers_finish(runs, codes, peer_grace)
         ended = job.end(runs, "now", "ended by the supervisor")
-        failed = job.failures(runs, codes)
-        record = {"attempt": attempt, "runs": runs, "events": events,
-                  "failed": [(f.task, f.outcome) for f in failed],
-                  "root_cause": failed[0] if failed else None,
-                  "diagnosis": failed[0].diagnosis if failed else [],
-                  "restarted": False, "why": "", "root_cause_file": None}
+        failed = job.failures(runs, codes, diagnose=False)
+        record: dict[str, Any] = {
+            "attempt": attempt, "runs": runs, "events": events,
+            "failed": [(f.task, f.outcome) for f in failed],
+            "root_cause": failed[0] if failed else None, "diagnosis": [],
+            "restarted": False, "why": "", "root_cause_file": None}
         attempts.append(record)
         if not failed:
             record["why"] = "every task finished"
             rt.echo(f"[mwhelpers] attempt {attempt}: every task finished")
             return attempts
         root = failed[0]
-        record["root_cause_file"] = root.write(rt.log_dir / f"attempt-{attempt}.root-cause.json")
         head = f"[mwhelpers] attempt {attempt}: {root.task} {root.outcome} first; {root.reason}"
-        if not root.is_fault:
-            record["why"] = f"not restarted: {root.reason}"
-            rt.echo(f"{head}; not restarting (root cause in {record['root_cause_file']})")
-            _echo_diagnosis(rt, root)
-            raise WorkerFailed(f"not restarted after attempt {attempt}: {root.reason}\n"
-                               + report(failed), failed)
-        if attempt == max_restarts + 1:
-            record["why"] = f"not restarted: no restarts left ({max_restarts} used)"
-            rt.echo(f"{head}; no restarts left ({max_restarts} used)")
-            _echo_diagnosis(rt, root)
-            raise WorkerFailed(f"gave up after {attempt} attempts ({max_restarts} restarts)\n"
-                               + report(failed), failed)
+        if not root.is_fault or attempt == max_restarts + 1:
+            if not root.is_fault:
+                record["why"] = f"not restarted: {root.reason}"
+                said = f"not restarted after attempt {attempt}: {root.reason}"
+            else:
+                record["why"] = f"not restarted: no restarts left ({max_restarts} used)"
+                said = f"gave up after {attempt} attempts ({max_restarts} restarts)"
+            path = rt.log_dir / f"attempt-{attempt}.root-cause.json"
+            rt.echo(f"{head}; " + ("not restarting (root cause in " + str(path) + ")"
+                                   if not root.is_fault
+                                   else f"no restarts left ({max_restarts} used)"))
+            _explain(rt, record, failed, runs)
+            raise WorkerFailed(f"{said}\n" + report(failed), failed)
         record["restarted"] = True
         record["why"] = f"restarted: {root.reason}"
         others = "ended the other tasks" if ended else "the other tasks had exited by themselves"
         rt.echo(f"{head}; {others}; restarting all {len(tasks)} tasks "
                 f"(restart {attempt} of {max_restarts})")
-        _echo_diagnosis(rt, root)
+        explain_later = (record, failed, runs)
     return attempts

@@ -78,6 +78,26 @@ def default_log_dir(session_name: str | None = None) -> Path:
     return root / f"{stem}-{os.getpid()}"
 
 
+GRPC_OPTIONS_ENV = "TF_GRPC_DEFAULT_OPTIONS"  # read by TensorFlow's gRPC channels
+RECONNECT_OPTION = "grpc.initial_reconnect_backoff_ms"
+
+
+def fast_reconnect(env: Mapping[str, str], ms: int) -> dict[str, str]:
+    """``TF_GRPC_DEFAULT_OPTIONS`` for a task with gRPC's first reconnect back-off at ``ms``.
+
+    A task that dials a peer whose server is not up yet (its TensorFlow import took longer)
+    waits out gRPC's first back-off, 1 s by default, before it tries again: about half of
+    all starts and restarts of a two-task job formed its cluster 0.7 to 1.2 s late
+    (``benchmarks/bench_restart.py``).  TensorFlow reads ``name=value`` pairs, separated by
+    commas, from that variable for its channels; the option is added to what is there,
+    unless the task's environment names it already, or ``ms`` is 0
+    (``MWHELPERS_RECONNECT_MS=0``)."""
+    given = env.get(GRPC_OPTIONS_ENV, "")
+    if not ms or RECONNECT_OPTION in given:
+        return {}
+    return {GRPC_OPTIONS_ENV: ",".join(filter(None, [given, f"{RECONNECT_OPTION}={ms}"]))}
+
+
 def claim_session() -> str:
     """This process's session mark, set in its environment.
 
@@ -118,6 +138,9 @@ class Runtime:
         # Keras 3 fit under multi-worker MWMS mended in every worker (kerasfix.py); per
         # launch: keras_fix=.
         self.keras_fix: bool = settings.get("MWHELPERS_KERAS_FIX")
+        # gRPC's first reconnect back-off in every task, in ms (0: gRPC's own, 1 s); see
+        # fast_reconnect.
+        self.reconnect_ms: int = settings.get("MWHELPERS_RECONNECT_MS")
         # Cells show a task's output without TF's informational C++ lines (logs keep them).
         self.verbose = False
         # How much of a task's output a cell shows (mwhelpers.watcher.CellLimits): the
@@ -437,7 +460,8 @@ class Runtime:
                   base: Mapping[str, str] | None = None,
                   keras_fix: bool | None = None) -> dict[str, str]:
         """The environment a task's program gets: ``base`` (default: the kernel's
-        whole environment), TF_CONFIG and mwhelpers' variables, then ``extra``."""
+        whole environment), TF_CONFIG and mwhelpers' variables, then ``extra``; and gRPC's
+        first reconnect back-off (see :func:`fast_reconnect`)."""
         env = dict(os.environ if base is None else base)
         # The kernel's inline plotting backend means nothing in a worker.
         if "inline" in os.environ.get("MPLBACKEND", ""):
@@ -453,6 +477,7 @@ class Runtime:
         env[KERAS_FIX_ENV] = "1" if (self.keras_fix if keras_fix is None else keras_fix) else "0"
         env["PYTHONUNBUFFERED"] = "1"
         env.update(extra or {})
+        env.update(fast_reconnect(env, self.reconnect_ms))
         return env
 
     def spawn(self, task: Task, request: LaunchRequest, attempt: int) -> TaskRun:

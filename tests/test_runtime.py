@@ -30,6 +30,21 @@ def test_foreground_streams_prefixed_output_with_tf_config_and_the_kernel_env(rt
     assert "to stderr" in run.log_path.read_text()
 
 
+def test_tasks_get_a_short_first_grpc_reconnect_back_off(rt, monkeypatch):
+    """TensorFlow reads TF_GRPC_DEFAULT_OPTIONS (name=value pairs) for its channels: the first
+    back-off is added to what the task is given, never over a value it names itself."""
+    show = "import os; print(os.environ.get('TF_GRPC_DEFAULT_OPTIONS'))"
+    assert rt.launch(code=show).lines() == ["grpc.initial_reconnect_backoff_ms=50"]
+    keep = "TF_GRPC_DEFAULT_OPTIONS=grpc.keepalive_time_ms=60000"
+    assert rt.launch(code=show, env=[keep]).lines() == [
+        "grpc.keepalive_time_ms=60000,grpc.initial_reconnect_backoff_ms=50"]
+    monkeypatch.setenv("TF_GRPC_DEFAULT_OPTIONS", "grpc.initial_reconnect_backoff_ms=300")
+    assert rt.launch(code=show).lines() == ["grpc.initial_reconnect_backoff_ms=300"]
+    monkeypatch.delenv("TF_GRPC_DEFAULT_OPTIONS")
+    rt.reconnect_ms = 0  # MWHELPERS_RECONNECT_MS=0: gRPC's own
+    assert rt.launch(code=show).lines() == ["None"]
+
+
 def test_a_failing_worker_raises_with_task_exit_code_and_log_tail(rt):
     with pytest.raises(WorkerFailed) as err:
         rt.launch("worker:0", code="print('about to fail')\nraise SystemExit(3)")
