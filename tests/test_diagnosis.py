@@ -131,8 +131,12 @@ def test_workers_whose_steps_per_epoch_differ_run_different_collectives(ip, rt):
 def test_a_stuck_job_names_the_task_behind_and_where(ip, rt):
     env = "--env STEPS_0=6 STEPS_1=6 SLOW_AT=2"
     launch_both(ip, LOOP, env, env)
+    deadline = time.monotonic() + 60  # worker:1 logs step 1, then stops in next_batch(2)
+    while not any(ln.startswith("step 1 ") for ln in rt.log_lines("worker:1")):
+        assert time.monotonic() < deadline, rt.log_lines("worker:1")
+        time.sleep(0.05)
     with pytest.raises(WorkerTimeout) as err:
-        ip.run_line_magic("waitworkers", "--timeout 12")
+        ip.run_line_magic("waitworkers", "--timeout 4")
     text = str(err.value)
     assert "  worker:1 was at line 13 of the cell, in next_batch: time.sleep(600)" in text
     assert "  worker:0 was inside TensorFlow, called from line 17 of the cell: " \
