@@ -334,6 +334,11 @@ class Runtime:
         self.job.supervised = supervised
         return self.job
 
+    def _job(self) -> Job:
+        """The current job, the one watches, signals and ends go through (attempt 1 of the
+        cluster's tasks when none was made yet)."""
+        return self.job if self.job is not None else self.new_job(1)
+
     def _interactive_job(self) -> Job:
         """The job that tasks launched one by one join: attempt 1, until a cluster is
         defined again or a supervised run made its own."""
@@ -560,7 +565,7 @@ class Runtime:
         notebook's stop button) the runs are ended, unless ``end_on_interrupt`` is
         False, and the interrupt is raised again.
         """
-        return (self.job or Job(self)).watch(
+        return self._job().watch(
             runs, timeout, stream=stream, quiet=quiet, on_line=on_line, until=until, what=what,
             end_on_interrupt=end_on_interrupt)
 
@@ -589,7 +594,7 @@ class Runtime:
         """End the process trees of ``runs`` that still run through the escalation
         ``policy`` names (see :class:`~mwhelpers.job.Job`), noting ``why`` in their
         outcome; returns what ended (see :meth:`end_all`)."""
-        return (self.job or Job(self)).end(list(runs), policy, why)
+        return self._job().end(list(runs), policy, why)
 
     def kill(self, task: TaskSpec, sig: int | str = signal.SIGKILL, wait: bool = True,
              why: str | None = None) -> TaskRun:
@@ -604,7 +609,7 @@ class Runtime:
             if self.cluster is None:
                 raise UsageError("no cluster is defined and no task was launched")
             run = self.get_run(task)
-            return (self.job or Job(self)).signal(run, sig, why or f"{sig.name} sent on request",
+            return self._job().signal(run, sig, why or f"{sig.name} sent on request",
                                                   wait)
 
     def kill_when(self, task: TaskSpec, pattern: str, sig: int | str = signal.SIGKILL,
@@ -650,14 +655,14 @@ class Runtime:
         for t, why in self.not_ready_tasks():
             if why == "never launched" and waiting:
                 self.echo(f"note: {t} was never launched from this kernel; its peers wait for it")
-        return (self.job or self._interactive_job()).wait(timeout, grace_after_failure)
+        return self._job().wait(timeout, grace_after_failure)
 
     def failures(self, runs: Iterable[TaskRun] | None = None,
                  restartable_exit_codes: Iterable[int] = ()) -> list[Failure]:
         """Failure records of the failed runs (default: the latest of each task),
         the first to die first."""
         runs = list(self.runs.values() if runs is None else runs)
-        return (self.job or Job(self)).failures(runs, restartable_exit_codes)
+        return self._job().failures(runs, restartable_exit_codes)
 
     def end_all(self, extra: Iterable[psutil.Process] = (), policy: str = "gentle",
                 extra_pids: Iterable[int] = ()) -> list[str]:
@@ -667,7 +672,7 @@ class Runtime:
         of lines saying what ended."""
         extra = list(extra) + [p for pid in extra_pids for p in proctree.tree(pid)]
         with self._lock:
-            return (self.job or Job(self)).end(self.running_runs(), policy,
+            return self._job().end(self.running_runs(), policy,
                                                "ended by %killbgscripts",
                                                extra=extra + self.escaped_orphans())
 
