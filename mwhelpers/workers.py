@@ -609,8 +609,7 @@ class Runtime:
             if self.cluster is None:
                 raise UsageError("no cluster is defined and no task was launched")
             run = self.get_run(task)
-            return self._job().signal(run, sig, why or f"{sig.name} sent on request",
-                                                  wait)
+            return self._job().signal(run, sig, why or f"{sig.name} sent on request", wait)
 
     def kill_when(self, task: TaskSpec, pattern: str, sig: int | str = signal.SIGKILL,
                   timeout: float = 300.0) -> str:
