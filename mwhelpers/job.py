@@ -182,8 +182,10 @@ class Job:
         if policy == "stuck":
             self._dump_stacks(live)
         escalation = proctree.ESCALATIONS["now" if policy == "stuck" else policy]
-        owned = {p.pid for r in live for p in r.process.processes()} | {os.getpid()}
-        others = list({p.pid: p for p in extra if p.pid not in owned}.values())
+        others = list(extra)
+        if others:  # those a task's own ending covers are left to it (a scan of the processes)
+            owned = {p.pid for r in live for p in r.process.processes()} | {os.getpid()}
+            others = list({p.pid: p for p in others if p.pid not in owned}.values())
         jobs: list[Callable[[], list[str]]] = [partial(r.process.end, escalation, str(r.task))
                                                for r in live]
         if others:
