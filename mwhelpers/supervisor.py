@@ -20,6 +20,7 @@ import re
 import signal
 import time
 from collections.abc import Container, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from .cluster import Task
@@ -50,6 +51,10 @@ def _start(job: Job, requests: Sequence[LaunchRequest]) -> list[TaskRun]:
     return runs
 
 
+def _root_cause_path(rt: JobHost, attempt: int) -> Path:
+    return rt.log_dir / f"attempt-{attempt}.root-cause.json"
+
+
 def _explain(rt: JobHost, record: dict[str, Any], failed: list[Failure],
              runs: list[TaskRun]) -> None:
     """The failed attempt ``record``'s diagnosis (on its root cause and in the record), its
@@ -57,8 +62,7 @@ def _explain(rt: JobHost, record: dict[str, Any], failed: list[Failure],
     root = failed[0]
     Job.diagnose(failed, runs)
     record["diagnosis"] = root.diagnosis
-    record["root_cause_file"] = root.write(rt.log_dir / f"attempt-{record['attempt']}"
-                                                        ".root-cause.json")
+    record["root_cause_file"] = root.write(_root_cause_path(rt, record["attempt"]))
     for line in explained(root.diagnosis):
         rt.echo(f"[mwhelpers] {line}")
 
@@ -179,13 +183,12 @@ def supervise(rt: JobHost, script: str | os.PathLike[str] | None = None, *,
             if not root.is_fault:
                 record["why"] = f"not restarted: {root.reason}"
                 said = f"not restarted after attempt {attempt}: {root.reason}"
+                decided = f"not restarting (root cause in {_root_cause_path(rt, attempt)})"
             else:
                 record["why"] = f"not restarted: no restarts left ({max_restarts} used)"
                 said = f"gave up after {attempt} attempts ({max_restarts} restarts)"
-            path = rt.log_dir / f"attempt-{attempt}.root-cause.json"
-            rt.echo(f"{head}; " + ("not restarting (root cause in " + str(path) + ")"
-                                   if not root.is_fault
-                                   else f"no restarts left ({max_restarts} used)"))
+                decided = f"no restarts left ({max_restarts} used)"
+            rt.echo(f"{head}; {decided}")
             _explain(rt, record, failed, runs)
             raise WorkerFailed(f"{said}\n" + report(failed), failed)
         record["restarted"] = True

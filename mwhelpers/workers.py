@@ -368,20 +368,6 @@ class Runtime:
             job.raise_failures([run])
         return run
 
-    def start_all(self, requests: Sequence[LaunchRequest], attempt: int = 1) -> list[TaskRun]:
-        """Start several background :class:`LaunchRequest` s at once as a new job's attempt
-        ``attempt``: all are checked before any starts (a bad one starts nothing), then all
-        are started back to back, then the ones that wait for their port are awaited.  When
-        one cannot be started, the ones already started are ended and the error raised."""
-        with self._lock:
-            self.ensure_cluster()
-            job = self.new_job(attempt)
-            runs = job.start(requests)
-        for run, request in zip(runs, requests, strict=True):
-            if request.background:
-                self._await_ready(run, request.timeout, job)
-        return runs
-
     def checked_tasks(self, requests: Sequence[LaunchRequest], look: bool = True) -> list[Task]:
         """The tasks of ``requests``, once each is known to be in the cluster, not running,
         (here) its port free, and given once; with ``look``, the program of each looked at
