@@ -26,7 +26,8 @@ from conftest import ROOT, STUBBORN, TREE, gone_within, json_line, pid_alive, ta
 
 from mwhelpers import available_backends, register_backend
 from mwhelpers.backends import pick_backend
-from mwhelpers.errors import UsageError, WorkerFailed
+from mwhelpers.backends.agent import AgentLauncher
+from mwhelpers.errors import InfrastructureError, UsageError, WorkerFailed
 from mwhelpers.proctree import carrying
 from mwhelpers.workshop.testhosts import missing
 
@@ -295,6 +296,34 @@ def test_supervise_restarts_every_task_after_a_fault(brt, backend, tmp_path):
     for r in second["runs"]:
         assert r.attempt == 2 and r.returncode == 0 and "finished attempt 2" in r.lines()
     assert "[worker:0] finished attempt 2" in brt.echo_lines
+
+
+class _ChattyLauncher(AgentLauncher):
+    """Tasks on this machine through a transport that says something on its standard error
+    before the agent starts, as ssh does with its warnings."""
+
+    name = "chatty"
+
+    def transport(self, host, argv):
+        return ["sh", "-c", 'echo "Warning: said by the transport" >&2; exec "$@"', "sh", *argv]
+
+    def address_of(self, host, probe):
+        return "127.0.0.1"
+
+    def explain(self, host, code, err):
+        return InfrastructureError(f"{host}: {err.strip()}")
+
+
+def test_a_transports_own_words_and_the_tasks_output_share_the_log_intact(rt):
+    """The kernel appends the transport's words to the task's log while the transport writes
+    the task's output to it: neither may overwrite the other (CI once read an empty line
+    where ssh's warning had been half overwritten)."""
+    register_backend("chatty", _ChattyLauncher)
+    rt.define_cluster(1, backend="chatty", hosts=["here"])
+    run = rt.launch(code="import time; time.sleep(0.5)\nprint('the task speaks', flush=True)",
+                    env={MARK: "1"})
+    assert run.returncode == 0
+    assert run.lines() == ["[here] Warning: said by the transport", "the task speaks"], run.lines()
 
 
 # -- finding backends --------------------------------------------------------------------

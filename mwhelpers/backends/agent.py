@@ -38,7 +38,7 @@ from ..errors import InfrastructureError, UsageError
 from ..failures import describe_exit
 from ..gpus import visible_gpus
 from ..proctree import Escalation
-from .base import BOOTSTRAP, Launcher, LaunchSpec, Option, Placement, Process, seconds, text
+from .base import BOOTSTRAP, Launcher, LaunchSpec, Option, Placement, Process, open_log, seconds, text
 
 AGENT_CODE = (Path(__file__).parents[1] / "_agent.py").read_text()
 # The files the worker start-up loads beside itself, sent with it to every host.
@@ -394,12 +394,14 @@ class AgentLauncher(Launcher):
         header: dict[str, object] = {"argv": argv, "env": spec.env, "cwd": spec.cwd,
                   "files": files, "port": spec.port, "heartbeat": self.heartbeat or None,
                   "script": None if spec.cell else script}
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(spec.log_path, "wb") as logf:
+        logf = open_log(spec.log_path)
+        try:
             popen = subprocess.Popen(
                 self.transport(host, [self.python, "-c", AGENT_CODE]),
                 stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.PIPE,
                 start_new_session=True, env=transport_env())
+        finally:
+            os.close(logf)
         proc = AgentProcess(popen, host, spec.log_path, heartbeat=self.heartbeat)
         proc._command(json.dumps(header))
         self.started = [p for p in self.started if p.running] + [proc]

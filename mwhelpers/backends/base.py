@@ -161,6 +161,15 @@ class Process:
         return f"pid {self.pid}"
 
 
+def open_log(path: Path) -> int:
+    """A new, empty log file for a task, opened for appending: the task's output and the lines
+    the kernel adds itself (a transport's own words, a lost host) then all go to the file's end
+    instead of overwriting each other.  The caller closes the descriptor once the task's
+    process has it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+
+
 def end_local(procs: Collection[psutil.Process], escalation: Escalation,
               who: str = "") -> tuple[list[str], dict[int, str]]:
     """End the psutil processes ``procs`` through ``escalation``: lines saying what ended

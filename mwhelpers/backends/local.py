@@ -14,7 +14,7 @@ from ..cluster import Task
 from ..gpus import visible_gpus
 from ..ports import reserve_ports
 from ..proctree import Escalation
-from .base import BOOTSTRAP, Launcher, LaunchSpec, Option, Placement, Process, end_local, text
+from .base import BOOTSTRAP, Launcher, LaunchSpec, Option, Placement, Process, end_local, open_log, text
 
 
 class LocalProcess(Process):
@@ -80,13 +80,15 @@ class LocalLauncher(Launcher):
         env = dict(spec.env, MWHELPERS_GUARD_FD=str(guard))
         argv = [sys.executable, "-u", BOOTSTRAP, *(["--cell"] if spec.cell else []),
                 spec.script, *spec.args]
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(spec.log_path, "wb") as logf:
+        logf = open_log(spec.log_path)
+        try:
             popen = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                 env=env, cwd=spec.cwd, start_new_session=True,
                 pass_fds=(guard,),
             )
+        finally:
+            os.close(logf)
         proc = LocalProcess(popen)
         self.started = [p for p in self.started if p.running] + [proc]
         return proc
