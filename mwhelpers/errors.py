@@ -74,3 +74,19 @@ class WorkerTimeout(WorkerError):
         super().__init__(message)
         self.not_ready = list(not_ready)
         self.diagnosis = list(diagnosis)
+
+
+class CellFailed(WorkerError):
+    """A cell run on interactive tasks raised on some of them, or some had to be ended.
+
+    ``errors``: ``{task: "ExceptionName: message"}`` of the tasks that raised; ``dead``: the
+    tasks that died during (or before) the cell; ``stuck``: those that were still running it
+    when the others had failed, or when its timeout or Ctrl-C came.
+    """
+
+    def __init__(self, message: str, errors: dict[Task, str] | None = None,
+                 dead: Iterable[Task] = (), stuck: Iterable[Task] = ()) -> None:
+        super().__init__(message)
+        self.errors = dict(errors or {})
+        self.dead = list(dead)
+        self.stuck = list(stuck)

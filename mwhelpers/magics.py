@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # for the annotations only: loading the extension imports non
 
     from .backends.base import Option
     from .cluster import Cluster
+    from .interactive import Interactive, TaskValues
     from .live import LiveViews
     from .status import StatusTable
     from .timeline import Timeline
@@ -92,6 +93,9 @@ def cluster_parser(line: str) -> tuple[_Parser, str]:
     p.add_argument("--slurm", action="store_true", help="short for --backend slurm")
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                    help="an option of the backend, repeatable (the same as its flag)")
+    p.add_argument("--interactive", action="store_true",
+                   help="every task runs a live Python (an ipyparallel engine with its "
+                        "TF_CONFIG): %%%%px runs a cell on all of them")
     p.add_argument("-h", "--help", action="store_true", help="show this help and the backend's "
                    "options (with --backend NAME: that backend's)")
     own = p.add_argument_group(f"options of the {name} backend")
@@ -250,9 +254,85 @@ class WorkerMagics(Magics):
                     raise UsageError(f"{option.name} given twice: as {option.flag} and --option")
                 options[option.name] = value
         workers = 2 if a.workers is None else a.workers
+        cluster = self.rt.define_cluster(workers, chief=a.chief, ps=a.ps, evaluator=a.evaluator,
+                                         gpus_per_task=a.gpus_per_task, backend=name, **options)
+        if a.interactive:
+            engines = self.rt.interactive()
+            print(f"{len(engines.tasks)} interactive tasks: "
+                  + ", ".join(f"{t} (engine {engines.engine_of[t]})" for t in engines.tasks)
+                  + "; %%px runs a cell on every one")
         # Returned, not displayed: shown as the cell's result, or kept by ``c = %cluster 2``.
-        return self.rt.define_cluster(workers, chief=a.chief, ps=a.ps, evaluator=a.evaluator,
-                                      gpus_per_task=a.gpus_per_task, backend=name, **options)
+        return cluster
+
+    def _engines(self) -> Interactive:
+        engines = self.rt._interactive
+        if engines is None or engines.closed:
+            raise UsageError("no interactive tasks: define the cluster with %cluster N "
+                             "--interactive (or call rt.interactive()) first")
+        return engines
+
+    @line_cell_magic
+    @magic_arguments()
+    @argument("tasks", nargs="*", help="the tasks to run on: worker:1, chief:0, 1 for worker:1 "
+                                       "(default: every task)")
+    @argument("--targets", "-t", default=None, metavar="IDS",
+              help="engines by ipyparallel's numbers instead (0,1)")
+    @argument("--timeout", type=float, default=None, metavar="S",
+              help="after S seconds: the tasks' stacks to their logs, SIGINT, and a report")
+    @argument("--grace", type=float, default=None, metavar="S",
+              help="how long the others may go on once a task raised (default 3)")
+    def px(self, line: str, cell: str | None = None) -> None:
+        """Run the cell (or the line's code, %px CODE) on every interactive task at once.
+
+        %%px [TASK ...] [--targets IDS] [--timeout S] [--grace S]
+
+        Output streams as it comes, each line labelled with its task; plots and tables
+        show. When a task raises while others wait in a collective, the others are ended
+        after --grace seconds (their stacks written to their logs) and the cell fails with
+        the task that raised first; Ctrl-C interrupts every task; a task that died is
+        reported before the cell runs. %pxget EXPR brings each task's value back.
+        """
+        engines = self._engines()
+        if cell is None:  # %px CODE: the code is the line (no options)
+            a, code = None, line
+        else:
+            a, code = _parse(self.px, line), cell
+        targets: Any = None
+        if a is not None and a.tasks and a.targets:
+            raise UsageError("give tasks (worker:1) or --targets (engine numbers), not both")
+        if a is not None and a.tasks:
+            targets = [self.rt._resolve(t) for t in a.tasks]
+        elif a is not None and a.targets:
+            targets = a.targets
+        from .interactive import GRACE
+
+        grace = GRACE if a is None or a.grace is None else a.grace
+        engines.run(code, targets, timeout=None if a is None else a.timeout, grace=grace)
+
+    @line_magic
+    @magic_arguments()
+    @argument("expression", nargs="+", help="a name, or any expression")
+    @argument("--tasks", default=None, metavar="T1,T2", help="only these tasks")
+    def pxget(self, line: str) -> TaskValues:
+        """Each interactive task's value of EXPRESSION, as a table keyed by task (returned:
+        ``losses = %pxget loss``; ``.same()`` says whether all are equal)."""
+        a = _parse(self.pxget, line)
+        return self._engines().pull(" ".join(a.expression), a.tasks)
+
+    @line_magic
+    @magic_arguments()
+    @argument("tasks", nargs="*", help="the tasks to restart (default: every task)")
+    @argument("--timeout", type=float, default=60.0, metavar="S",
+              help="how long the new engines may take to connect")
+    def pxrestart(self, line: str) -> None:
+        """Start interactive tasks again: fresh processes with the same TF_CONFIG (a
+        process sets its collectives up once, so after a failure all restart)."""
+        a = _parse(self.pxrestart, line)
+        engines = self._engines()
+        targets = [self.rt._resolve(t) for t in a.tasks] or None
+        engines.restart(targets, a.timeout)
+        print("restarted " + ", ".join(f"{t} (engine {engines.engine_of[t]})"
+                                       for t in engines.targets(targets)))
 
     @line_cell_magic
     def worker(self, line: str, cell: str | None = None) -> None:

@@ -32,7 +32,7 @@ def row(run: TaskRun, gpus: bool = False) -> Row:
     except ValueError:
         log = str(run.log_path)
     cells: list[str | int] = [str(run.task), run.process.label, run.state, exit_text(run.returncode),
-             f"{run.uptime:.1f}s", run.port, log, run.last_line()]
+             f"{run.uptime:.1f}s", run.port, log, run.activity or run.last_line()]
     if gpus:
         cells.insert(6, "none" if run.gpus == "" else (run.gpus or ""))
     return tuple(cells)

@@ -163,6 +163,10 @@ class TaskRun:
         self.keras_fix = True  # whether its start-up mends Keras 3 (kerasfix.py)
         self.ready_after: float | None = None  # seconds from start until ready
         self.note = ""  # who ended it, when not itself
+        # An interactive task (an ipyparallel engine: mwhelpers.interactive) and what it is
+        # doing ("cell 3 running"), which the status table shows instead of its last log line.
+        self.interactive = False
+        self.activity = ""
         # Its life for the timeline: (time.time(), kind, text), kind one of launched, ready,
         # signal, epoch, step, exit (epochs and steps are read from its log as it grows).
         self.launched_wall = time.time() - (time.monotonic() - process.started)

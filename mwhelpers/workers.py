@@ -25,7 +25,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -48,6 +48,9 @@ from .tfdata import STALL_FIX_ENV
 from .timeline import LogMarks, Timeline
 from .timeouts import not_ready_error
 from .watcher import SERVER_JOBS, CellLimits, await_ready, cell_limits
+
+if TYPE_CHECKING:
+    from .interactive import Interactive
 
 TaskSpec = str | int | Task  # "worker:1", 1 (worker:1), "chief", Task("worker", 1)
 
@@ -146,6 +149,9 @@ class Runtime:
         # How much of a task's output a cell shows (mwhelpers.watcher.CellLimits): the
         # process's own, mwhelpers.watcher.cell_limits (rt.cell_limits.head = 1000, say).
         self.cell_limits: CellLimits = cell_limits
+        # The ipyparallel engines of the current cluster's tasks, once asked for
+        # (mwhelpers.interactive; started by interactive()).
+        self._interactive: Interactive | None = None
         # At exit (or when this object is collected) the launchers end what still runs.
         self._finalizer = weakref.finalize(self, _close_launchers, self._launchers)
 
@@ -155,6 +161,7 @@ class Runtime:
         if not self._finalizer.alive:
             return
         with self._lock:
+            self._close_interactive()
             self.end(self.running_runs(), "ended when the runtime was closed", "now")
             if self.cluster is not None:
                 self.cluster.close()
@@ -218,6 +225,8 @@ class Runtime:
         name = backend or pick_backend(options)
         tasks = job_tasks(workers, chief, ps, evaluator)
         with self._lock:
+            if self._close_interactive():
+                self.echo("ended the interactive tasks of the previous cluster")
             busy = self.running_runs()
             if busy:
                 raise UsageError(
@@ -657,9 +666,32 @@ class Runtime:
         of lines saying what ended."""
         extra = list(extra) + [p for pid in extra_pids for p in proctree.tree(pid)]
         with self._lock:
-            return self._job().end(self.running_runs(), policy,
-                                               "ended by %killbgscripts",
-                                               extra=extra + self.escaped_orphans())
+            lines = self._job().end(self.running_runs(), policy, "ended by %killbgscripts",
+                                    extra=extra + self.escaped_orphans())
+            if self._close_interactive():
+                lines.append("ended ipyparallel's controller of the interactive tasks")
+            return lines
+
+    # -- interactive tasks -----------------------------------------------------
+    def interactive(self, timeout: float | str = 60) -> Interactive:
+        """Every task of the current cluster as a live Python (an ipyparallel engine with its
+        own TF_CONFIG), started on first use: see :mod:`mwhelpers.interactive`.  ``timeout``
+        bounds the wait for the engines to connect."""
+        current = self._interactive
+        if current is not None and not current.closed and current.cluster is self.cluster:
+            return current
+        from .interactive import Interactive  # ipyparallel only when it is used
+        self.ensure_cluster()
+        self._interactive = Interactive(self, parse_timeout(timeout) or 60)
+        return self._interactive
+
+    def _close_interactive(self) -> bool:
+        """End the interactive tasks and their controller; whether there were any."""
+        current, self._interactive = self._interactive, None
+        if current is None or current.closed:
+            return False
+        current.close()
+        return True
 
     def escaped_orphans(self) -> list[psutil.Process]:
         """Processes that a task or a ``%%script --bg`` cell of this session started

@@ -1,0 +1,597 @@
+"""Interactive tasks: every task of the cluster runs an ipyparallel engine, and one cell runs on
+all of them at once.
+
+Each engine is an ordinary mwhelpers task (started through the cluster's backend with its own
+TF_CONFIG, its GPUs, the lifeline and the heartbeat), so it dies with the kernel and is ended
+as any task is.  ipyparallel's controller runs on this machine as a guarded process of its
+own, listening on loopback for a local cluster and on the address the hosts reach otherwise;
+its connection files and key live in a folder only this user can read, removed with it.  The
+engines get their connection (the key included) in their environment, never on a command line.
+
+What ipyparallel leaves to the caller is done here: a task that raises while its peers wait
+inside a collective has them ended (their stacks dumped first: a collective cannot be
+interrupted), Ctrl-C interrupts every task, a task that died is reported at once, and a wait
+can have a timeout that says where each task was.
+
+    eng = rt.interactive()                 # or %cluster 2 --interactive
+    eng.run("import tensorflow as tf; strategy = tf.distribute.MultiWorkerMirroredStrategy()")
+    eng.pull("strategy.num_replicas_in_sync")   # {worker:0: 2, worker:1: 2}, as a table
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .backends.base import LaunchSpec
+from .backends.local import LocalLauncher
+from .cluster import Task
+from .diagnosis import explain_stuck
+from .errors import CellFailed, InfrastructureError, UsageError
+from .logs import QuietFilter, shown, tail_lines
+
+if TYPE_CHECKING:
+    from .taskrun import TaskRun
+    from .workers import Runtime
+
+# The program each task runs: an engine whose connection (addresses and key) comes from the
+# environment, not from a file on its host; without ipyparallel's nanny, so that signals
+# reach the engine itself.
+ENGINE_CODE = """\
+import os
+from ipyparallel.engine.app import IPEngine
+IPEngine.launch_instance([
+    "--IPEngine.id=" + os.environ["MWHELPERS_ENGINE_ID"],
+    "--IPEngine.enable_nanny=False",
+    "--IPEngine.log_level=ERROR",
+])
+"""
+
+# The controller, started through the bootstrap (guarded: it dies with the kernel).
+CONTROLLER_CODE = """\
+import sys
+from ipyparallel.controller.app import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+GRACE = 3.0  # seconds peers may go on after a task raised before they count as stuck
+INTERRUPT_WAIT = 2.0  # seconds tasks get to stop after Ctrl-C before they count as stuck
+
+
+def _require_ipyparallel() -> Any:
+    try:
+        import ipyparallel  # type: ignore[import-untyped]  # it ships no types
+    except ImportError:
+        raise UsageError("interactive tasks need ipyparallel in the kernel's environment and "
+                         "on every host: pip install 'mwhelpers[interactive]' (or ipyparallel)"
+                         ) from None
+    return ipyparallel
+
+
+def address_towards(host: str) -> str:
+    """This machine's address on the route to ``host`` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((socket.gethostbyname(host), 9))
+        return str(s.getsockname()[0])
+
+
+class Controller:
+    """ipyparallel's controller on this machine, as a guarded process with a private folder."""
+
+    def __init__(self, ip: str, log_path: Path, timeout: float = 30) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="mwhelpers-ipp-"))  # mode 0700
+        self.cluster_id = f"mwhelpers-{os.getpid()}-{os.path.basename(self.folder)[-8:]}"
+        self.ip = ip
+        self.log_path = log_path
+        self._launcher = LocalLauncher()
+        self.profile = self.folder / "profile"
+        script = self.folder / "controller.py"
+        script.write_text(CONTROLLER_CODE)
+        args = [f"--ip={ip}", f"--location={ip}", f"--cluster-id={self.cluster_id}",
+                f"--profile-dir={self.profile}", "--log-level=WARN",
+                "--HubFactory.db_class=NoDB", "--ping=1000"]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop("IPP_CONNECTION_INFO", None)
+        self.process = self._launcher.start(LaunchSpec(
+            script=str(script), args=args, env=env, log_path=log_path, cell=True))
+        security = self.profile / "security"
+        self.client_file = security / f"ipcontroller-{self.cluster_id}-client.json"
+        self.engine_file = security / f"ipcontroller-{self.cluster_id}-engine.json"
+        deadline = time.monotonic() + timeout
+        while not (self.client_file.exists() and self.engine_file.exists()):
+            if not self.process.running:
+                self.close()
+                raise InfrastructureError(
+                    "ipyparallel's controller exited before it was ready; its log "
+                    f"({log_path}) ends with:\n" + "\n".join(tail_lines(log_path)))
+            if time.monotonic() > deadline:
+                self.close()
+                raise InfrastructureError(f"ipyparallel's controller wrote no connection file "
+                                          f"within {timeout:g} s (log: {log_path})")
+            time.sleep(0.05)
+        time.sleep(0.05)  # both files are written whole before the next starts
+
+    def engine_connection(self) -> str:
+        """The engines' connection information (addresses and key), as JSON."""
+        return self.engine_file.read_text()
+
+    @property
+    def running(self) -> bool:
+        return self.process.running
+
+    def close(self) -> None:
+        """End the controller and its schedulers, and remove its folder (files and key)."""
+        self.process.end(((signal.SIGKILL, 3.0),), "ipyparallel's controller")
+        self._launcher.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class TaskValues(dict[Task, Any]):
+    """Each task's value of one expression, keyed by task; a table in JupyterLab."""
+
+    def __init__(self, expression: str, values: Mapping[Task, Any]) -> None:
+        super().__init__(values)
+        self.expression = expression
+
+    def __repr__(self) -> str:
+        width = max([len(str(t)) for t in self] + [4])
+        lines = [f"{'task':<{width}}  {self.expression}"]
+        lines += [f"{str(t):<{width}}  {v!r}" for t, v in self.items()]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><td>{html.escape(str(t))}</td><td><pre style='margin:0'>"
+                       f"{html.escape(repr(v))}</pre></td></tr>" for t, v in self.items())
+        return (f"<table><thead><tr><th>task</th><th>{html.escape(self.expression)}</th></tr>"
+                f"</thead><tbody>{rows}</tbody></table>")
+
+    def same(self) -> bool:
+        """Whether every task has the same value (arrays compared element by element)."""
+        values = list(self.values())
+        return all(_equal(values[0], v) for v in values[1:])
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        import numpy as np
+        return bool(np.array_equal(np.asarray(a, dtype=object) if isinstance(a, list) else a,
+                                   np.asarray(b, dtype=object) if isinstance(b, list) else b))
+    except Exception:
+        return bool(a == b)
+
+
+class Interactive:
+    """The engines of one cluster's tasks and ipyparallel's controller and client."""
+
+    def __init__(self, rt: Runtime, timeout: float = 60) -> None:
+        self.ipp = _require_ipyparallel()
+        self.rt = rt
+        cluster = rt._cluster
+        self.cluster = cluster
+        self.tasks: list[Task] = list(cluster.tasks)
+        self.cells = 0  # cells run so far
+        self.engine_of: dict[Task, int] = {}
+        self._gone: set[int] = set()  # ids of engines whose tasks were ended
+        self._next_id = 0  # engines are numbered in task order, new ones after the old
+        self.runs: dict[Task, TaskRun] = {}
+        if cluster.remote:
+            first = cluster.address(self.tasks[0]).rsplit(":", 1)[0]
+            ip = address_towards(first)
+        else:
+            ip = "127.0.0.1"
+        self.controller = Controller(ip, rt.log_dir / "ipcontroller.log", timeout)
+        self.client: Any = None
+        self._printer_lock = threading.Lock()
+        try:
+            self.client = self.ipp.Client(str(self.controller.client_file),
+                                          profile_dir=str(self.controller.profile),
+                                          timeout=timeout)
+            self._start_engines(self.tasks, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- engines ------------------------------------------------------------------------
+    def _start_engines(self, tasks: Sequence[Task], timeout: float) -> None:
+        connection = self.controller.engine_connection()
+        for task in tasks:
+            run = self.rt.launch(task, code=ENGINE_CODE, background=True, ready="start",
+                                 env={"IPP_CONNECTION_INFO": connection,
+                                      "MWHELPERS_ENGINE_ID": str(self._next_id)})
+            self._next_id += 1
+            run.interactive = True
+            self.runs[task] = run
+        self._await_engines(tasks, timeout)
+
+    def _await_engines(self, tasks: Sequence[Task], timeout: float) -> None:
+        """Wait until the engines of ``tasks`` have registered; learn each one's id."""
+        deadline = time.monotonic() + timeout
+        wanted = {str(t) for t in tasks}
+        while True:
+            self._raise_if_dead(tasks, "while its engine was starting")
+            ids = [eid for eid in self.client.ids if eid not in self._gone]
+            if ids:
+                names = self._evaluate(ids, "__import__('os').environ['MWHELPERS_TASK']",
+                                       max(1.0, deadline - time.monotonic()))
+                seen = {name: eid for eid, name in zip(ids, names, strict=True) if name in wanted}
+                if len(seen) == len(wanted):
+                    for name, eid in seen.items():
+                        self.engine_of[self.cluster.check_task(name)] = eid
+                    return
+            if time.monotonic() > deadline:
+                missing = sorted(wanted - {str(t) for t in self.engine_of})
+                raise InfrastructureError(
+                    f"the engines of {', '.join(missing)} did not reach ipyparallel's controller "
+                    f"at {self.controller.ip} within {timeout:g} s; a firewall between the "
+                    "hosts and this machine is the usual cause (logs: "
+                    + ", ".join(str(self.runs[self.cluster.check_task(m)].log_path)
+                                for m in missing) + ")")
+            time.sleep(0.1)
+
+    def _raise_if_dead(self, tasks: Iterable[Task], when: str) -> None:
+        dead = [self.runs[t] for t in tasks if t in self.runs and not self.runs[t].running]
+        if dead:
+            lines = []
+            for r in dead:
+                lines.append(f"{r.task} ended {when}: {r.outcome()}; the last lines of its log "
+                             f"({r.log_path}):")
+                lines += [f"  {ln}" for ln in r.tail(10)]
+            raise CellFailed("\n".join(lines + [
+                "Start the tasks again with %pxrestart (rt.interactive().restart()): a "
+                "cluster's tasks set their collectives up together, so all restart."]),
+                dead=[r.task for r in dead])
+
+    def targets(self, spec: str | Task | int | Iterable[str | Task | int] | None = None
+                ) -> list[Task]:
+        """Tasks in cluster order from a name (``worker:1``), a list of names, an engine's
+        number as ipyparallel counts, or None (every task)."""
+        if spec is None or spec == "all":
+            return list(self.tasks)
+        items = spec.split(",") if isinstance(spec, str) else (
+            [spec] if isinstance(spec, (int, Task)) else list(spec))
+        chosen = set()
+        by_id = {eid: t for t, eid in self.engine_of.items()}
+        for item in items:
+            if isinstance(item, int) and not isinstance(item, Task) or (
+                    isinstance(item, str) and item.strip().isdigit()):
+                eid = int(item)
+                if eid not in by_id:
+                    raise UsageError(f"no engine {eid}; the engines are "
+                                     + ", ".join(f"{e} ({t})" for e, t in sorted(by_id.items())))
+                chosen.add(by_id[eid])
+            else:
+                chosen.add(self.cluster.check_task(item.strip() if isinstance(item, str) else item))
+        return [t for t in self.tasks if t in chosen]
+
+    def view(self, targets: Any = None) -> Any:
+        """ipyparallel's DirectView of ``targets`` (default: every task), in task order."""
+        return self.client[[self.engine_of[t] for t in self.targets(targets)]]
+
+    # -- running cells ----------------------------------------------------------------------
+    def run(self, code: str, targets: Any = None, timeout: float | None = None,
+            grace: float = GRACE, echo: Callable[[Task, str, str], None] | None = None
+            ) -> TaskValues:
+        """Run ``code`` on ``targets`` (default: every task) at once; return each task's value
+        of the code's last expression (None when it has none).
+
+        Output streams as it comes, each line labelled with its task (``echo(task, stream,
+        text)`` receives it; default: this process's stdout and stderr).  A task that raises
+        while others are still running gives them ``grace`` seconds; those still running
+        then are stuck (in a collective, most often): their stacks go to their logs and they
+        are ended.  ``timeout``: seconds to wait for every task; then their stacks are dumped,
+        they are interrupted (SIGINT) and :class:`CellFailed` says where each was.
+        """
+        tasks = self.targets(targets)
+        self._raise_if_dead(tasks, "before this cell")
+        code = code.strip("\n")  # the engine numbers the cell's lines from its first
+        self.cells += 1
+        n = self.cells
+        for t in tasks:
+            self.runs[t].activity = f"cell {n} running"
+            self.runs[t].mark("cell", f"{n} started")
+        eids = [self.engine_of[t] for t in tasks]
+        ar = self.client[eids].execute(code, silent=False, block=False)
+        printer = _Printer(tasks, echo or self._echo, quiet=not self.rt.verbose)
+        callbacks = printer.attach(ar)
+        try:
+            return self._await(ar, tasks, n, timeout, grace, code)
+        finally:
+            ar.wait_for_output(0.5)
+            printer.detach(ar, callbacks)
+            printer.flush()
+
+    def _echo(self, task: Task, stream: str, text: str) -> None:
+        out = sys.stderr if stream == "stderr" else sys.stdout
+        with self._printer_lock:
+            out.write(f"[{task}] {text}\n")
+            out.flush()
+
+    def _await(self, ar: Any, tasks: list[Task], n: int, timeout: float | None, grace: float,
+               code: str) -> TaskValues:
+        started = time.monotonic()
+        first_error: float | None = None
+        futures = dict(zip(tasks, ar._children, strict=True))
+        try:
+            while not ar.ready():
+                ar.wait(0.05)
+                now = time.monotonic()
+                dead = [t for t in tasks if not self.runs[t].running]
+                failed = [t for t, f in futures.items() if f.done() and _error_of(f)]
+                if failed and first_error is None:
+                    first_error = now
+                if dead:
+                    return self._fail(ar, tasks, n, code, grace, dead=dead)
+                if first_error is not None and now - first_error > grace:
+                    return self._fail(ar, tasks, n, code, grace)
+                if timeout is not None and now - started > timeout:
+                    return self._fail(ar, tasks, n, code, grace, timed_out=timeout)
+        except KeyboardInterrupt:
+            return self._interrupted(ar, tasks, n, code)
+        errors = {t: _error_of(f) for t, f in futures.items() if _error_of(f)}
+        if errors:
+            return self._fail(ar, tasks, n, code, grace)
+        for t in tasks:
+            self.runs[t].activity = f"idle after cell {n}"
+            self.runs[t].mark("cell", f"{n} ok")
+        ar.wait_for_output(5)  # the results arrive with the rest of the output
+        values = {t: _plain(f.output.metadata.get("execute_result")) for t, f in futures.items()}
+        return TaskValues(f"cell {n}", values)
+
+    def _interrupted(self, ar: Any, tasks: list[Task], n: int, code: str) -> TaskValues:
+        """Ctrl-C: SIGINT to every task still running the cell; those that do not stop within
+        a moment are stuck and ended."""
+        busy = [t for t, f in zip(tasks, ar._children, strict=True) if not f.done()]
+        for t in busy:
+            if self.runs[t].running:
+                self.runs[t].process.send(signal.SIGINT)
+        deadline = time.monotonic() + INTERRUPT_WAIT
+        while time.monotonic() < deadline and not ar.ready():
+            ar.wait(0.05)
+        stuck = [t for t, f in zip(tasks, ar._children, strict=True)
+                 if not f.done() and self.runs[t].running]
+        if not stuck:
+            for t in tasks:
+                self.runs[t].activity = f"idle after cell {n} (interrupted)"
+                self.runs[t].mark("cell", f"{n} interrupted")
+            raise KeyboardInterrupt
+        return self._fail(ar, tasks, n, code, 0, interrupted=True)
+
+    def _fail(self, ar: Any, tasks: list[Task], n: int, code: str, grace: float,
+              dead: Sequence[Task] = (), interrupted: bool = False,
+              timed_out: float | None = None) -> TaskValues:
+        """Raise :class:`CellFailed` for cell ``n`` (``code``): the tasks that died or raised
+        first, then those still running it, ended (stacks dumped first) unless the cell
+        only timed out (then interrupted), with where each was."""
+        futures = dict(zip(tasks, ar._children, strict=True))
+        errors = {t: _error_of(f) for t, f in futures.items() if f.done() and _error_of(f)}
+        busy = [t for t, f in futures.items() if not f.done() and self.runs[t].running]
+        lines: list[str] = []
+        for t in dead:
+            lines.append(f"{t} died while running cell {n}: {self.runs[t].outcome()}")
+        for t, err in errors.items():
+            lines.append(f"{t} raised {_describe(err)}")
+        for t, err in errors.items():
+            lines.append(f"[{t}] " + "\n".join(_traceback(err)).replace("\n", f"\n[{t}] "))
+        stuck_runs = [self.runs[t] for t in busy]
+        if busy:
+            if timed_out is not None:
+                head = (f"{', '.join(map(str, busy))} did not finish cell {n} within "
+                        f"{timed_out:g} s; their stacks were written to their logs, and they "
+                        "were interrupted (SIGINT)")
+            elif interrupted:
+                head = (f"{', '.join(map(str, busy))} did not stop within {INTERRUPT_WAIT:g} s "
+                        "of Ctrl-C (SIGINT): stuck where Python cannot interrupt (a "
+                        "collective, most often); their stacks were written to their logs and "
+                        "they were ended")
+            else:
+                cause = "died" if dead else "raised"
+                head = (f"{', '.join(map(str, busy))} still ran cell {n} {grace:g} s after "
+                        f"{', '.join(map(str, [*dead, *errors]))} {cause}: waiting in a "
+                        "collective for a peer that will never join, most likely, which no "
+                        "signal interrupts; their stacks were written to their logs and they "
+                        "were ended")
+            if timed_out is not None:  # stacks, then a chance to stop: they may only be slow
+                self.rt._job()._dump_stacks(stuck_runs)
+                for r in stuck_runs:
+                    if r.running:
+                        r.process.send(signal.SIGINT)
+            else:
+                self.rt._job().end(stuck_runs, "stuck", f"stuck in cell {n}")
+            where, found = explain_stuck(stuck_runs, [self.runs[t] for t in self.tasks])
+            lines.append(head + ".")
+            lines += [ln for f in found for ln in f.lines()]
+            if where:
+                lines.append("Where each was (its stacks are in its log):")
+                lines += [_in_cell(ln, code) for ln in where]
+        ended = [t for t in self.tasks if not self.runs[t].running]
+        if ended:
+            lines.append(f"Ended now: {', '.join(map(str, ended))}. A process's collectives are "
+                         "set up once, so the cluster starts again as a whole: %pxrestart "
+                         "(rt.interactive().restart()).")
+        for t in tasks:
+            state = "raised" if t in errors else "ended" if t in ended else (
+                "timed out" if timed_out is not None else "ok")
+            self.runs[t].activity = f"cell {n} {state}"
+            self.runs[t].mark("cell", f"{n} {state}")
+        raise CellFailed("\n".join(lines), errors={t: _describe(e) for t, e in errors.items()},
+                         dead=list(dead), stuck=busy)
+
+    # -- values ------------------------------------------------------------------------------
+    def pull(self, expression: str, targets: Any = None, timeout: float = 30) -> TaskValues:
+        """Each task's value of ``expression`` (a name, or any expression), as a table."""
+        tasks = self.targets(targets)
+        self._raise_if_dead(tasks, "before this call")
+        eids = [self.engine_of[t] for t in tasks]
+        try:
+            got = self._evaluate(eids, expression, timeout)
+        except self.ipp.error.CompositeError as e:
+            raise CellFailed(f"{expression!r} could not be evaluated: {e}") from None
+        return TaskValues(expression, dict(zip(tasks, got, strict=True)))
+
+    def _evaluate(self, eids: list[int], expression: str, timeout: float) -> list[Any]:
+        """``expression``'s value on each engine of ``eids`` (through the engines' own
+        namespace: the engines need nothing of mwhelpers)."""
+        view = self.client[eids]
+        view.execute(f"_mwhelpers_value = ({expression})", block=False).get(timeout)
+        values: list[Any] = view.pull("_mwhelpers_value", block=False).get(timeout)
+        view.execute("del _mwhelpers_value", block=False)
+        return values
+
+    def push(self, values: Mapping[str, Any], targets: Any = None, timeout: float = 30) -> None:
+        """Set names in every task's namespace."""
+        tasks = self.targets(targets)
+        self._raise_if_dead(tasks, "before this call")
+        self.client[[self.engine_of[t] for t in tasks]].push(dict(values), block=False).get(timeout)
+
+    # -- restarts and the end ---------------------------------------------------------------
+    def restart(self, targets: Any = None, timeout: float = 60) -> None:
+        """Fresh engines (new processes, the same TF_CONFIG) for ``targets`` (default: every
+        task): TensorFlow sets a process's collectives up once."""
+        tasks = self.targets(targets)
+        live = [self.runs[t] for t in tasks if self.runs[t].running]
+        self.rt.end(live, "restarted", "now")
+        for t in tasks:
+            if t in self.engine_of:
+                self._gone.add(self.engine_of.pop(t))
+        self._start_engines(tasks, timeout)
+
+    def close(self) -> None:
+        """End the engines, the client and the controller."""
+        live = [r for r in self.runs.values() if r.running]
+        if live:
+            self.rt.end(live, "the interactive cluster was closed", "now")
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:
+                pass
+            self.client = None
+        self.controller.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.client is None
+
+
+def _in_cell(where: str, code: str) -> str:
+    """A stack's place in an engine's cell (IPython names it ``<number>.py``) said as the
+    cell's line and its text."""
+    m = re.search(r"\b\d+\.py line (\d+)\b.*$", where)
+    lines = code.splitlines()
+    if not m or not 0 < int(m.group(1)) <= len(lines):
+        return where
+    k = int(m.group(1))
+    return where[:m.start()] + f"line {k} of the cell: {lines[k - 1].strip()}"
+
+
+def _error_of(future: Any) -> Any:
+    """The error a finished engine future holds (ipyparallel gives it as the result), or
+    None."""
+    if not future.done():
+        return None
+    try:
+        result = future.result()
+    except Exception as e:  # the request itself failed (an engine that died)
+        return e
+    return result if isinstance(result, BaseException) else None
+
+
+def _describe(err: Any) -> str:
+    name = getattr(err, "ename", type(err).__name__)
+    value = getattr(err, "evalue", str(err))
+    return f"{name}: {value}" if value else str(name)
+
+
+def _traceback(err: Any) -> list[str]:
+    render = getattr(err, "render_traceback", None)
+    lines = list(render()) if render else [str(err)]
+    return [shown(ln) for ln in lines]
+
+
+def _plain(result: Any) -> Any:
+    """A task's execute_result as the kernel shows it (its text)."""
+    if not result:
+        return None
+    data = result.get("data", {})
+    return data.get("text/plain")
+
+
+class _Printer:
+    """Streams each task's output as it arrives, line by line, labelled with its task."""
+
+    def __init__(self, tasks: Sequence[Task], echo: Callable[[Task, str, str], None],
+                 quiet: bool = True) -> None:
+        self.tasks = list(tasks)
+        self.echo = echo
+        # TensorFlow's informational C++ lines left out, as for other tasks (mwhelpers.logs)
+        self.filters = {t: QuietFilter() for t in tasks} if quiet else None
+        self.partial: dict[tuple[Task, str], str] = {}
+        self.lock = threading.Lock()
+
+    def attach(self, ar: Any) -> dict[Any, Callable[[dict[str, Any]], None]]:
+        callbacks: dict[Any, Callable[[dict[str, Any]], None]] = {}
+        for task, future in zip(self.tasks, ar._children, strict=True):
+            def on_message(msg: dict[str, Any], task: Task = task) -> None:
+                self.message(task, msg)
+            future.iopub_callbacks.append(on_message)
+            callbacks[future] = on_message
+        return callbacks
+
+    def detach(self, ar: Any, callbacks: Mapping[Any, Callable[[dict[str, Any]], None]]) -> None:
+        for future, cb in callbacks.items():
+            if cb in future.iopub_callbacks:
+                future.iopub_callbacks.remove(cb)
+
+    def message(self, task: Task, msg: dict[str, Any]) -> None:
+        kind = msg["header"]["msg_type"]
+        content = msg["content"]
+        if kind == "stream":
+            self.text(task, content["name"], content["text"])
+        elif kind in ("display_data", "execute_result"):
+            _show(task, content.get("data", {}), content.get("metadata", {}))
+
+    def text(self, task: Task, stream: str, text: str) -> None:
+        with self.lock:
+            key = (task, stream)
+            text = self.partial.pop(key, "") + text.replace("\r\n", "\n")
+            *complete, rest = text.split("\n")
+            if rest:
+                self.partial[key] = rest
+        for line in complete:
+            self.line(task, stream, line)
+
+    def line(self, task: Task, stream: str, line: str) -> None:
+        line = shown(line)
+        if self.filters is None or self.filters[task].keep(line):
+            self.echo(task, stream, line)
+
+    def flush(self) -> None:
+        with self.lock:
+            left, self.partial = self.partial, {}
+        for (task, stream), rest in left.items():
+            self.line(task, stream, rest)
+
+
+def _show(task: Task, data: Mapping[str, Any], metadata: Mapping[str, Any]) -> None:
+    """A task's rich output (a plot, a table) shown in the kernel, labelled with its task."""
+    try:
+        from IPython.display import publish_display_data
+    except ImportError:
+        return
+    if "text/plain" in data and len(data) == 1:
+        print(f"[{task}] Out: {data['text/plain']}", flush=True)
+        return
+    print(f"[{task}]", flush=True)
+    publish_display_data(dict(data), dict(metadata))
+

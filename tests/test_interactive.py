@@ -1,0 +1,281 @@
+"""Interactive tasks (``mwhelpers.interactive``): every task of the cluster an ipyparallel
+engine with its own TF_CONFIG, started and guarded as any task, and cells run on all of them.
+
+Real engines, a real controller, real collectives: a MultiWorkerMirroredStrategy step from
+every task leaves equal weights; a task that raises while its peer waits in the all-reduce
+fails the cell within seconds with the raise first, and the cluster restarts; a task that died
+is reported before the next cell; a timeout says where each task was; the controller listens
+on loopback only, its files are the user's alone, and a client without the key runs nothing; a
+SIGKILLed kernel leaves no engine and no controller.  The same on the SSH and Slurm test hosts.
+"""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+from conftest import ROOT, pid_alive, task_pids
+
+from mwhelpers.errors import CellFailed, UsageError
+from mwhelpers.workshop.testhosts import missing
+
+pytest.importorskip("ipyparallel", reason="ipyparallel is not installed (mwhelpers[interactive])")
+
+STRATEGY = """
+import os
+import keras
+import tensorflow as tf
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+task = int(os.environ["MWHELPERS_TASK"].split(":")[1])
+with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.SGD(0.1)
+
+@tf.function
+def step(x, y):
+    def one(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2) / strategy.num_replicas_in_sync
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    return strategy.run(one, args=(x, y))
+"""
+
+# Each task its own batch: the weights agree only because the gradients were all-reduced.
+STEP = """
+x = tf.random.stateless_normal((8, 4), seed=(task, 1))
+loss = float(step(x, tf.ones((8, 1))))
+"""
+
+SKIP_ONE = """
+if task == 1:
+    raise RuntimeError("worker 1 skips this step")
+loss = float(step(x, tf.ones((8, 1))))
+"""
+
+
+def engines_of(rt):
+    return [rt.runs[t] for t in rt._interactive.tasks]
+
+
+def controller_pids(eng):
+    return [p.pid for p in eng.controller.process.processes()]
+
+
+@pytest.mark.tf
+def test_a_step_on_every_task_agrees_and_a_raise_while_the_peer_waits_fails_within_seconds(rt):
+    rt.define_cluster(2)
+    eng = rt.interactive()
+    assert [str(t) for t in eng.tasks] == ["worker:0", "worker:1"]
+    assert [eng.engine_of[t] for t in eng.tasks] == [0, 1]  # engine order = task order
+    eng.run(STRATEGY)
+    assert eng.pull("strategy.num_replicas_in_sync") == {t: 2 for t in eng.tasks}
+    eng.run(STEP)
+    losses = eng.pull("loss")
+    assert losses[eng.tasks[0]] != losses[eng.tasks[1]]  # different batches...
+    weights = eng.pull("[w.tolist() for w in model.get_weights()]")
+    assert weights.same(), weights  # ...and the same weights after the all-reduce
+
+    t = time.monotonic()
+    with pytest.raises(CellFailed) as failed:
+        eng.run(SKIP_ONE, grace=1)
+    took = time.monotonic() - t
+    assert took < 10, took  # not a hang: the peer was ended
+    e = failed.value
+    message = str(e).splitlines()
+    assert message[0] == "worker:1 raised RuntimeError: worker 1 skips this step"  # root cause
+    assert [str(t) for t in e.stuck] == ["worker:0"]
+    assert any("worker:0 was inside TensorFlow, called from line 3 of the cell: "
+               "loss = float(step(x, tf.ones((8, 1))))" in ln for ln in message), message
+    w0, w1 = engines_of(rt)
+    assert w0.state == "killed" and w1.running  # the raiser is fine; its peer was stuck
+    assert w0.activity == "cell 3 ended" and w1.activity == "cell 3 raised"  # %workers shows it
+    with pytest.raises(CellFailed, match=r"worker:0 ended before this cell: killed by SIGKILL"):
+        eng.run("1")  # reported at once, before anything runs
+
+    eng.restart()  # fresh processes, the same TF_CONFIG: the strategy can be made again
+    assert [eng.engine_of[t] for t in eng.tasks] == [2, 3]
+    assert not any(r.running for r in (w0, w1))
+    eng.run(STRATEGY + STEP)
+    assert eng.pull("[w.tolist() for w in model.get_weights()]").same()
+    status = repr(rt.status())
+    assert status.count("idle after cell 4") == 2, status
+    pids = controller_pids(eng) + [r.pid for r in engines_of(rt)]
+    rt.close()
+    assert not any(pid_alive(p) for p in pids)
+
+
+def test_output_streams_by_task_values_come_back_and_timeouts_say_where(rt):
+    rt.define_cluster(2)
+    eng = rt.interactive()
+    heard = []
+    eng.run("import os, time\ntask = os.environ['MWHELPERS_TASK']\n", echo=None)
+    values = eng.run("print('first from', task, flush=True)\ntime.sleep(1.5)\n"
+                     "print('second')\ntask.upper()",
+                     echo=lambda t, stream, text: heard.append((time.monotonic(), str(t), text)))
+    end = time.monotonic()
+    assert {(who, text) for _, who, text in heard} >= {
+        ("worker:0", "first from worker:0"), ("worker:1", "first from worker:1"),
+        ("worker:0", "second"), ("worker:1", "second")}
+    firsts = [at for at, _, text in heard if text.startswith("first")]
+    assert max(firsts) < end - 1.0  # streamed while the cell ran, not after
+    assert {str(t): v for t, v in values.items()} == {"worker:0": "'WORKER:0'",
+                                                      "worker:1": "'WORKER:1'"}
+    assert {str(t): v for t, v in eng.pull("task", "worker:1").items()} == {"worker:1": "worker:1"}
+    eng.push({"scale": 3})
+    assert set(eng.pull("scale * 2").values()) == {6}
+    assert eng.targets("1") == [eng.tasks[1]] and eng.targets([0]) == [eng.tasks[0]]
+    with pytest.raises(UsageError, match="no engine 7; the engines are 0 \\(worker:0\\), 1"):
+        eng.targets([7])
+
+    t = time.monotonic()
+    with pytest.raises(CellFailed) as failed:
+        eng.run("time.sleep(60)", timeout=1)
+    assert time.monotonic() - t < 8
+    text = str(failed.value)
+    assert "worker:0, worker:1 did not finish cell 3 within 1 s" in text
+    assert "worker:0 was at line 1 of the cell: time.sleep(60)" in text, text
+    assert all(r.running for r in engines_of(rt))  # interrupted, not ended: only slow
+    assert eng.run("task")[eng.tasks[0]] == "'worker:0'"  # and they answer again
+
+    rt.kill("worker:1")  # %killworker
+    with pytest.raises(CellFailed, match="worker:1 ended before this cell: killed by SIGKILL"):
+        eng.run("1")
+    run0 = rt.runs[eng.tasks[0]]
+    pids = controller_pids(eng) + [run0.pid]
+    rt.end_all()  # %killbgscripts: the engines and the controller
+    assert eng.closed and rt._interactive is None and not any(pid_alive(p) for p in pids)
+
+
+def test_the_controller_is_private_to_this_user_and_loopback(rt, tmp_path):
+    rt.define_cluster(1)
+    eng = rt.interactive()
+    folder = eng.controller.folder
+    keys = list((folder / "profile" / "security").glob("*.json"))  # the client's, the engines'
+    assert len(keys) == 2 and all("key" in json.loads(p.read_text()) for p in keys)
+    for p in [folder, *keys]:  # nobody else may read the key
+        assert stat.S_IMODE(p.stat().st_mode) & 0o077 == 0, (p, oct(p.stat().st_mode))
+    listening = [c.laddr for pid in controller_pids(eng)
+                 for c in psutil.Process(pid).net_connections("tcp") if c.status == "LISTEN"]
+    assert listening and all(a.ip == "127.0.0.1" for a in listening), listening
+    engine = psutil.Process(rt.runs[eng.tasks[0]].pid)
+    assert not any("key" in arg for arg in engine.cmdline())  # the key is not on a command line
+
+    # A client whose key is wrong: the controller and the engine ignore what it signs.
+    info = json.loads(eng.controller.client_file.read_text())
+    info["key"] = "0" * len(info["key"])
+    forged = tmp_path / "forged.json"
+    forged.write_text(json.dumps(info))
+    marker = tmp_path / "ran"
+    intruder = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import ipyparallel as ipp
+            try:
+                c = ipp.Client({str(forged)!r}, timeout=3)
+                c[:].execute("open({str(marker)!r}, 'w').close()", block=True, timeout=3)
+                print("EXECUTED")
+            except Exception as e:
+                print("REFUSED", type(e).__name__)
+        """)], capture_output=True, text=True, timeout=60)
+    assert "REFUSED" in intruder.stdout, intruder.stdout + intruder.stderr
+    time.sleep(0.5)
+    assert not marker.exists()
+    eng.run("print('still mine')")  # the real client still works
+
+    rt.close()
+    assert not folder.exists()  # files and key removed with the cluster
+
+
+def test_a_killed_kernel_leaves_no_engine_and_no_controller(tmp_path):
+    kernel = textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from mwhelpers import Runtime
+        rt = Runtime(log_dir={str(tmp_path / "logs")!r})
+        rt.define_cluster(2)
+        eng = rt.interactive()
+        pids = [r.pid for r in rt.runs.values()] + [p.pid for p in eng.controller.process.processes()]
+        print("PIDS", " ".join(map(str, pids)), flush=True)
+        time.sleep(300)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", kernel], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        said = []
+        for line in proc.stdout:
+            said.append(line)
+            if line.startswith("PIDS"):
+                break
+        pids = [int(p) for p in said[-1].split()[1:]]
+        assert len(pids) >= 3, "".join(said)
+        proc.kill()  # SIGKILL: none of the kernel's clean-up runs
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while any(pid_alive(p) for p in pids):
+            assert time.monotonic() < deadline, [p for p in pids if pid_alive(p)]
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+REASON = missing(slurm=True)
+
+
+@pytest.fixture(params=[pytest.param("ssh", marks=pytest.mark.hosts),
+                        pytest.param("slurm", marks=pytest.mark.hosts)])
+def remote(request, monkeypatch):
+    if REASON:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the interactive tasks on the test hosts, but: {REASON}")
+        pytest.skip(REASON)
+    hosts = request.getfixturevalue("hosts")
+    for k, v in hosts.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    if request.param == "slurm":
+        env = {**os.environ, **hosts.env()}
+        out = subprocess.run(["salloc", "-N2", "--no-shell"], capture_output=True, text=True,
+                             timeout=60, env=env)
+        job = out.stderr.split("Granted job allocation ")[-1].split()[0]
+        yield {"backend": "slurm", "job": job}, hosts
+        subprocess.run(["scancel", job], capture_output=True, timeout=30, env=env)
+    else:
+        yield {"backend": "ssh", "hosts": list(hosts.names)}, hosts
+
+
+@pytest.mark.xdist_group("testhosts")
+@pytest.mark.tf
+def test_on_the_test_hosts_a_step_agrees_a_raise_ends_the_peer_and_nothing_is_left(rt, remote):
+    kwargs, hosts = remote
+    cluster = rt.define_cluster(2, **kwargs)
+    eng = rt.interactive()
+    assert eng.controller.ip != "127.0.0.1"  # where the hosts reach this machine
+    eng.run("import json, os, socket\ncfg = json.loads(os.environ['TF_CONFIG'])\n"
+            "me = cfg['cluster']['worker'][cfg['task']['index']].rsplit(':', 1)[0]\n"
+            "socket.socket().bind((me, 0))")  # only the host that owns the address can
+    assert eng.pull("me") == {t: cluster.address(t).rsplit(":", 1)[0] for t in eng.tasks}
+    eng.run(STRATEGY + STEP)
+    assert eng.pull("[w.tolist() for w in model.get_weights()]").same()
+    with pytest.raises(CellFailed) as failed:
+        eng.run(SKIP_ONE, grace=1)
+    assert str(failed.value).startswith("worker:1 raised RuntimeError: worker 1 skips this step")
+    assert [str(t) for t in failed.value.stuck] == ["worker:0"]
+    rt.close()
+    assert gone_from(hosts), task_pids(hosts)
+
+
+def gone_from(hosts, within=10):
+    deadline = time.monotonic() + within
+    while task_pids(hosts):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
