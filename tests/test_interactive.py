@@ -75,7 +75,7 @@ def test_a_step_on_every_task_agrees_and_a_raise_while_the_peer_waits_fails_with
     assert [str(t) for t in eng.tasks] == ["worker:0", "worker:1"]
     assert [eng.engine_of[t] for t in eng.tasks] == [0, 1]  # engine order = task order
     eng.run(STRATEGY)
-    assert eng.pull("strategy.num_replicas_in_sync") == {t: 2 for t in eng.tasks}
+    assert eng.pull("strategy.num_replicas_in_sync") == dict.fromkeys(eng.tasks, 2)
     eng.run(STEP)
     losses = eng.pull("loss")
     assert losses[eng.tasks[0]] != losses[eng.tasks[1]]  # different batches...
