@@ -310,14 +310,23 @@ class WorkerMagics(Magics):
         engines.run(code, targets, timeout=None if a is None else a.timeout, grace=grace)
 
     @line_magic
-    @magic_arguments()
-    @argument("expression", nargs="+", help="a name, or any expression")
-    @argument("--tasks", default=None, metavar="T1,T2", help="only these tasks")
     def pxget(self, line: str) -> TaskValues:
-        """Each interactive task's value of EXPRESSION, as a table keyed by task (returned:
-        ``losses = %pxget loss``; ``.same()`` says whether all are equal)."""
-        a = _parse(self.pxget, line)
-        return self._engines().pull(" ".join(a.expression), a.tasks)
+        """Each interactive task's value of an expression, as a table keyed by task
+        (returned: ``losses = %pxget loss``; ``.same()`` says whether all are equal).
+
+        %pxget [--tasks T1,T2] EXPRESSION   (the rest of the line, as written)
+        """
+        tasks = None
+        words = line.split(None, 2)
+        if words and words[0].startswith("--tasks"):
+            flag, eq, value = words[0].partition("=")
+            if flag != "--tasks" or not (value or len(words) > 1):
+                raise UsageError("%pxget [--tasks T1,T2] EXPRESSION")
+            tasks = value or words[1]
+            line = line.split(None, 1 if eq else 2)[-1] if len(words) > (1 if eq else 2) else ""
+        if not line.strip():
+            raise UsageError("%pxget needs an expression: %pxget loss")
+        return self._engines().pull(line.strip(), tasks)
 
     @line_magic
     @magic_arguments()

@@ -134,6 +134,8 @@ SET_BY_MWHELPERS: tuple[tuple[str, str], ...] = (
     ("MWHELPERS_BG", "set in what a `%%script --bg` cell starts, so that `%killbgscripts` "
                      "finds what escaped from it"),
     ("MWHELPERS_GUARD_FD", "the pipe by which a local task notices that its kernel died"),
+    ("MWHELPERS_ENGINE_ID", "an interactive task's engine number, which it asks ipyparallel's "
+                            "controller for (`%cluster N --interactive`)"),
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}

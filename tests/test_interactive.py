@@ -6,11 +6,13 @@ every task leaves equal weights; a task that raises while its peer waits in the 
 fails the cell within seconds with the raise first, and the cluster restarts; a task that died
 is reported before the next cell; a timeout says where each task was; the controller listens
 on loopback only, its files are the user's alone, and a client without the key runs nothing; a
-SIGKILLed kernel leaves no engine and no controller.  The same on the SSH and Slurm test hosts.
+SIGKILLed kernel leaves no engine and no controller; the magics in a real kernel.  The same on
+the SSH and Slurm test hosts.
 """
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -19,7 +21,8 @@ import time
 
 import psutil
 import pytest
-from conftest import ROOT, pid_alive, task_pids
+from conftest import pid_alive, task_pids
+from test_kernel import Kernel
 
 from mwhelpers.errors import CellFailed, UsageError
 from mwhelpers.workshop.testhosts import missing
@@ -192,38 +195,37 @@ def test_the_controller_is_private_to_this_user_and_loopback(rt, tmp_path):
     assert not folder.exists()  # files and key removed with the cluster
 
 
-def test_a_killed_kernel_leaves_no_engine_and_no_controller(tmp_path):
-    kernel = textwrap.dedent(f"""
-        import os, sys, time
-        sys.path.insert(0, {str(ROOT)!r})
-        from mwhelpers import Runtime
-        rt = Runtime(log_dir={str(tmp_path / "logs")!r})
-        rt.define_cluster(2)
-        eng = rt.interactive()
-        pids = [r.pid for r in rt.runs.values()] + [p.pid for p in eng.controller.process.processes()]
-        print("PIDS", " ".join(map(str, pids)), flush=True)
-        time.sleep(300)
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", kernel], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+def test_the_magics_in_a_kernel_and_a_killed_kernel_leaves_no_engine_and_no_controller(tmp_path):
+    kernel = Kernel(tmp_path)
     try:
-        said = []
-        for line in proc.stdout:
-            said.append(line)
-            if line.startswith("PIDS"):
-                break
-        pids = [int(p) for p in said[-1].split()[1:]]
-        assert len(pids) >= 3, "".join(said)
-        proc.kill()  # SIGKILL: none of the kernel's clean-up runs
-        proc.wait()
+        status, out = kernel.run("%load_ext mwhelpers\n%cluster 2 --interactive")
+        assert status == "ok", out
+        assert "2 interactive tasks: worker:0 (engine 0), worker:1 (engine 1)" in out
+        status, out = kernel.run("%%px\nimport os\nprint('I am', os.environ['MWHELPERS_TASK'])")
+        assert status == "ok" and "[worker:0] I am worker:0" in out and "[worker:1] I am worker:1" in out
+        status, out = kernel.run("%%px worker:1\nx = 5")
+        assert status == "ok", out
+        status, out = kernel.run("has_x = %pxget 'x' in globals()\nprint(has_x)\n"
+                                 "doubled = %pxget --tasks worker:1 x * 2\nprint(doubled)")
+        assert status == "ok" and "worker:0  False" in out and "worker:1  True" in out, out
+        assert "worker:1  10" in out and "worker:0  " not in out.split("worker:1  True")[1], out
+        status, out = kernel.run("%%px --targets 0\nraise ValueError('only engine 0')")
+        assert status == "error" and "worker:0 raised ValueError: only engine 0" in out, out
+        status, out = kernel.run("%pxrestart worker:0")
+        assert status == "ok" and "restarted worker:0 (engine 2)" in out, out
+        status, out = kernel.run(
+            "rt = __import__('mwhelpers').runtime(); eng = rt._interactive\n"
+            "print('PIDS', *[r.pid for r in rt.runs.values()], "
+            "*[p.pid for p in eng.controller.process.processes()])")
+        pids = [int(p) for p in out.split("PIDS", 1)[1].split()]
+        assert status == "ok" and len(pids) >= 3, out
+        os.kill(kernel.pid, signal.SIGKILL)  # none of the kernel's clean-up runs
         deadline = time.monotonic() + 5
         while any(pid_alive(p) for p in pids):
             assert time.monotonic() < deadline, [p for p in pids if pid_alive(p)]
             time.sleep(0.05)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kernel.close()
 
 
 REASON = missing(slurm=True)
