@@ -161,7 +161,10 @@ def test_the_controller_is_private_to_this_user_and_loopback(rt, tmp_path):
     eng = rt.interactive()
     folder = eng.controller.folder
     keys = list((folder / "profile" / "security").glob("*.json"))  # the client's, the engines'
-    assert len(keys) == 2 and all("key" in json.loads(p.read_text()) for p in keys)
+    assert len(keys) == 2
+    for p in keys:  # every message is signed with a key of its own
+        info = json.loads(p.read_text())
+        assert len(info["key"]) >= 32 and info["signature_scheme"] == "hmac-sha256", info
     for p in [folder, *keys]:  # nobody else may read the key
         assert stat.S_IMODE(p.stat().st_mode) & 0o077 == 0, (p, oct(p.stat().st_mode))
     listening = [c.laddr for pid in controller_pids(eng)
