@@ -559,7 +559,11 @@ class _Printer:
         if kind == "stream":
             self.text(task, content["name"], content["text"])
         elif kind in ("display_data", "execute_result"):
-            _show(task, content.get("data", {}), content.get("metadata", {}))
+            data = content.get("data", {})
+            if set(data) <= {"text/plain"}:  # plain text: a line like any other
+                self.echo(task, "stdout", f"Out: {data.get('text/plain', '')}")
+            else:
+                _show(task, data, content.get("metadata", {}))
 
     def text(self, task: Task, stream: str, text: str) -> None:
         with self.lock:
@@ -585,13 +589,7 @@ class _Printer:
 
 def _show(task: Task, data: Mapping[str, Any], metadata: Mapping[str, Any]) -> None:
     """A task's rich output (a plot, a table) shown in the kernel, labelled with its task."""
-    try:
-        from IPython.display import publish_display_data
-    except ImportError:
-        return
-    if "text/plain" in data and len(data) == 1:
-        print(f"[{task}] Out: {data['text/plain']}", flush=True)
-        return
+    from IPython.display import publish_display_data
+
     print(f"[{task}]", flush=True)
     publish_display_data(dict(data), dict(metadata))
-
