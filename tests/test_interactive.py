@@ -216,6 +216,16 @@ def test_the_magics_in_a_kernel_and_a_killed_kernel_leaves_no_engine_and_no_cont
         assert status == "error" and "worker:0 raised ValueError: only engine 0" in out, out
         status, out = kernel.run("%pxrestart worker:0")
         assert status == "ok" and "restarted worker:0 (engine 2)" in out, out
+        msg_id = kernel.kc.execute("%%px\nimport time\ntime.sleep(30)")  # then Ctrl-C
+        time.sleep(1.5)
+        t = time.monotonic()
+        kernel.km.interrupt_kernel()
+        reply = kernel.kc.get_shell_msg(timeout=15)
+        assert reply["parent_header"]["msg_id"] == msg_id and time.monotonic() - t < 5
+        assert reply["content"]["status"] == "error", reply["content"]
+        assert reply["content"]["ename"] == "KeyboardInterrupt"  # every task stopped its cell
+        status, out = kernel.run("%%px\nprint('still here')")
+        assert status == "ok" and out.count("still here") == 2, out
         status, out = kernel.run(
             "rt = __import__('mwhelpers').runtime(); eng = rt._interactive\n"
             "print('PIDS', *[r.pid for r in rt.runs.values()], "
