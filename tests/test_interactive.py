@@ -21,7 +21,7 @@ import time
 
 import psutil
 import pytest
-from conftest import pid_alive, task_pids
+from conftest import gone_within, pid_alive, task_pids
 from test_kernel import Kernel
 
 from mwhelpers.errors import CellFailed, UsageError
@@ -284,13 +284,5 @@ def test_on_the_test_hosts_a_step_agrees_a_raise_ends_the_peer_and_nothing_is_le
     assert str(failed.value).startswith("worker:1 raised RuntimeError: worker 1 skips this step")
     assert [str(t) for t in failed.value.stuck] == ["worker:0"]
     rt.close()
-    assert gone_from(hosts), task_pids(hosts)
+    assert gone_within(hosts, 10), task_pids(hosts)
 
-
-def gone_from(hosts, within=10):
-    deadline = time.monotonic() + within
-    while task_pids(hosts):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
