@@ -22,10 +22,10 @@ import time
 import psutil
 import pytest
 from conftest import gone_within, pid_alive, task_pids
+from test_backends import allocation, backend  # noqa: F401 (fixtures used here)
 from test_kernel import Kernel
 
 from mwhelpers.errors import CellFailed, UsageError
-from mwhelpers.workshop.testhosts import missing
 
 pytest.importorskip("ipyparallel", reason="ipyparallel is not installed (mwhelpers[interactive])")
 
@@ -241,35 +241,13 @@ def test_the_magics_in_a_kernel_and_a_killed_kernel_leaves_no_engine_and_no_cont
         kernel.close()
 
 
-REASON = missing(slurm=True)
-
-
-@pytest.fixture(params=[pytest.param("ssh", marks=pytest.mark.hosts),
-                        pytest.param("slurm", marks=pytest.mark.hosts)])
-def remote(request, monkeypatch):
-    if REASON:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the interactive tasks on the test hosts, but: {REASON}")
-        pytest.skip(REASON)
-    hosts = request.getfixturevalue("hosts")
-    for k, v in hosts.env().items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    if request.param == "slurm":
-        env = {**os.environ, **hosts.env()}
-        out = subprocess.run(["salloc", "-N2", "--no-shell"], capture_output=True, text=True,
-                             timeout=60, env=env)
-        job = out.stderr.split("Granted job allocation ")[-1].split()[0]
-        yield {"backend": "slurm", "job": job}, hosts
-        subprocess.run(["scancel", job], capture_output=True, timeout=30, env=env)
-    else:
-        yield {"backend": "ssh", "hosts": list(hosts.names)}, hosts
-
-
+# test_backends' own fixtures: the test hosts' environment, and one Slurm allocation
 @pytest.mark.xdist_group("testhosts")
 @pytest.mark.tf
-def test_on_the_test_hosts_a_step_agrees_a_raise_ends_the_peer_and_nothing_is_left(rt, remote):
-    kwargs, hosts = remote
+@pytest.mark.parametrize("backend", [pytest.param(name, marks=pytest.mark.hosts)
+                                     for name in ("ssh", "slurm")], indirect=True)
+def test_on_the_test_hosts_a_step_agrees_a_raise_ends_the_peer_and_nothing_is_left(rt, backend):  # noqa: F811
+    _, kwargs, hosts = backend
     cluster = rt.define_cluster(2, **kwargs)
     eng = rt.interactive()
     assert eng.controller.ip != "127.0.0.1"  # where the hosts reach this machine
