@@ -53,28 +53,6 @@ def execute(name, tmp_path):
 
 @pytest.mark.tf
 @pytest.mark.notebook
-def test_tour_runs_under_nbclient(tmp_path, pythonpath):
-    nb = execute("00_mwhelpers_tour.ipynb", tmp_path)
-    text = outputs_text(nb)
-    assert "[worker:1] CUDA_VISIBLE_DEVICES = ''" in text  # environment inheritance shown
-    assert "[worker:1] [mwhelpers] Keras 3." in text and "fit and evaluate mended" in text
-    assert "[worker:0] ready after" in text  # --bg waited for the port
-    assert "[worker:1] Epoch 2/2" in text  # worker 1 streamed into its cell
-    assert "2 task(s) finished" in text
-    assert "Ended" in text or "No background processes" in text
-    assert not re.search(r"^\[worker:\d\] RESULT", text, re.MULTILINE)  # the log keeps it, cells don't
-    rows = [line.split()[:2] for line in text.splitlines() if line.startswith("worker:")]
-    assert ["worker:0", "2"] in rows and ["worker:1", "2"] in rows  # rt.results(): replicas 2
-    assert (tmp_path / "main.py").exists()
-    # the reference part: a fault, its report, a supervised restart that resumes, GPUs refused
-    assert "worker:1 logged 'STEP 3'; sent SIGKILL to its process tree" in text
-    assert "worker:1 failed: killed by SIGKILL (SIGKILL sent when its log matched '^STEP 3$')" in text
-    assert "attempt 2: every task finished" in text
-    assert "this machine has no GPU" in text
-
-
-@pytest.mark.tf
-@pytest.mark.notebook
 def test_strategies_guide_runs_under_nbclient(tmp_path, pythonpath):
     nb = execute("01_strategies_guide.ipynb", tmp_path)
     text = outputs_text(nb)
@@ -199,7 +177,10 @@ def test_custom_loop_keras3_notebook_runs_under_nbclient(tmp_path, pythonpath):
     text = outputs_text(execute("07_custom_loop_keras3.ipynb", tmp_path))
     assert "| keras 3." in text  # the kernel's versions line (mwhelpers.versions)
     assert "attempt 1: worker:1 killed by SIGKILL (fault injected by the supervisor)" in text
-    assert re.search(r"attempt 2: both workers restored step (5|10|15) from ckpt/ckpt-\1", text)
+    # The kill is asked for at step 13; on a loaded machine it may land a few steps later, so the
+    # restored checkpoint is any periodic one (every 5 steps) from step 10 on.
+    restored = re.search(r"attempt 2: both workers restored step (\d+) from ckpt/ckpt-\1;", text)
+    assert restored and int(restored[1]) % 5 == 0 and int(restored[1]) >= 10, restored
     assert ("checkpoint folder at the end: "
             "['checkpoint', 'ckpt-30.data-00000-of-00001', 'ckpt-30.index']") in text
     assert "fault injected: sent SIGTERM to worker:1" in text
@@ -258,10 +239,24 @@ def test_suite_runs_a_notebook_with_papermill_and_writes_outputs(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "00_mwhelpers_tour.ipynb  ok" in proc.stdout
     assert "1 passed, 0 failed" in proc.stdout
-    executed = nbformat.read(out / "00_mwhelpers_tour.ipynb", as_version=4)
-    assert "[worker:1] Epoch 2/2" in outputs_text(executed)
     assert (out / "00_mwhelpers_tour.html").stat().st_size > 10_000
     assert (out / "work" / "00_mwhelpers_tour" / "main.py").exists()  # its own working dir
+    # What the tour shows (the other tutorials run under nbclient below; this one, papermill).
+    text = outputs_text(nbformat.read(out / "00_mwhelpers_tour.ipynb", as_version=4))
+    assert "[worker:1] CUDA_VISIBLE_DEVICES = ''" in text  # environment inheritance shown
+    assert "[worker:1] [mwhelpers] Keras 3." in text and "fit and evaluate mended" in text
+    assert "[worker:0] ready after" in text  # --bg waited for the port
+    assert "[worker:1] Epoch 2/2" in text  # worker 1 streamed into its cell
+    assert "2 task(s) finished" in text
+    assert "Ended" in text or "No background processes" in text
+    assert not re.search(r"^\[worker:\d\] RESULT", text, re.MULTILINE)  # the log keeps it, cells don't
+    rows = [line.split()[:2] for line in text.splitlines() if line.startswith("worker:")]
+    assert ["worker:0", "2"] in rows and ["worker:1", "2"] in rows  # rt.results(): replicas 2
+    # the reference part: a fault, its report, a supervised restart that resumes, GPUs refused
+    assert "worker:1 logged 'STEP 3'; sent SIGKILL to its process tree" in text
+    assert "worker:1 failed: killed by SIGKILL (SIGKILL sent when its log matched '^STEP 3$')" in text
+    assert "attempt 2: every task finished" in text
+    assert "this machine has no GPU" in text
 
 
 # a cell that starts worker 0 in the background, doing nothing for 5 minutes
