@@ -66,7 +66,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 GRACE = 3.0  # seconds peers may go on after a task raised before they count as stuck
-INTERRUPT_WAIT = 2.0  # seconds tasks get to stop after Ctrl-C before they count as stuck
+INTERRUPT_WAIT = 2.0  # seconds tasks get to stop after Ctrl-C or a timeout before they count as stuck
 
 
 def _require_ipyparallel() -> Any:
@@ -183,6 +183,7 @@ class Interactive:
         self.cells = 0  # cells run so far
         self.engine_of: dict[Task, int] = {}
         self._gone: set[int] = set()  # ids of engines whose tasks were ended
+        self._printer: _Printer | None = None  # the running cell's, while it runs
         self._next_id = 0  # engines are numbered in task order, new ones after the old
         self.runs: dict[Task, TaskRun] = {}
         if cluster.remote:
@@ -290,7 +291,8 @@ class Interactive:
         while others are still running gives them ``grace`` seconds; those still running
         then are stuck (in a collective, most often): their stacks go to their logs and they
         are ended.  ``timeout``: seconds to wait for every task; then their stacks are dumped,
-        they are interrupted (SIGINT) and :class:`CellFailed` says where each was.
+        they are interrupted (SIGINT), those that do not stop within ``INTERRUPT_WAIT``
+        seconds are ended, and :class:`CellFailed` says where each was.
         """
         tasks = self.targets(targets)
         self._raise_if_dead(tasks, "before this cell")
@@ -304,9 +306,11 @@ class Interactive:
         ar = self.client[eids].execute(code, silent=False, block=False)
         printer = _Printer(tasks, echo or self._echo, quiet=not self.rt.verbose)
         callbacks = printer.attach(ar)
+        self._printer = printer
         try:
             return self._await(ar, tasks, n, timeout, grace, code)
         finally:
+            self._printer = None
             ar.wait_for_output(0.5)
             printer.detach(ar, callbacks)
             printer.flush()
@@ -348,18 +352,23 @@ class Interactive:
         values = {t: _plain(f.output.metadata.get("execute_result")) for t, f in futures.items()}
         return TaskValues(f"cell {n}", values)
 
-    def _interrupted(self, ar: Any, tasks: list[Task], n: int, code: str) -> TaskValues:
-        """Ctrl-C: SIGINT to every task still running the cell; those that do not stop within
-        a moment are stuck and ended."""
-        busy = [t for t, f in zip(tasks, ar._children, strict=True) if not f.done()]
+    def _stop(self, ar: Any, tasks: list[Task], busy: list[Task]) -> list[Task]:
+        """SIGINT to the ``busy`` tasks; those still running the cell ``INTERRUPT_WAIT``
+        seconds later (stuck where Python cannot interrupt) are returned."""
         for t in busy:
             if self.runs[t].running:
                 self.runs[t].process.send(signal.SIGINT)
         deadline = time.monotonic() + INTERRUPT_WAIT
         while time.monotonic() < deadline and not ar.ready():
             ar.wait(0.05)
-        stuck = [t for t, f in zip(tasks, ar._children, strict=True)
-                 if not f.done() and self.runs[t].running]
+        return [t for t, f in zip(tasks, ar._children, strict=True)
+                if not f.done() and self.runs[t].running]
+
+    def _interrupted(self, ar: Any, tasks: list[Task], n: int, code: str) -> TaskValues:
+        """Ctrl-C: SIGINT to every task still running the cell; those that do not stop within
+        a moment are stuck and ended."""
+        busy = [t for t, f in zip(tasks, ar._children, strict=True) if not f.done()]
+        stuck = self._stop(ar, tasks, busy)
         if not stuck:
             for t in tasks:
                 self.runs[t].activity = f"idle after cell {n} (interrupted)"
@@ -376,6 +385,9 @@ class Interactive:
         futures = dict(zip(tasks, ar._children, strict=True))
         errors = {t: _error_of(f) for t, f in futures.items() if f.done() and _error_of(f)}
         busy = [t for t, f in futures.items() if not f.done() and self.runs[t].running]
+        finished = [t for t, f in futures.items() if f.done() and t not in errors]
+        if busy and self._printer is not None:  # their stack dumps go to their logs only
+            self._printer.mute()
         lines: list[str] = []
         for t in dead:
             lines.append(f"{t} died while running cell {n}: {self.runs[t].outcome()}")
@@ -385,10 +397,18 @@ class Interactive:
             lines.append(f"[{t}] " + "\n".join(_traceback(err)).replace("\n", f"\n[{t}] "))
         stuck_runs = [self.runs[t] for t in busy]
         if busy:
-            if timed_out is not None:
+            if timed_out is not None:  # stacks first, then a chance to stop: maybe only slow
+                self.rt._job()._dump_stacks(stuck_runs)
+                still = self._stop(ar, tasks, busy)
                 head = (f"{', '.join(map(str, busy))} did not finish cell {n} within "
                         f"{timed_out:g} s; their stacks were written to their logs, and they "
                         "were interrupted (SIGINT)")
+                if still:
+                    self.rt._job().end([self.runs[t] for t in still], "now",
+                                       f"did not stop at SIGINT after cell {n} timed out")
+                    head += (f"; {', '.join(map(str, still))} did not stop within "
+                             f"{INTERRUPT_WAIT:g} s: stuck where Python cannot interrupt (a "
+                             "collective waiting for a peer, most often), so ended")
             elif interrupted:
                 head = (f"{', '.join(map(str, busy))} did not stop within {INTERRUPT_WAIT:g} s "
                         "of Ctrl-C (SIGINT): stuck where Python cannot interrupt (a "
@@ -401,12 +421,7 @@ class Interactive:
                         "collective for a peer that will never join, most likely, which no "
                         "signal interrupts; their stacks were written to their logs and they "
                         "were ended")
-            if timed_out is not None:  # stacks, then a chance to stop: they may only be slow
-                self.rt._job()._dump_stacks(stuck_runs)
-                for r in stuck_runs:
-                    if r.running:
-                        r.process.send(signal.SIGINT)
-            else:
+            if timed_out is None:
                 self.rt._job().end(stuck_runs, "stuck", f"stuck in cell {n}")
             where, found = explain_stuck(stuck_runs, [self.runs[t] for t in self.tasks])
             lines.append(head + ".")
@@ -414,6 +429,19 @@ class Interactive:
             if where:
                 lines.append("Where each was (its stacks are in its log):")
                 lines += [_in_cell(ln, code) for ln in where]
+            if finished and not errors and not dead:
+                lines.append(
+                    f"{', '.join(map(str, finished))} finished the cell meanwhile: a "
+                    "collective that some tasks run and others skip (a training step, next() "
+                    "on a distributed dataset's iterator, strategy.reduce) waits for ever for "
+                    "the tasks that skipped it.")
+            if timed_out is not None and any(
+                    self.runs[t].running for t in busy) and any("inside TensorFlow" in ln
+                                                                for ln in where):
+                lines.append("A task interrupted inside TensorFlow may have left a collective "
+                             "half done, which its peers would join out of step: start the "
+                             "cluster again before the next step (%pxrestart, "
+                             "rt.interactive().restart()).")
         ended = [t for t in self.tasks if not self.runs[t].running]
         if ended:
             lines.append(f"Ended now: {', '.join(map(str, ended))}. A process's collectives are "
@@ -538,6 +566,7 @@ class _Printer:
         self.filters = {t: QuietFilter() for t in tasks} if quiet else None
         self.partial: dict[tuple[Task, str], str] = {}
         self.lock = threading.Lock()
+        self.muted = False
 
     def attach(self, ar: Any) -> dict[Any, Callable[[dict[str, Any]], None]]:
         callbacks: dict[Any, Callable[[dict[str, Any]], None]] = {}
@@ -575,9 +604,14 @@ class _Printer:
         for line in complete:
             self.line(task, stream, line)
 
+    def mute(self) -> None:
+        """Show what has come so far and nothing after (a failed cell's stack dumps)."""
+        self.flush()
+        self.muted = True
+
     def line(self, task: Task, stream: str, line: str) -> None:
         line = shown(line)
-        if self.filters is None or self.filters[task].keep(line):
+        if not self.muted and (self.filters is None or self.filters[task].keep(line)):
             self.echo(task, stream, line)
 
     def flush(self) -> None:

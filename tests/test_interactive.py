@@ -109,6 +109,21 @@ def test_a_step_on_every_task_agrees_and_a_raise_while_the_peer_waits_fails_with
     assert eng.pull("[w.tolist() for w in model.get_weights()]").same()
     status = repr(rt.status())
     assert status.count("idle after cell 4") == 2, status
+
+    # One task skips a step: its peer waits inside the graph's all-reduce, where SIGINT does
+    # not reach, so the timeout ends it; its stack dump goes to its log, not to the cell.
+    heard = []
+    with pytest.raises(CellFailed) as failed:
+        eng.run("if task == 0:\n    loss = float(step(x, tf.ones((8, 1))))", timeout=1,
+                echo=lambda t, stream, text: heard.append(text))
+    text = str(failed.value)
+    assert "worker:0 did not finish cell 5 within 1 s" in text, text
+    assert "worker:0 did not stop within 2 s: stuck where Python cannot interrupt" in text, text
+    assert "worker:1 finished the cell meanwhile" in text, text
+    assert "Ended now: worker:0" in text, text
+    assert not any("most recent call first" in ln for ln in heard), heard
+    w0 = rt.runs[eng.tasks[0]]
+    assert not w0.running and "Current thread" in w0.log_path.read_text()
     pids = controller_pids(eng) + [r.pid for r in engines_of(rt)]
     rt.close()
     assert not any(pid_alive(p) for p in pids)
