@@ -22,6 +22,7 @@ _LAZY = {
     "Failure": "failures", "LaunchRequest": "taskrun",
     "MWHelpersError": "errors", "UsageError": "errors", "WorkerError": "errors",
     "WorkerFailed": "errors", "WorkerTimeout": "errors", "InfrastructureError": "errors",
+    "CellFailed": "errors", "TaskValues": "interactive",
     "register_backend": "backends", "available_backends": "backends", "Launcher": "backends",
     "AgentLauncher": "backends", "Option": "backends", "Process": "backends",
     "Placement": "backends", "LaunchSpec": "backends", "write_sbatch": "backends.slurm",
@@ -45,6 +46,7 @@ if _typing.TYPE_CHECKING:
     from .cluster import Cluster as Cluster
     from .cluster import Task as Task
     from .cluster import parse_task as parse_task
+    from .errors import CellFailed as CellFailed
     from .errors import InfrastructureError as InfrastructureError
     from .errors import MWHelpersError as MWHelpersError
     from .errors import UsageError as UsageError
@@ -52,6 +54,7 @@ if _typing.TYPE_CHECKING:
     from .errors import WorkerFailed as WorkerFailed
     from .errors import WorkerTimeout as WorkerTimeout
     from .failures import Failure as Failure
+    from .interactive import TaskValues as TaskValues
     from .kerasfix import fix_keras_multi_worker as fix_keras_multi_worker
     from .packages import tensorflow_distributions as tensorflow_distributions
     from .packages import versions as versions

@@ -144,6 +144,16 @@ class TaskValues(dict[Task, Any]):
         super().__init__(values)
         self.expression = expression
 
+    def __getitem__(self, task: Task | str) -> Any:
+        """A task's value, by its :class:`Task` or its name (``values["worker:1"]``)."""
+        if isinstance(task, str) and not isinstance(task, tuple):
+            named = {str(t): t for t in self}
+            if task not in named:
+                raise KeyError(f"{task!r}: no value for it; the tasks here are "
+                               + ", ".join(named))
+            task = named[task]
+        return super().__getitem__(task)
+
     def __repr__(self) -> str:
         width = max([len(str(t)) for t in self] + [4])
         lines = [f"{'task':<{width}}  {self.expression}"]
@@ -401,8 +411,7 @@ class Interactive:
                 self.rt._job()._dump_stacks(stuck_runs)
                 still = self._stop(ar, tasks, busy)
                 head = (f"{', '.join(map(str, busy))} did not finish cell {n} within "
-                        f"{timed_out:g} s; their stacks were written to their logs, and they "
-                        "were interrupted (SIGINT)")
+                        f"{timed_out:g} s; {_stacks_written(busy, 'interrupted (SIGINT)')}")
                 if still:
                     self.rt._job().end([self.runs[t] for t in still], "now",
                                        f"did not stop at SIGINT after cell {n} timed out")
@@ -412,15 +421,13 @@ class Interactive:
             elif interrupted:
                 head = (f"{', '.join(map(str, busy))} did not stop within {INTERRUPT_WAIT:g} s "
                         "of Ctrl-C (SIGINT): stuck where Python cannot interrupt (a "
-                        "collective, most often); their stacks were written to their logs and "
-                        "they were ended")
+                        f"collective, most often); {_stacks_written(busy, 'ended')}")
             else:
                 cause = "died" if dead else "raised"
                 head = (f"{', '.join(map(str, busy))} still ran cell {n} {grace:g} s after "
                         f"{', '.join(map(str, [*dead, *errors]))} {cause}: waiting in a "
                         "collective for a peer that will never join, most likely, which no "
-                        "signal interrupts; their stacks were written to their logs and they "
-                        "were ended")
+                        f"signal interrupts; {_stacks_written(busy, 'ended')}")
             if timed_out is None:
                 self.rt._job().end(stuck_runs, "stuck", f"stuck in cell {n}")
             where, found = explain_stuck(stuck_runs, [self.runs[t] for t in self.tasks])
@@ -553,6 +560,12 @@ def _plain(result: Any) -> Any:
         return None
     data = result.get("data", {})
     return data.get("text/plain")
+
+
+def _stacks_written(tasks: Sequence[Task], then: str) -> str:
+    if len(tasks) == 1:
+        return f"its stacks were written to its log, and it was {then}"
+    return f"their stacks were written to their logs, and they were {then}"
 
 
 class _Printer:

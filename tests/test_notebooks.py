@@ -127,6 +127,24 @@ def test_under_the_hood_notebook_runs_under_nbclient(tmp_path, pythonpath):
 
 @pytest.mark.tf
 @pytest.mark.notebook
+def test_interactive_workers_notebook_runs_under_nbclient(tmp_path, pythonpath):
+    pytest.importorskip("ipyparallel", reason="ipyparallel is not installed (mwhelpers[interactive])")
+    text = outputs_text(execute("03c_interactive_workers.ipynb", tmp_path))
+    assert "2 interactive tasks: worker:0 (engine 0), worker:1 (engine 1)" in text
+    assert "[worker:0] PerReplica -> [[0, 1, 2, 3]]" in text and "[worker:1] PerReplica -> [[4, 5, 6, 7]]" in text
+    assert "[worker:0] my part sums to 6 | all parts: 28" in text
+    assert "[worker:0] MirroredVariable inside the scope; ResourceVariable outside" in text
+    assert re.search(r"\[worker:1\] summed / one process: \[1\.0(, 1\.0){3}\] \(global batch\) "
+                     r"\[2\.0(, 2\.0){3}\] \(reduce_mean\) \[1\.0(, 1\.0){3}\] \(Keras's loss\)", text)
+    assert "worker:0 did not finish cell 8 within 5 s" in text
+    assert "worker:1 finished the cell meanwhile" in text
+    assert "in _calculate_replicas_with_values" in text  # worker 0's stack, read from its log
+    assert "restarted worker:0 (engine 2), worker:1 (engine 3)" in text
+    assert "ended ipyparallel's controller of the interactive tasks" in text
+
+
+@pytest.mark.tf
+@pytest.mark.notebook
 def test_sharding_notebook_runs_under_nbclient(tmp_path, pythonpath):
     nb = execute("04_dataset_sharding.ipynb", tmp_path)
     text = outputs_text(nb)
