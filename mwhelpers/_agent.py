@@ -15,7 +15,10 @@ Protocol:
 * standard input, then: one command per line, ``signal N`` (to the task's
   process group), ``dump`` (SIGUSR1 to the task: Python stacks into the log),
   ``end SIG:SECONDS,...`` (escalate through those signals until the group is
-  gone), ``ping`` (answered with a ``pong`` report).  End of file means the
+  gone), ``ping`` (answered with a ``pong`` report), ``release`` (a task started with
+  ``standby`` true in the header, waiting on the pipe ``MWHELPERS_STANDBY_FD`` after
+  importing TensorFlow, runs its program: its port is checked then, not at the start,
+  since the attempt it stands by for still holds it).  End of file means the
   kernel or the connection is gone: the group is killed at once.  SIGHUP,
   SIGTERM and SIGINT to the agent mean the same;
 * heartbeat: the kernel pings several times per ``heartbeat`` seconds.  A
@@ -49,6 +52,8 @@ from types import FrameType
 from typing import Any
 
 TAG = "@mwhelpers"
+PORT_TAKEN = ("port {port} is already in use on this host; define the cluster again to get "
+              "new ports")
 
 
 def report(*words: object) -> None:
@@ -134,15 +139,36 @@ class Agent:
                 "it in a folder every host shares (a shared home) or copy it there first")
             return 127
         port = h.get("port")
-        if port and port_taken(int(port)):
-            say(f"port {port} is already in use on this host; define the cluster again "
-                "to get new ports")
+        fds: tuple[int, ...] = ()
+        self.release_fd: int | None = None
+        if h.get("standby"):  # it waits for a byte on this pipe ("release")
+            read_end, self.release_fd = os.pipe()
+            os.set_inheritable(self.release_fd, False)
+            env["MWHELPERS_STANDBY_FD"] = str(read_end)
+            fds = (read_end,)
+        elif port and port_taken(int(port)):
+            say(PORT_TAKEN.format(port=port))
             return 1
         self.child = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                                       stderr=subprocess.STDOUT, start_new_session=True,
-                                      preexec_fn=_die_with_parent)
+                                      preexec_fn=_die_with_parent, pass_fds=fds)
+        for fd in fds:
+            os.close(fd)
         report("started", self.child.pid, socket.gethostname())
         return None
+
+    def release(self) -> None:
+        """Let a standby run its program (b"x" instead: its port is taken, said in the log,
+        and the task exits with 1, as a task started with a port taken would)."""
+        fd, self.release_fd = self.release_fd, None
+        if fd is None:
+            return
+        port = self.header.get("port")
+        taken = port is not None and port_taken(int(port))
+        if taken:
+            say(PORT_TAKEN.format(port=port))
+        os.write(fd, b"x" if taken else b"1")
+        os.close(fd)
 
     def end(self, steps: Iterable[tuple[int, float]]) -> None:
         """Escalate through ``steps`` [(signal, seconds)] until the group is gone."""
@@ -175,6 +201,8 @@ class Agent:
                     kill_group(child.pid, int(words[1]))
                 elif words[0] == "dump":
                     os.kill(child.pid, signal.SIGUSR1)
+                elif words[0] == "release":
+                    self.release()
                 elif words[0] == "end":
                     steps = [(int(s.split(":")[0]), float(s.split(":")[1]))
                              for s in words[1].split(",")]

@@ -18,6 +18,10 @@ extra process, and imports nothing heavy.  It:
   Keras (``kerasfix.py``, keras-team/keras#20585);
 * once the program has imported TensorFlow, writes one line saying which
   TensorFlow and Keras it got (``taskfacts.py``), for the failure diagnosis;
+* with ``--standby`` (``supervise(standby=True)``: the next attempt's process started
+  ahead, while the current attempt runs), imports TensorFlow, then waits until the kernel
+  releases it (a byte on the pipe ``MWHELPERS_STANDBY_FD``) and says so in one line; end of
+  file (no restart came) ends it quietly;
 * runs SCRIPT as ``__main__`` with ``sys.argv`` and ``sys.path[0]`` set the way
   ``python SCRIPT ARGS`` would set them.  With ``--cell``, SCRIPT holds the
   code of a ``%%worker`` cell and ``sys.path[0]`` is the working directory,
@@ -81,16 +85,43 @@ def _arm_import_hooks() -> None:
     tfdata.after_import("tensorflow", _load("taskfacts").say)
 
 
+def _wait_as_standby() -> None:
+    """Import TensorFlow now, then wait for the kernel's word: a byte on
+    ``MWHELPERS_STANDBY_FD`` (b"x": the agent found the task's port taken and said so in the
+    log) or end of file (not needed: leave quietly)."""
+    fd = int(os.environ.pop("MWHELPERS_STANDBY_FD"))
+    os.set_inheritable(fd, False)
+    try:
+        import tensorflow  # noqa: F401  (what a restart would otherwise wait for)
+    except Exception:  # the program's own import says what is wrong, as in a cold start
+        pass
+    try:
+        word = os.read(fd, 1)
+    except OSError:
+        word = b""
+    if not word:
+        os._exit(0)
+    if word == b"x":
+        os._exit(1)
+    os.close(fd)
+    sys.stderr.write("[mwhelpers] this process was started ahead as a standby and TensorFlow "
+                     "was imported before the program ran (supervise(standby=True))\n")
+    sys.stderr.flush()
+
+
 def main() -> int:
-    cell = len(sys.argv) > 1 and sys.argv[1] == "--cell"
-    if cell:
-        del sys.argv[1]
+    flags = set()
+    while len(sys.argv) > 1 and sys.argv[1] in ("--cell", "--standby"):
+        flags.add(sys.argv.pop(1))
+    cell = "--cell" in flags
     if len(sys.argv) < 2:
-        sys.stderr.write("usage: _bootstrap.py [--cell] SCRIPT [ARGS...]\n")
+        sys.stderr.write("usage: _bootstrap.py [--standby] [--cell] SCRIPT [ARGS...]\n")
         return 2
     _arm_guard()
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     _arm_import_hooks()
+    if "--standby" in flags:
+        _wait_as_standby()
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     # python SCRIPT puts the script's folder first on sys.path; python -c puts ''.

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -32,7 +32,7 @@ from .backends.base import end_local, end_together
 from .diagnosis import explain_failure
 from .errors import UsageError, WorkerFailed
 from .failures import Failure
-from .taskrun import LaunchRequest, TaskRun, parse_timeout
+from .taskrun import LaunchRequest, Standby, TaskRun, parse_timeout
 from .timeouts import timeout_error
 from .watcher import CellLimits, Watcher, echo_lines
 
@@ -56,7 +56,13 @@ class JobHost(Protocol):
 
     def new_job(self, attempt: int = 1, supervised: bool = False) -> Job: ...
 
-    def spawn(self, task: Task, request: LaunchRequest, attempt: int) -> TaskRun: ...
+    def spawn(self, task: Task, request: LaunchRequest, attempt: int,
+              standby: Standby | None = None) -> TaskRun: ...
+
+    def spawn_standby(self, task: Task, request: LaunchRequest,
+                      attempt: int) -> Standby | None: ...
+
+    def discard_standby(self, standby: Standby) -> None: ...
 
     def checked_tasks(self, requests: Sequence[LaunchRequest], look: bool = True) -> list[Task]: ...
 
@@ -80,17 +86,20 @@ class Job:
         return f"Job(attempt {self.attempt}: {', '.join(str(r.task) for r in self.runs)})"
 
     # -- starting ----------------------------------------------------------------------
-    def start(self, requests: Sequence[LaunchRequest], look: bool = True) -> list[TaskRun]:
+    def start(self, requests: Sequence[LaunchRequest], look: bool = True,
+              standbys: Mapping[Task, Standby] | None = None) -> list[TaskRun]:
         """Start ``requests`` back to back, all checked first (a bad one starts nothing);
         when one cannot be started, the ones already started are ended and the error
         raised.  ``look``: look at each program before its launch (the supervisor's
-        restarts start what it looked at already).  Returns the new runs; nothing waits
+        restarts start what it looked at already).  ``standbys``: processes started ahead
+        for some tasks, released instead of started.  Returns the new runs; nothing waits
         here for readiness."""
         tasks = self.host.checked_tasks(requests, look)
         started: list[TaskRun] = []
         try:
             for task, request in zip(tasks, requests, strict=True):
-                started.append(self.host.spawn(task, request, self.attempt))
+                standby = (standbys or {}).get(task)
+                started.append(self.host.spawn(task, request, self.attempt, standby))
                 self.runs.append(started[-1])
         except BaseException:
             self.end(started, "now", f"ended: attempt {self.attempt} could not start every task")

@@ -34,7 +34,7 @@ from .launchoptions import LAUNCH_OPTIONS
 from .logs import TAIL, tail_lines
 
 if TYPE_CHECKING:
-    from .backends.base import Process
+    from .backends.base import LaunchSpec, Process
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 READY_MODES = ("auto", "port", "start")
@@ -81,6 +81,21 @@ def parse_timeout(timeout: str | float | None, name: str = "timeout") -> float |
     if value <= 0:
         raise UsageError(f"{name} must be more than 0 seconds, got {value:g}")
     return value
+
+
+@dataclass
+class Standby:
+    """A task's next process, started ahead (``supervise(standby=True)``): TensorFlow imported,
+    waiting until a restart releases it.  ``spec`` is what it was started with, ``ready`` its
+    readiness mode, ``number`` its launch number for the task (its log's ``.runN``)."""
+
+    task: Task
+    process: Process
+    spec: LaunchSpec
+    ready: str
+    attempt: int
+    number: int
+    replaced: bool = False  # it died waiting, and a cold start took its log and number
 
 
 @dataclass

@@ -31,7 +31,7 @@ import psutil
 
 from . import proctree, results, settings, supervisor
 from .backends import create_backend, pick_backend
-from .backends.base import Launcher, LaunchSpec
+from .backends.base import Launcher, LaunchSpec, Process
 from .cluster import Cluster, Task, job_tasks, parse_task
 from .errors import UsageError
 from .failures import Failure
@@ -43,7 +43,7 @@ from .packages import installed
 from .ports import holder_of, port_in_use, port_range
 from .precheck import check
 from .status import StatusTable
-from .taskrun import LaunchRequest, TaskRun, parse_timeout
+from .taskrun import LaunchRequest, Standby, TaskRun, parse_timeout
 from .tfdata import STALL_FIX_ENV
 from .timeline import LogMarks, Timeline
 from .timeouts import not_ready_error
@@ -480,9 +480,44 @@ class Runtime:
         env.update(fast_reconnect(env, self.reconnect_ms))
         return env
 
-    def spawn(self, task: Task, request: LaunchRequest, attempt: int) -> TaskRun:
+    def spawn(self, task: Task, request: LaunchRequest, attempt: int,
+              standby: Standby | None = None) -> TaskRun:
         """Start one task's process (a :class:`~mwhelpers.job.Job` calls this) and record
-        its run."""
+        its run: ``standby``'s process, released, when it was started ahead for this and
+        still runs; a new one otherwise."""
+        if standby is not None and standby.process.running:
+            standby.process.release()
+            return self._record(task, standby.process, standby.spec, standby.ready, attempt)
+        if standby is not None:  # it died waiting: a cold start, under the number it had
+            self._launch_counts[task] = standby.number - 1
+            standby.replaced = True
+        spec, ready = self._spec(task, request, attempt)
+        return self._record(task, self._launcher.start(spec), spec, ready, attempt)
+
+    def spawn_standby(self, task: Task, request: LaunchRequest, attempt: int) -> Standby | None:
+        """Start ``task``'s process for ``attempt`` ahead (None where the backend cannot):
+        TensorFlow imported, it waits until :meth:`spawn` releases it.  Not a run until then;
+        :meth:`discard_standby` ends one that is not needed."""
+        if not self._launcher.standby or request.log:  # a log of its own would be truncated
+            return None
+        spec, ready = self._spec(task, request, attempt, standby=True)
+        process = self._launcher.start(spec)
+        return Standby(task, process, spec, ready, attempt, self._launch_counts[task])
+
+    def discard_standby(self, standby: Standby) -> None:
+        """End a standby that no restart needed, remove its log, and give its launch number
+        back (the next launch of its task gets it); one a cold start replaced keeps both."""
+        if standby.process.running:
+            standby.process.end(proctree.ESCALATIONS["now"], str(standby.task))
+        if standby.replaced:
+            return
+        if self._launch_counts.get(standby.task) == standby.number:
+            self._launch_counts[standby.task] = standby.number - 1
+        standby.spec.log_path.unlink(missing_ok=True)  # the kernel writes every task's log
+
+    def _spec(self, task: Task, request: LaunchRequest, attempt: int,
+              standby: bool = False) -> tuple[LaunchSpec, str]:
+        """What starts ``task`` for ``request`` in ``attempt``, and its readiness mode."""
         cluster, launcher = self._cluster, self._launcher
         log_path = self._log_path(task, request.log)
         if request.code is not None:
@@ -494,7 +529,6 @@ class Runtime:
         ready = request.ready
         if ready == "auto":
             ready = "port" if task.type in SERVER_JOBS else "start"
-        host = cluster.host_of(task)
         # The backend says what a task's environment starts from (another machine gets the
         # variables that matter, not the kernel's whole environment) and fills in its folder.
         base = launcher.task_env(os.environ)
@@ -502,11 +536,16 @@ class Runtime:
                           env=self.child_env(task, request.env, request.stall_fix, attempt, base,
                                              request.keras_fix),
                           log_path=Path(log_path), cell=request.code is not None,
-                          host=host, port=cluster.port(task))
-        process = launcher.start(spec)
+                          host=cluster.host_of(task), port=cluster.port(task), standby=standby)
+        return spec, ready
+
+    def _record(self, task: Task, process: Process, spec: LaunchSpec, ready: str,
+                attempt: int) -> TaskRun:
+        """The run of ``process``, started from ``spec``: recorded as the task's latest."""
+        cluster = self._cluster
         run = TaskRun(task, process, spec.log_path, cluster.port(task),
                       cluster.address(task), ready, spec.script, attempt=attempt,
-                      cwd=spec.cwd, host=host, cell=spec.cell)
+                      cwd=spec.cwd, host=spec.host, cell=spec.cell)
         if cluster.gpus is not None:
             run.gpus = spec.env.get("CUDA_VISIBLE_DEVICES", "")
         run.keras_fix = settings.get("MWHELPERS_KERAS_FIX", spec.env)

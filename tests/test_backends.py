@@ -71,6 +71,25 @@ FAULTY = textwrap.dedent("""
     print(f"finished attempt {attempt}", flush=True)
 """)
 
+# For supervise(standby=True): imports TensorFlow (its facts line starts the standbys), waits
+# for its peer to have done so, then, in attempt 1 and once the file "go" exists, says READY
+# (where a fault is injected) and waits; later attempts finish.
+STANDING_BY = textwrap.dedent("""
+    import os, time
+    import tensorflow
+    attempt, task = os.environ["MWHELPERS_ATTEMPT"], os.environ["MWHELPERS_TASK"]
+    open(f"imported {task} attempt {attempt}", "w").close()
+    while not all(os.path.exists(f"imported worker:{i} attempt {attempt}") for i in (0, 1)):
+        time.sleep(0.02)
+    while attempt == "1" and not os.path.exists("go"):
+        time.sleep(0.02)
+    time.sleep(0.3)
+    print("READY", flush=True)
+    if attempt == "1":
+        time.sleep(300)
+    print(f"finished attempt {attempt}", flush=True)
+""")
+
 # Ends on SIGINT (Python's KeyboardInterrupt), unlike STUBBORN.
 QUITS = 'import time\nprint("waiting for peers", flush=True)\ntime.sleep(300)\n'
 
@@ -296,6 +315,70 @@ def test_supervise_restarts_every_task_after_a_fault(brt, backend, tmp_path):
     for r in second["runs"]:
         assert r.attempt == 2 and r.returncode == 0 and "finished attempt 2" in r.lines()
     assert "[worker:0] finished attempt 2" in brt.echo_lines
+
+
+@pytest.mark.tf
+def test_a_restart_releases_the_standbys_and_unused_ones_are_ended(brt, backend, tmp_path):
+    """supervise(standby=True): once both tasks imported TensorFlow, the next attempt's
+    processes start ahead; the restart after a fault releases them (no new processes), and
+    the standbys for a third attempt that no fault needed are ended, their logs removed."""
+    name, kwargs, hosts = backend
+    brt.define_cluster(2, **kwargs)
+    (tmp_path / "go").touch()
+    attempts = brt.supervise(code=STANDING_BY, env={MARK: "1"}, max_restarts=2, timeout=120,
+                             stream=False, standby=True, inject=[("worker:1", "^READY")])
+    assert [a["attempt"] for a in attempts] == [1, 2] and attempts[1]["why"] == "every task finished"
+    said = "\n".join(brt.echo_lines)
+    assert "[mwhelpers] standby: attempt 2's processes started ahead (worker:0, worker:1)" in said
+    assert "[mwhelpers] standby: attempt 3's processes started ahead" in said  # then ended
+    for r in attempts[1]["runs"]:
+        assert r.process.standby_since is not None and r.process.standby_since < r.started
+        assert r.lines()[-1] == "finished attempt 2"
+        assert any("started ahead as a standby" in ln for ln in r.lines()), r.lines()
+        assert f"[{r.task}] released from its standby" in said
+    # Nothing of attempt 3 is left: no process (brt checks), no log, no launch number used.
+    assert sorted(p.name for p in brt.log_dir.glob("worker-*.log")) == [
+        "worker-0.log", "worker-0.run2.log", "worker-1.log", "worker-1.run2.log"]
+    run = brt.launch("worker:0", code="print('after')", env={MARK: "1"})
+    assert run.log_path.name == "worker-0.run3.log" and run.lines() == ["after"]
+
+
+@pytest.mark.tf
+def test_a_standby_that_died_is_replaced_by_a_cold_start(rt, tmp_path):
+    """A restart whose standby for one task died meanwhile starts that task as usual, under
+    the same log name; the other task's standby is released."""
+    import threading
+
+    import psutil
+
+    rt.define_cluster(2)
+
+    def kill_worker0s_standby():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for p in psutil.process_iter(["pid"]):
+                try:
+                    env = p.environ()
+                except psutil.Error:
+                    continue
+                if env.get(MARK) and env.get("MWHELPERS_ATTEMPT") == "2" and \
+                        env.get("MWHELPERS_TASK") == "worker:0":
+                    p.kill()
+                    p.wait(5)
+                    (tmp_path / "go").touch()  # now attempt 1 may fail
+                    return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_worker0s_standby, daemon=True)
+    killer.start()
+    attempts = rt.supervise(code=STANDING_BY, env={MARK: "1"}, max_restarts=1, timeout=120,
+                            stream=False, standby=True, inject=[("worker:1", "^READY")])
+    killer.join(5)
+    w0, w1 = attempts[1]["runs"]
+    assert w0.process.standby_since is None and w1.process.standby_since is not None
+    assert w0.log_path.name == "worker-0.run2.log" and w0.lines()[-1] == "finished attempt 2"
+    assert w1.lines()[-1] == "finished attempt 2"
+    assert "[worker:0] started in the background" in "\n".join(rt.echo_lines)
 
 
 class _ChattyLauncher(AgentLauncher):

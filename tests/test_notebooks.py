@@ -131,7 +131,8 @@ def test_interactive_workers_notebook_runs_under_nbclient(tmp_path, pythonpath):
     pytest.importorskip("ipyparallel", reason="ipyparallel is not installed (mwhelpers[interactive])")
     text = outputs_text(execute("03c_interactive_workers.ipynb", tmp_path))
     assert "2 interactive tasks: worker:0 (engine 0), worker:1 (engine 1)" in text
-    assert "[worker:0] PerReplica -> [[0, 1, 2, 3]]" in text and "[worker:1] PerReplica -> [[4, 5, 6, 7]]" in text
+    assert "[worker:0] PerReplica -> [[0, 1, 2, 3]]" in text
+    assert "[worker:1] PerReplica -> [[4, 5, 6, 7]]" in text
     assert "[worker:0] my part sums to 6 | all parts: 28" in text
     assert "[worker:0] MirroredVariable inside the scope; ResourceVariable outside" in text
     assert re.search(r"\[worker:1\] summed / one process: \[1\.0(, 1\.0){3}\] \(global batch\) "

@@ -168,6 +168,9 @@ class AgentProcess(Process):
         return code if code != 0 else 255  # the transport ended without the task's status
 
     # -- commands to the agent ------------------------------------------------------
+    def _release(self) -> None:
+        self._command("release")
+
     def _command(self, text: str) -> bool:
         with self._send_lock:
             try:
@@ -273,6 +276,7 @@ class AgentLauncher(Launcher):
     (and ``name`` and ``options``, as every backend): it is a whole backend."""
 
     remote = True
+    standby = True
     options = AGENT_OPTIONS
     cwd: str  # the folder tasks start in on every host (default: the kernel's)
 
@@ -388,12 +392,12 @@ class AgentLauncher(Launcher):
         if spec.cell:
             files["cell.py"] = Path(spec.script).read_text()
             script = "{dir}/cell.py"
-        argv = [self.python, "-u", "{dir}/_bootstrap.py", *(["--cell"] if spec.cell else []),
-                script, *spec.args]
+        argv = [self.python, "-u", "{dir}/_bootstrap.py", *(["--standby"] if spec.standby else []),
+                *(["--cell"] if spec.cell else []), script, *spec.args]
         spec.cwd = spec.cwd or self.cwd
         header: dict[str, object] = {"argv": argv, "env": spec.env, "cwd": spec.cwd,
                   "files": files, "port": spec.port, "heartbeat": self.heartbeat or None,
-                  "script": None if spec.cell else script}
+                  "script": None if spec.cell else script, "standby": spec.standby}
         logf = open_log(spec.log_path)
         try:
             popen = subprocess.Popen(

@@ -51,6 +51,8 @@ class LaunchSpec:
     host, what it gets on top of its login environment.  ``cwd`` None: the
     launcher's folder (it fills it in when it starts the task).  ``host`` and
     ``port``: where it runs (None: here) and the port it will listen on.
+    ``standby``: start the process ahead of its launch (only where the launcher's
+    ``standby`` is true): it imports TensorFlow, then waits until :meth:`Process.release`.
     """
 
     script: str
@@ -61,6 +63,7 @@ class LaunchSpec:
     cwd: str | None = None
     host: str | None = None
     port: int | None = None
+    standby: bool = False  # start it ahead: TensorFlow imported, then wait for Process.release
 
 
 class Placement(NamedTuple):
@@ -151,6 +154,18 @@ class Process:
         to wait); return once it is gone, with lines saying what ended with which signal
         (``who`` names the task in them) and what could not be ended."""
         raise NotImplementedError
+
+    # -- standbys ----------------------------------------------------------------------
+    standby_since: float | None = None  # time.monotonic() it was started ahead, once released
+
+    def release(self) -> None:
+        """Let a process started as a standby (``LaunchSpec.standby``) run its program; its
+        start time becomes now (the launch), ``standby_since`` the time it was started."""
+        self._release()
+        self.standby_since, self.started = self.started, time.monotonic()
+
+    def _release(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} was not started as a standby")
 
     @property
     def label(self) -> str:
@@ -264,6 +279,7 @@ class Launcher:
     remote: ClassVar[bool] = False  # True: tasks run elsewhere (ports probed at their address)
     options: ClassVar[tuple[Option, ...]] = ()  # the keyword arguments its constructor takes
     python: str = sys.executable  # the tasks' interpreter
+    standby: ClassVar[bool] = False  # True: it can start a LaunchSpec with standby=True
     cwd: str | None = None  # the folder tasks start in (None: the kernel's, when each starts)
 
     def place(self, tasks: Sequence[Task], port_range: tuple[int, int]) -> dict[Task, Placement]:

@@ -20,10 +20,29 @@ from .base import BOOTSTRAP, Launcher, LaunchSpec, Option, Placement, Process, e
 class LocalProcess(Process):
     """A process on this machine, leader of its own session and process group."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], release_fd: int | None = None) -> None:
         super().__init__(popen.pid)
         self.popen = popen
+        self._release_fd = release_fd  # a standby's: the write end of the pipe it waits on
         self._start_waiter(popen.wait)
+        if release_fd is not None:
+            self.on_exit(lambda _: self._close_release())
+
+    def _release(self) -> None:
+        fd = self._release_fd
+        if fd is None:
+            super()._release()
+            return
+        os.write(fd, b"1")
+        self._close_release()
+
+    def _close_release(self) -> None:
+        fd, self._release_fd = self._release_fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def processes(self) -> list[psutil.Process]:
         if not self.running:
@@ -53,6 +72,7 @@ class LocalLauncher(Launcher):
     """
 
     name = "local"
+    standby = True
     options = (Option("host", text, "localhost", "the address TF_CONFIG names for every task "
                       "(default localhost)", "ADDRESS"),)
 
@@ -78,18 +98,30 @@ class LocalLauncher(Launcher):
             raise RuntimeError("this launcher was closed; create a new Runtime")
         spec.cwd = spec.cwd or os.getcwd()
         env = dict(spec.env, MWHELPERS_GUARD_FD=str(guard))
-        argv = [sys.executable, "-u", BOOTSTRAP, *(["--cell"] if spec.cell else []),
-                spec.script, *spec.args]
+        release_r = release_w = None
+        if spec.standby:  # it waits for a byte on this pipe (LocalProcess.release)
+            release_r, release_w = os.pipe()
+            os.set_inheritable(release_w, False)
+            env["MWHELPERS_STANDBY_FD"] = str(release_r)
+        argv = [sys.executable, "-u", BOOTSTRAP, *(["--standby"] if spec.standby else []),
+                *(["--cell"] if spec.cell else []), spec.script, *spec.args]
         logf = open_log(spec.log_path)
         try:
             popen = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                 env=env, cwd=spec.cwd, start_new_session=True,
-                pass_fds=(guard,),
+                pass_fds=(guard,) if release_r is None else (guard, release_r),
             )
+        except BaseException:
+            for fd in (release_r, release_w):
+                if fd is not None:
+                    os.close(fd)
+            raise
         finally:
             os.close(logf)
-        proc = LocalProcess(popen)
+        if release_r is not None:
+            os.close(release_r)
+        proc = LocalProcess(popen, release_w)
         self.started = [p for p in self.started if p.running] + [proc]
         return proc
 
