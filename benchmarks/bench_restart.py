@@ -56,9 +56,12 @@ milliseconds, medians per restart).  ``--profile`` also runs cProfile in the ker
 from the death being noticed to the new launch, over every round, and prints the
 slowest calls (profiled rounds run slower; their timings are marked so).
 
-``--standby`` supervises with ``standby=True``: once the first attempt's workers have
-imported TensorFlow, the second attempt's processes are started ahead and wait; the
-restart releases them (their interpreter start and TensorFlow import show as done ahead).
+``--standby`` runs each round twice, without and with ``supervise(standby=True)``: once the
+first attempt's workers have imported TensorFlow, the second attempt's processes are
+started ahead and wait; the restart releases them (their interpreter start, and their
+import where it was over, show as done ahead).  It prints both, and the standby's
+kill-to-resumed against the cold start without standbys, and what the standbys cost the
+first attempt's cold start.
 
 ``--ssh`` runs the cluster on two test hosts (the workshop's test hosts: root and
 openssh-server).
@@ -579,7 +582,8 @@ def main():
             sys.exit(f"cannot make test hosts: {why}")
         hosts = TestHosts(2).__enter__()
         os.environ.update(hosts.env())
-    rounds = []
+    modes = [False, True] if a.standby else [False]  # with --standby, each round both ways
+    rounds: dict[bool, list] = {m: [] for m in modes}
     try:
         with tempfile.TemporaryDirectory(prefix="bench-restart-probe-") as pd:
             probe = None
@@ -587,40 +591,53 @@ def main():
                 probe = Path(pd)
                 (probe / "sitecustomize.py").write_text(PROBE)
             for i in range(1, a.rounds + 1):
-                with tempfile.TemporaryDirectory(prefix="bench-restart-") as d:
-                    os.chdir(d)
-                    with Runtime(log_dir=Path(d) / "logs", echo=lambda line: None) as rt:
-                        where = {"hosts": hosts.names} if hosts else {}
-                        r = one_round(rt, Path(d), probe, a.worker_env, a.standby, **where)
-                    os.chdir(ROOT)
-                rounds.append(r)
-                print(f"round {i}: cold start to first step {r['cold']:.2f} s; SIGKILL to the first "
-                      f"step of the restarted attempt {r['resumed']:.2f} s (it resumed at step "
-                      f"{r['step']}); SIGKILL to the new launch {r['kernel'] * 1000:.0f} ms"
-                      + "".join(f"; {what}: cluster formed {f[0]:.0f} ms after the last server "
-                                f"started ({f[1]}'s first)" for what, f in
-                                zip(("cold", "restart"), r["forming"], strict=True) if f),
-                      flush=True)
+                for standby in modes:
+                    with tempfile.TemporaryDirectory(prefix="bench-restart-") as d:
+                        os.chdir(d)
+                        with Runtime(log_dir=Path(d) / "logs", echo=lambda line: None) as rt:
+                            where = {"hosts": hosts.names} if hosts else {}
+                            r = one_round(rt, Path(d), probe, a.worker_env, standby, **where)
+                        os.chdir(ROOT)
+                    rounds[standby].append(r)
+                    print(f"round {i}{', standby' if standby else ''}: cold start to first step "
+                          f"{r['cold']:.2f} s; SIGKILL to the first "
+                          f"step of the restarted attempt {r['resumed']:.2f} s (it resumed at step "
+                          f"{r['step']}); SIGKILL to the new launch {r['kernel'] * 1000:.0f} ms"
+                          + "".join(f"; {what}: cluster formed {f[0]:.0f} ms after the last server "
+                                    f"started ({f[1]}'s first)" for what, f in
+                                    zip(("cold", "restart"), r["forming"], strict=True) if f),
+                          flush=True)
     finally:
         if hosts is not None:
             hosts.__exit__(None, None, None)
-    cold = statistics.median(r["cold"] for r in rounds)
-    resumed = statistics.median(r["resumed"] for r in rounds)
     where = "two SSH test hosts" if hosts else "this machine"
-    how = "supervise(standby=True)" if a.standby else "cold restarts"
-    slower = sum(1 for r in rounds if r["resumed"] > r["cold"])
-    print(f"\n{len(rounds)} rounds on {where}, 2 workers, {how}: median cold start {cold:.2f} s, "
-          f"median kill-to-resumed {resumed:.2f} s; ratio kill-to-resumed / cold = "
-          f"{resumed / cold:.2f}; rounds whose restart took longer than their cold start: "
-          f"{slower} of {len(rounds)}")
-    report(rounds, a.profile, a.no_probe)
+    medians = {}
+    for standby in modes:
+        rs = rounds[standby]
+        cold = statistics.median(r["cold"] for r in rs)
+        resumed = statistics.median(r["resumed"] for r in rs)
+        medians[standby] = cold, resumed
+        how = "supervise(standby=True)" if standby else "restarts from scratch"
+        slower = sum(1 for r in rs if r["resumed"] > r["cold"])
+        print(f"\n{len(rs)} rounds on {where}, 2 workers, {how}: median cold start {cold:.2f} s, "
+              f"median kill-to-resumed {resumed:.2f} s; ratio kill-to-resumed / cold = "
+              f"{resumed / cold:.2f}; rounds whose restart took longer than their cold start: "
+              f"{slower} of {len(rs)}")
+        report(rs, a.profile, a.no_probe)
+    if a.standby:
+        (cold, resumed), (cold_sb, resumed_sb) = medians[False], medians[True]
+        print(f"\nStandby against restarts from scratch, medians of the same run: kill-to-resumed "
+              f"{resumed_sb:.2f} s against {resumed:.2f} s; against a cold start without standbys "
+              f"({cold:.2f} s) {resumed_sb / cold:.2f}. What the standbys cost: the first attempt's "
+              f"cold start {cold_sb:.2f} s with them against {cold:.2f} s without (their TensorFlow "
+              "import runs while it forms the cluster and starts training)")
     if PROFILE is not None:
         out = io.StringIO()
         stats = pstats.Stats(PROFILE, stream=out)
         stats.sort_stats("cumulative").print_stats(a.top)
         stats.sort_stats("tottime").print_stats(a.top)
         print(f"\ncProfile of the kernel from the death noticed to the new launch, "
-              f"{len(rounds)} round(s) together:")
+              f"{sum(len(rs) for rs in rounds.values())} round(s) together:")
         print(out.getvalue())
 
 
