@@ -194,6 +194,7 @@ class Interactive:
         self.engine_of: dict[Task, int] = {}
         self._gone: set[int] = set()  # ids of engines whose tasks were ended
         self._printer: _Printer | None = None  # the running cell's, while it runs
+        self._zmq: Any = None  # the client's zmq context
         self._next_id = 0  # engines are numbered in task order, new ones after the old
         self.runs: dict[Task, TaskRun] = {}
         if cluster.remote:
@@ -205,9 +206,14 @@ class Interactive:
         self.client: Any = None
         self._printer_lock = threading.Lock()
         try:
+            import zmq  # ipyparallel's own dependency
+
+            # A zmq context of its own, destroyed with the client (ipyparallel's default, the
+            # process-wide one, would keep this cluster's sockets until the process exits).
+            self._zmq = zmq.Context()
             self.client = self.ipp.Client(str(self.controller.client_file),
                                           profile_dir=str(self.controller.profile),
-                                          timeout=timeout)
+                                          timeout=timeout, context=self._zmq)
             self._start_engines(self.tasks, timeout)
         except BaseException:
             self.close()
@@ -508,7 +514,8 @@ class Interactive:
             self.rt.end(live, "the interactive cluster was closed", "now")
         if self.client is not None:
             try:
-                self.client.close()
+                self.client.close(linger=0)  # the engines are gone: nothing to deliver
+                self._zmq.destroy(linger=0)
             except Exception:
                 pass
             self.client = None

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import MWHelpersError
 from .live import EPOCH
@@ -42,6 +42,9 @@ MARKS: dict[str, re.Pattern[str]] = {
     "step": re.compile(r"^\s*step\b\W*(\d*)", re.IGNORECASE),
 }
 _ATTEMPT_COLORS = ("#9ecae1", "#a1d99b", "#fdd0a2", "#dadaeb", "#fcbba1")
+# A %%px cell's strip, by how it ended (Timeline.cells).
+_CELL_COLORS = {"running": "#74c476", "ok": "#31a354", "raised": "#d62728", "ended": "#fd8d3c",
+                "timed out": "#fd8d3c", "interrupted": "#fd8d3c"}
 
 
 class LogMarks:
@@ -98,6 +101,7 @@ class Timeline:
         self.runs = list(runs)
         self.title = title
         self.t0 = min((r.launched_wall for r in self.runs), default=time.time())
+        self._shortest = 0.0  # the narrowest a drawn cell may be (set when drawing)
 
     # -- what it holds -------------------------------------------------------------------
     def tasks(self) -> list[Task]:
@@ -112,6 +116,24 @@ class Timeline:
         # stamped with its exit time).
         return sorted(((at - self.t0, kind, text) for at, kind, text in list(run.events)),
                       key=lambda e: (e[0], e[1] == "exit"))
+
+    def cells(self, run: TaskRun) -> list[tuple[int, float, float | None, str]]:
+        """The interactive cells ``run`` ran (``%%px``): ``[(number, start, end or None,
+        state)]`` in seconds since the first launch; state ``running`` until it ended, then
+        ``ok``, ``raised``, ``ended`` (the task was ended), ``timed out`` or
+        ``interrupted``."""
+        spans: dict[int, list[Any]] = {}
+        for t, kind, text in self.events(run):
+            if kind != "cell":
+                continue
+            number, _, state = text.partition(" ")
+            if not number.isdigit():
+                continue
+            if state == "started":
+                spans[int(number)] = [t, None, "running"]
+            elif int(number) in spans:
+                spans[int(number)][1:] = [t, state]
+        return [(n, start, end, state) for n, (start, end, state) in spans.items()]
 
     def end_of(self, run: TaskRun) -> float:
         return (run.ended_wall if run.ended_wall is not None else time.time()) - self.t0
@@ -148,6 +170,7 @@ class Timeline:
         rows = {t: len(tasks) - 1 - i for i, t in enumerate(tasks)}
         end = max((self.end_of(r) for r in self.runs), default=1.0)
         attempts = sorted({r.attempt for r in self.runs})
+        self._shortest = end * 0.004  # a cell of a few milliseconds still shows
         for run in self.runs:
             self._draw_run(ax, run, rows[run.task])
         ax.set_yticks(list(rows.values()), [str(t) for t in rows])
@@ -176,6 +199,12 @@ class Timeline:
             every = max(1, len(steps) // 60)
             ax.plot(steps[::every], [y - 0.18] * len(steps[::every]), "|", color="#555555",
                     markersize=5)
+        for n, begun, over, state in self.cells(run):  # %%px cells: a strip above the bar
+            finish = stop if over is None else over
+            ax.barh(y + 0.32, max(finish - begun, self._shortest), left=begun, height=0.1,
+                    color=_CELL_COLORS.get(state, "#fd8d3c"), edgecolor="none")
+            ax.annotate(f"c{n}", (begun, y + 0.38), fontsize=6, ha="left", va="bottom",
+                        color="#444444")
         signalled = any(kind == "signal" for _, kind, _ in events)
         for t, kind, text in events:
             if kind == "epoch":
@@ -198,8 +227,7 @@ class Timeline:
                 ax.annotate(_short_exit(run), (t, y + 0.3), fontsize=8, ha="left",
                             va="bottom", color="#2ca02c" if ok else "#d62728")
 
-    @staticmethod
-    def _legend(ax: Axes, attempts: Iterable[int]) -> None:
+    def _legend(self, ax: Axes, attempts: Iterable[int]) -> None:
         from matplotlib.artist import Artist
         from matplotlib.lines import Line2D
         from matplotlib.patches import Patch
@@ -213,6 +241,10 @@ class Timeline:
             Line2D([], [], marker="o", color="#2ca02c", linestyle="", label="exit 0"),
             Line2D([], [], marker="s", color="#d62728", linestyle="", label="failed / killed"),
         ]
+        if any(self.cells(r) for r in self.runs):
+            handles += [Patch(color=_CELL_COLORS["ok"], label="%%px cell ran"),
+                        Patch(color=_CELL_COLORS["raised"], label="cell raised"),
+                        Patch(color=_CELL_COLORS["ended"], label="cell stopped (ended, timed out)")]
         ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8,
                   frameon=False)
 

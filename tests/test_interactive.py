@@ -161,6 +161,12 @@ def test_output_streams_by_task_values_come_back_and_timeouts_say_where(rt):
     assert "worker:0 was at line 1 of the cell: time.sleep(60)" in text, text
     assert all(r.running for r in engines_of(rt))  # interrupted, not ended: only slow
     assert eng.run("task")[eng.tasks[0]] == "'worker:0'"  # and they answer again
+    # The timeline knows each task's cells and how they ended, and draws them.
+    tl = rt.timeline()
+    cells = [(n, state) for n, start, end, state in tl.cells(rt.runs[eng.tasks[1]])]
+    assert cells == [(1, "ok"), (2, "ok"), (3, "timed out"), (4, "ok")], cells
+    assert all(end >= start for _, start, end, _ in tl.cells(rt.runs[eng.tasks[1]]))
+    assert tl.png()[:4] == b"\x89PNG"
 
     rt.kill("worker:1")  # %killworker
     with pytest.raises(CellFailed, match="worker:1 ended before this cell: killed by SIGKILL"):
@@ -221,6 +227,11 @@ def test_the_magics_in_a_kernel_and_a_killed_kernel_leaves_no_engine_and_no_cont
         assert "2 interactive tasks: worker:0 (engine 0), worker:1 (engine 1)" in out
         status, out = kernel.run("%%px\nimport os\nprint('I am', os.environ['MWHELPERS_TASK'])")
         assert status == "ok" and "[worker:0] I am worker:0" in out and "[worker:1] I am worker:1" in out
+        # Rich output from a task reaches the notebook as rich output, after its task's label.
+        status, out = kernel.run("%%px worker:1\nfrom IPython.display import HTML\n"
+                                 "HTML('<b>from worker 1</b>')")
+        assert status == "ok" and "[worker:1]" in out, out
+        assert any(d.get("text/html") == "<b>from worker 1</b>" for d in kernel.displays), kernel.displays
         status, out = kernel.run("%%px worker:1\nx = 5")
         assert status == "ok", out
         status, out = kernel.run("has_x = %pxget 'x' in globals()\nprint(has_x)\n"

@@ -32,13 +32,18 @@ class Kernel:
         return self.km.provisioner.pid
 
     def run(self, code, timeout=60):
+        """(status, the cell's streams and traceback as text); its rich outputs (display
+        data, results: {mime type: data}) are in ``self.displays``."""
         out = []
+        self.displays = []
 
         def hook(msg):
             if msg["msg_type"] == "stream":
                 out.append(msg["content"]["text"])
             elif msg["msg_type"] == "error":
                 out.append("\n".join(msg["content"]["traceback"]))
+            elif msg["msg_type"] in ("display_data", "execute_result"):
+                self.displays.append(msg["content"]["data"])
 
         reply = self.kc.execute_interactive(code, output_hook=hook, timeout=timeout)
         return reply["content"]["status"], "".join(out)
