@@ -4,7 +4,7 @@
 a daemon thread updates it in place about once a second (an IPython display
 with a ``display_id``: JupyterLab replaces the output, the kernel stays free for
 other cells): its state, how long it has run, the Keras epoch and step its log
-shows, and its latest line.  When the task ends the view settles on the exit
+shows (for an interactive task, its cell: ``cell 3 running``), and its latest line.  When the task ends the view settles on the exit
 and the duration, and the thread stops once no view has anything left to
 follow: nothing polls while nothing runs.
 
@@ -69,7 +69,7 @@ class TaskView:
         self.state = run.state
         self.seconds = run.uptime
         self.exit = exit_text(run.returncode)
-        self.progress = progress(lines)
+        self.progress = run.activity or progress(lines)  # an interactive task's cell
         self.last = last_shown_line(lines)
         self.where = run.process.label
         self.running = run.running

@@ -261,6 +261,8 @@ class WorkerMagics(Magics):
             print(f"{len(engines.tasks)} interactive tasks: "
                   + ", ".join(f"{t} (engine {engines.engine_of[t]})" for t in engines.tasks)
                   + "; %%px runs a cell on every one")
+            for t in engines.tasks:  # each follows its state and its cells while it runs
+                self.live.show(self.rt.runs[t])
         # Returned, not displayed: shown as the cell's result, or kept by ``c = %cluster 2``.
         return cluster
 
@@ -342,6 +344,8 @@ class WorkerMagics(Magics):
         engines.restart(targets, a.timeout)
         print("restarted " + ", ".join(f"{t} (engine {engines.engine_of[t]})"
                                        for t in engines.targets(targets)))
+        for t in engines.targets(targets):
+            self.live.show(self.rt.runs[t])
 
     @line_cell_magic
     def worker(self, line: str, cell: str | None = None) -> None:

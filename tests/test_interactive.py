@@ -6,8 +6,10 @@ every task leaves equal weights; a task that raises while its peer waits in the 
 fails the cell within seconds with the raise first, and the cluster restarts; a task that died
 is reported before the next cell; a timeout says where each task was; the controller listens
 on loopback only, its files are the user's alone, and a client without the key runs nothing; a
-SIGKILLed kernel leaves no engine and no controller; the magics in a real kernel.  The same on
-the SSH and Slurm test hosts.
+SIGKILLed kernel leaves no engine and no controller; the magics in a real kernel, with rich
+output and live views; chief, ps and evaluator engines, and a ParameterServerStrategy driven
+from the chief's engine; a skipped step ended by the timeout; the cells on the timeline.  The
+same on the SSH and Slurm test hosts.
 """
 
 import json
@@ -129,6 +131,50 @@ def test_a_step_on_every_task_agrees_and_a_raise_while_the_peer_waits_fails_with
     assert not any(pid_alive(p) for p in pids)
 
 
+@pytest.mark.tf
+def test_chief_ps_and_evaluator_are_engines_too_and_the_chief_drives_a_parameter_server(rt):
+    """Every kind of task gets an engine with its own TF_CONFIG, numbered in task order; the
+    worker and the ps start their servers from a cell, and the chief's ClusterCoordinator
+    runs functions on the worker against a variable on the ps."""
+    who = "import json, os\nme = json.loads(os.environ['TF_CONFIG'])['task']\nf\"{me['type']}:{me['index']}\""
+    rt.define_cluster(1, evaluator=True)
+    eng = rt.interactive()
+    assert {str(t): v for t, v in eng.run(who).items()} == {
+        "worker:0": "'worker:0'", "evaluator:0": "'evaluator:0'"}
+    first = eng.controller.process.pid
+
+    rt.define_cluster(1, chief=True, ps=1)  # a new cluster ends the old one's engines
+    eng = rt.interactive()
+    assert not pid_alive(first)
+    names = ["chief:0", "worker:0", "ps:0"]
+    assert [(str(t), eng.engine_of[t]) for t in eng.tasks] == [(n, i) for i, n in enumerate(names)]
+    assert {str(t): v for t, v in eng.run(who).items()} == {n: repr(n) for n in names}
+    eng.run("import tensorflow as tf\n"
+            "resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()\n"
+            "server = tf.distribute.Server(resolver.cluster_spec(), job_name=me['type'],\n"
+            "                              task_index=me['index'], protocol='grpc', start=True)",
+            targets=["worker:0", "ps:0"])
+    eng.run(textwrap.dedent("""
+        import tensorflow as tf
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+        coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        with strategy.scope():
+            v = tf.Variable(0.0)
+
+        @tf.function
+        def add():
+            v.assign_add(1.0)
+
+        for _ in range(3):
+            coordinator.schedule(add)
+        coordinator.join()
+    """), targets="chief:0", timeout=120)
+    got = eng.pull("(float(v.numpy()), v.device)", "chief:0")
+    assert got["chief:0"] == (3.0, "/job:ps/replica:0/task:0/device:CPU:0"), got
+    rt.close()
+
+
 def test_output_streams_by_task_values_come_back_and_timeouts_say_where(rt):
     rt.define_cluster(2)
     eng = rt.interactive()
@@ -167,6 +213,8 @@ def test_output_streams_by_task_values_come_back_and_timeouts_say_where(rt):
     assert cells == [(1, "ok"), (2, "ok"), (3, "timed out"), (4, "ok")], cells
     assert all(end >= start for _, start, end, _ in tl.cells(rt.runs[eng.tasks[1]]))
     assert tl.png()[:4] == b"\x89PNG"
+    from mwhelpers.live import TaskView
+    assert "; idle after cell 4" in repr(TaskView(rt.runs[eng.tasks[1]]))  # the live view
 
     rt.kill("worker:1")  # %killworker
     with pytest.raises(CellFailed, match="worker:1 ended before this cell: killed by SIGKILL"):
@@ -225,6 +273,8 @@ def test_the_magics_in_a_kernel_and_a_killed_kernel_leaves_no_engine_and_no_cont
         status, out = kernel.run("%load_ext mwhelpers\n%cluster 2 --interactive")
         assert status == "ok", out
         assert "2 interactive tasks: worker:0 (engine 0), worker:1 (engine 1)" in out
+        views = [d["text/html"] for d in kernel.displays if "mwhelpers-live" in d.get("text/html", "")]
+        assert len(views) == 2 and "worker:1" in views[1], kernel.displays  # one live view each
         status, out = kernel.run("%%px\nimport os\nprint('I am', os.environ['MWHELPERS_TASK'])")
         assert status == "ok" and "[worker:0] I am worker:0" in out and "[worker:1] I am worker:1" in out
         # Rich output from a task reaches the notebook as rich output, after its task's label.
