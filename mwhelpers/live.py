@@ -4,8 +4,9 @@
 a daemon thread updates it in place about once a second (an IPython display
 with a ``display_id``: JupyterLab replaces the output, the kernel stays free for
 other cells): its state, how long it has run, the Keras epoch and step its log
-shows (for an interactive task, its cell: ``cell 3 running``), and its latest line.  When the task ends the view settles on the exit
-and the duration, and the thread stops once no view has anything left to
+shows (for an interactive task, its cell: ``cell 3 running``), and its latest line.
+When the task ends the view settles on the exit and the duration, and the thread
+stops once no view has anything left to
 follow: nothing polls while nothing runs.
 
 Headless runs (papermill, nbclient) record what a display holds when a cell
