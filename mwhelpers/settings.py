@@ -136,6 +136,8 @@ SET_BY_MWHELPERS: tuple[tuple[str, str], ...] = (
     ("MWHELPERS_GUARD_FD", "the pipe by which a local task notices that its kernel died"),
     ("MWHELPERS_ENGINE_ID", "an interactive task's engine number, which it asks ipyparallel's "
                             "controller for (`%cluster N --interactive`)"),
+    ("MWHELPERS_STANDBY_FD", "the pipe on which a process started ahead waits until a restart "
+                             "releases it (`supervise(standby=True)`)"),
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}

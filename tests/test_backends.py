@@ -33,8 +33,8 @@ from mwhelpers.workshop.testhosts import missing
 
 REMOTE = ("ssh", "slurm", "netns")
 REASON = missing(slurm=True)
-pytestmark = pytest.mark.xdist_group("testhosts")  # they share the session's test hosts
 MARK = "MWH_BACKEND_SUITE"  # set in every task of this suite: finds what is left, anywhere here
+ME = str(os.getpid())  # its value: this test process's (others run side by side)
 
 # Binds the exact address TF_CONFIG gives it (only the host that owns the address can), then
 # reports what it was given.
@@ -106,7 +106,11 @@ def allocation(hosts):
     subprocess.run(["scancel", m.group(1)], capture_output=True, timeout=30, env=env)
 
 
-@pytest.fixture(params=["local", *(pytest.param(name, marks=pytest.mark.hosts) for name in REMOTE)])
+# The runs on test hosts share the session's hosts: one test process runs them all.
+ON_HOSTS = (pytest.mark.hosts, pytest.mark.xdist_group("testhosts"))
+
+
+@pytest.fixture(params=["local", *(pytest.param(name, marks=ON_HOSTS) for name in REMOTE)])
 def backend(request, monkeypatch, tmp_path):
     """(name, define_cluster keyword arguments, test hosts or None) for each backend."""
     name = request.param
@@ -131,7 +135,7 @@ def backend(request, monkeypatch, tmp_path):
 def leftovers(hosts):
     """What this suite's tasks left running: anything carrying the suite's mark, and on test
     hosts any Python process (agents, tasks, their children)."""
-    return sorted({p.pid for p in carrying(MARK, "1")} | set(task_pids(hosts)))
+    return sorted({p.pid for p in carrying(MARK, ME)} | set(task_pids(hosts)))
 
 
 def nothing_left(hosts, within=10):
@@ -147,7 +151,7 @@ def brt(rt, backend):
 
 
 def launch(rt, task, code, **kw):
-    env = {MARK: "1", **kw.pop("env", {})}
+    env = {MARK: ME, **kw.pop("env", {})}
     return rt.launch(task, code=code, env=env, background=True, **kw)
 
 
@@ -268,7 +272,7 @@ def test_a_killed_kernel_leaves_nothing_behind(backend, tmp_path):
         rt = Runtime(log_dir={str(tmp_path / "logs")!r})
         rt.define_cluster(2, **{kwargs!r})
         for t in ("worker:0", "worker:1"):
-            rt.launch(t, code={TREE!r}, env={{{MARK!r}: "1"}}, background=True, ready="start")
+            rt.launch(t, code={TREE!r}, env={{{MARK!r}: {ME!r}}}, background=True, ready="start")
         print("launched", flush=True)
         time.sleep(300)
     """)
@@ -282,7 +286,7 @@ def test_a_killed_kernel_leaves_nothing_behind(backend, tmp_path):
                 break
         assert said and said[-1].strip() == "launched", "".join(said)
         deadline = time.monotonic() + 15
-        while len(carrying(MARK, "1")) < 6:  # each task with its child and grandchild
+        while len(carrying(MARK, ME)) < 6:  # each task with its child and grandchild
             assert time.monotonic() < deadline, "the tasks did not start their trees"
             time.sleep(0.05)
         proc.kill()  # SIGKILL: no clean-up code of the kernel runs
@@ -299,7 +303,7 @@ def test_supervise_restarts_every_task_after_a_fault(brt, backend, tmp_path):
     its peer, say why, and start every task again, numbered; the output is streamed."""
     name, kwargs, hosts = backend
     brt.define_cluster(2, **kwargs)
-    attempts = brt.supervise(code=FAULTY, env={MARK: "1"}, max_restarts=2, timeout=60)
+    attempts = brt.supervise(code=FAULTY, env={MARK: ME}, max_restarts=2, timeout=60)
     assert [a["attempt"] for a in attempts] == [1, 2]
     first, second = attempts
     assert first["failed"][0] == ("worker:1", "killed by SIGKILL")
@@ -318,14 +322,17 @@ def test_supervise_restarts_every_task_after_a_fault(brt, backend, tmp_path):
 
 
 @pytest.mark.tf
+@pytest.mark.parametrize("backend", ["local", pytest.param("ssh", marks=ON_HOSTS)],
+                         indirect=True)
 def test_a_restart_releases_the_standbys_and_unused_ones_are_ended(brt, backend, tmp_path):
     """supervise(standby=True): once both tasks imported TensorFlow, the next attempt's
     processes start ahead; the restart after a fault releases them (no new processes), and
-    the standbys for a third attempt that no fault needed are ended, their logs removed."""
+    the standbys for a third attempt that no fault needed are ended, their logs removed.
+    Locally and through the agent (ssh; slurm and netns carry the same agent's commands)."""
     name, kwargs, hosts = backend
     brt.define_cluster(2, **kwargs)
     (tmp_path / "go").touch()
-    attempts = brt.supervise(code=STANDING_BY, env={MARK: "1"}, max_restarts=2, timeout=120,
+    attempts = brt.supervise(code=STANDING_BY, env={MARK: ME}, max_restarts=2, timeout=120,
                              stream=False, standby=True, inject=[("worker:1", "^READY")])
     assert [a["attempt"] for a in attempts] == [1, 2] and attempts[1]["why"] == "every task finished"
     said = "\n".join(brt.echo_lines)
@@ -339,7 +346,7 @@ def test_a_restart_releases_the_standbys_and_unused_ones_are_ended(brt, backend,
     # Nothing of attempt 3 is left: no process (brt checks), no log, no launch number used.
     assert sorted(p.name for p in brt.log_dir.glob("worker-*.log")) == [
         "worker-0.log", "worker-0.run2.log", "worker-1.log", "worker-1.run2.log"]
-    run = brt.launch("worker:0", code="print('after')", env={MARK: "1"})
+    run = brt.launch("worker:0", code="print('after')", env={MARK: ME})
     assert run.log_path.name == "worker-0.run3.log" and run.lines() == ["after"]
 
 
@@ -361,7 +368,7 @@ def test_a_standby_that_died_is_replaced_by_a_cold_start(rt, tmp_path):
                     env = p.environ()
                 except psutil.Error:
                     continue
-                if env.get(MARK) and env.get("MWHELPERS_ATTEMPT") == "2" and \
+                if env.get(MARK) == ME and env.get("MWHELPERS_ATTEMPT") == "2" and \
                         env.get("MWHELPERS_TASK") == "worker:0":
                     p.kill()
                     p.wait(5)
@@ -371,7 +378,7 @@ def test_a_standby_that_died_is_replaced_by_a_cold_start(rt, tmp_path):
 
     killer = threading.Thread(target=kill_worker0s_standby, daemon=True)
     killer.start()
-    attempts = rt.supervise(code=STANDING_BY, env={MARK: "1"}, max_restarts=1, timeout=120,
+    attempts = rt.supervise(code=STANDING_BY, env={MARK: ME}, max_restarts=1, timeout=120,
                             stream=False, standby=True, inject=[("worker:1", "^READY")])
     killer.join(5)
     w0, w1 = attempts[1]["runs"]
@@ -404,7 +411,7 @@ def test_a_transports_own_words_and_the_tasks_output_share_the_log_intact(rt):
     register_backend("chatty", _ChattyLauncher)
     rt.define_cluster(1, backend="chatty", hosts=["here"])
     run = rt.launch(code="import time; time.sleep(0.5)\nprint('the task speaks', flush=True)",
-                    env={MARK: "1"})
+                    env={MARK: ME})
     assert run.returncode == 0
     assert run.lines() == ["[here] Warning: said by the transport", "the task speaks"], run.lines()
 
