@@ -587,32 +587,57 @@ class _Printer:
         self.partial: dict[tuple[Task, str], str] = {}
         self.lock = threading.Lock()
         self.muted = False
+        self.shown: dict[tuple[Task, str], int] = {}  # how much of each output was shown
+        self.shown_lock = threading.RLock()
 
     def attach(self, ar: Any) -> dict[Any, Callable[[dict[str, Any]], None]]:
+        """Follow ``ar``'s output from now on, and show what came before (a fast task may
+        have printed before the cell's callbacks were in place)."""
         callbacks: dict[Any, Callable[[dict[str, Any]], None]] = {}
         for task, future in zip(self.tasks, ar._children, strict=True):
-            def on_message(msg: dict[str, Any], task: Task = task) -> None:
-                self.message(task, msg)
+            def on_message(msg: dict[str, Any], task: Task = task, future: Any = future) -> None:
+                if msg["header"]["msg_type"] in ("stream", "display_data", "execute_result"):
+                    self.catch_up(task, future)
             future.iopub_callbacks.append(on_message)
             callbacks[future] = on_message
+            self.catch_up(task, future)
         return callbacks
 
     def detach(self, ar: Any, callbacks: Mapping[Any, Callable[[dict[str, Any]], None]]) -> None:
         for future, cb in callbacks.items():
             if cb in future.iopub_callbacks:
                 future.iopub_callbacks.remove(cb)
+            self.catch_up(self.tasks[ar._children.index(future)], future)
 
-    def message(self, task: Task, msg: dict[str, Any]) -> None:
-        kind = msg["header"]["msg_type"]
-        content = msg["content"]
-        if kind == "stream":
-            self.text(task, content["name"], content["text"])
-        elif kind in ("display_data", "execute_result"):
-            data = content.get("data", {})
-            if set(data) <= {"text/plain"}:  # plain text: a line like any other
-                self.echo(task, "stdout", f"Out: {data.get('text/plain', '')}")
-            else:
-                _show(task, data, content.get("metadata", {}))
+    def catch_up(self, task: Task, future: Any) -> None:
+        """Show what ipyparallel has gathered of ``task``'s output and was not shown yet.
+
+        ipyparallel adds each message to the future's metadata before it calls the
+        callbacks, so reading from there (not from the message) shows everything once, in
+        order, whether it came before the callbacks were in place or after."""
+        md = future.output.metadata
+        with self.shown_lock:
+            for name in ("stdout", "stderr"):
+                text = md.get(name) or ""
+                done = min(self.shown.get((task, name), 0), len(text))  # \r rewrites shorten it
+                if len(text) > done:
+                    self.shown[(task, name)] = len(text)
+                    self.text(task, name, text[done:])
+            outputs = md.get("outputs") or []
+            for content in outputs[self.shown.get((task, "outputs"), 0):]:
+                self.display(task, content)
+            self.shown[(task, "outputs")] = len(outputs)
+            result = md.get("execute_result")
+            if result and not self.shown.get((task, "result")):
+                self.shown[(task, "result")] = 1
+                self.display(task, result)
+
+    def display(self, task: Task, content: Mapping[str, Any]) -> None:
+        data = content.get("data", {})
+        if set(data) <= {"text/plain"}:  # plain text: a line like any other
+            self.echo(task, "stdout", f"Out: {data.get('text/plain', '')}")
+        else:
+            _show(task, data, content.get("metadata", {}))
 
     def text(self, task: Task, stream: str, text: str) -> None:
         with self.lock:

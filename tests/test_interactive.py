@@ -192,6 +192,17 @@ def test_output_streams_by_task_values_come_back_and_timeouts_say_where(rt):
     assert {str(t): v for t, v in values.items()} == {"worker:0": "'WORKER:0'",
                                                       "worker:1": "'WORKER:1'"}
     assert {str(t): v for t, v in eng.pull("task", "worker:1").items()} == {"worker:1": "worker:1"}
+    # Output that arrived before a cell's printer was in place (a fast task on a busy machine)
+    # is shown once, when it attaches.
+    from mwhelpers.interactive import _Printer
+    ar = eng.view().execute("print('early', flush=True)", block=False)
+    ar.get(30)
+    ar.wait_for_output(5)
+    early = []
+    printer = _Printer(eng.tasks, lambda t, stream, text: early.append((str(t), text)))
+    printer.detach(ar, printer.attach(ar))
+    printer.flush()
+    assert sorted(early) == [("worker:0", "early"), ("worker:1", "early")], early
     eng.push({"scale": 3})
     assert set(eng.pull("scale * 2").values()) == {6}
     assert eng.targets("1") == [eng.tasks[1]] and eng.targets([0]) == [eng.tasks[0]]

@@ -9,6 +9,7 @@ import time
 
 import nbformat
 import pytest
+import zmq
 from conftest import ROOT, TREE, pid_alive
 from jupyter_client import KernelManager
 
@@ -21,7 +22,10 @@ def kernel_env():
 
 class Kernel:
     def __init__(self, cwd):
-        self.km = KernelManager(kernel_name="python3")
+        # A zmq context of its own, destroyed without waiting in close(): messages still queued
+        # for a kernel that was killed would otherwise hold the process-wide one at exit.
+        self.context = zmq.Context()
+        self.km = KernelManager(kernel_name="python3", context=self.context)
         self.km.start_kernel(cwd=str(cwd), env=kernel_env())
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -52,6 +56,7 @@ class Kernel:
         self.kc.stop_channels()
         if self.km.is_alive():
             self.km.shutdown_kernel(now=True)
+        self.context.destroy(linger=0)
 
 
 @pytest.fixture
