@@ -68,7 +68,12 @@ def _start_standbys(rt: JobHost, requests: Sequence[LaunchRequest], tasks: Seque
                     attempt: int, standbys: dict[Task, Standby]) -> None:
     """The processes of ``attempt`` started ahead, one per task (where the backend can)."""
     for task, request in zip(tasks, requests, strict=True):
-        standby = rt.spawn_standby(task, request, attempt)
+        try:
+            standby = rt.spawn_standby(task, request, attempt)
+        except Exception as e:  # the attempt goes on; a restart would start this task anew
+            rt.echo(f"[mwhelpers] standby: could not start {task}'s ahead ({type(e).__name__}: "
+                    f"{e}); a restart starts it then")
+            continue
         if standby is not None:
             standbys[task] = standby
     if standbys:

@@ -501,8 +501,13 @@ class Runtime:
         if not self._launcher.standby or request.log:  # a log of its own would be truncated
             return None
         spec, ready = self._spec(task, request, attempt, standby=True)
-        process = self._launcher.start(spec)
-        return Standby(task, process, spec, ready, attempt, self._launch_counts[task])
+        number = self._launch_counts[task]
+        try:
+            process = self._launcher.start(spec)
+        except BaseException:  # its launch number goes back to the task's next launch
+            self._launch_counts[task] = number - 1
+            raise
+        return Standby(task, process, spec, ready, attempt, number)
 
     def discard_standby(self, standby: Standby) -> None:
         """End a standby that no restart needed, remove its log, and give its launch number
