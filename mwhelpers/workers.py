@@ -486,8 +486,12 @@ class Runtime:
         its run: ``standby``'s process, released, when it was started ahead for this and
         still runs; a new one otherwise."""
         if standby is not None and standby.process.running:
-            standby.process.release()
-            return self._record(task, standby.process, standby.spec, standby.ready, attempt)
+            try:
+                standby.process.release()
+            except OSError:  # it died at this very moment: as below
+                pass
+            else:
+                return self._record(task, standby.process, standby.spec, standby.ready, attempt)
         if standby is not None:  # it died waiting: a cold start, under the number it had
             self._launch_counts[task] = standby.number - 1
             standby.replaced = True

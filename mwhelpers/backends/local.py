@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 
 import psutil
@@ -24,25 +25,26 @@ class LocalProcess(Process):
         super().__init__(popen.pid)
         self.popen = popen
         self._release_fd = release_fd  # a standby's: the write end of the pipe it waits on
+        self._release_lock = threading.Lock()  # released, or closed at its exit: once
         self._start_waiter(popen.wait)
         if release_fd is not None:
             self.on_exit(lambda _: self._close_release())
 
     def _release(self) -> None:
-        fd = self._release_fd
-        if fd is None:
-            super()._release()
-            return
-        os.write(fd, b"1")
-        self._close_release()
+        with self._release_lock:
+            fd, self._release_fd = self._release_fd, None
+            if fd is None:
+                raise OSError(f"pid {self.pid} is not waiting as a standby (it ended)")
+            try:
+                os.write(fd, b"1")  # OSError when it has just died: the caller starts anew
+            finally:
+                os.close(fd)
 
     def _close_release(self) -> None:
-        fd, self._release_fd = self._release_fd, None
-        if fd is not None:
-            try:
+        with self._release_lock:
+            fd, self._release_fd = self._release_fd, None
+            if fd is not None:
                 os.close(fd)
-            except OSError:
-                pass
 
     def processes(self) -> list[psutil.Process]:
         if not self.running:
