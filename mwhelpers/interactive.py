@@ -604,10 +604,11 @@ class _Printer:
         return callbacks
 
     def detach(self, ar: Any, callbacks: Mapping[Any, Callable[[dict[str, Any]], None]]) -> None:
-        for future, cb in callbacks.items():
+        for task, future in zip(self.tasks, ar._children, strict=True):
+            cb = callbacks[future]
             if cb in future.iopub_callbacks:
                 future.iopub_callbacks.remove(cb)
-            self.catch_up(self.tasks[ar._children.index(future)], future)
+            self.catch_up(task, future)
 
     def catch_up(self, task: Task, future: Any) -> None:
         """Show what ipyparallel has gathered of ``task``'s output and was not shown yet.

@@ -356,24 +356,17 @@ def test_a_standby_that_died_is_replaced_by_a_cold_start(rt, tmp_path):
     the same log name; the other task's standby is released."""
     import threading
 
-    import psutil
-
     rt.define_cluster(2)
 
     def kill_worker0s_standby():
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            for p in psutil.process_iter(["pid"]):
-                try:
-                    env = p.environ()
-                except psutil.Error:
-                    continue
-                if env.get(MARK) == ME and env.get("MWHELPERS_ATTEMPT") == "2" and \
-                        env.get("MWHELPERS_TASK") == "worker:0":
-                    p.kill()
-                    p.wait(5)
-                    (tmp_path / "go").touch()  # now attempt 1 may fail
-                    return
+            for p in carrying(MARK, ME, where=lambda env: env.get("MWHELPERS_ATTEMPT") == "2"
+                              and env.get("MWHELPERS_TASK") == "worker:0"):
+                p.kill()
+                p.wait(5)
+                (tmp_path / "go").touch()  # now attempt 1 may fail
+                return
             time.sleep(0.05)
 
     killer = threading.Thread(target=kill_worker0s_standby, daemon=True)
