@@ -146,18 +146,20 @@ class Job:
         return how
 
     def wait(self, timeout: float | str | None = None,
-             grace_after_failure: float = 30.0) -> list[TaskRun]:
-        """Wait for the latest run of every task but the parameter servers (they never end
-        by themselves) to end.  When one fails, the others get ``grace_after_failure``
-        seconds to follow it and are then ended as stuck.  Raises WorkerFailed (the root
-        cause first) or WorkerTimeout."""
-        runs = [r for r in self.latest() if r.task.type != "ps"]
+             grace_after_failure: float = 30.0, runs: Iterable[TaskRun] | None = None,
+             stream: bool = False, quiet: bool | None = None) -> list[TaskRun]:
+        """Wait for ``runs`` (default: the latest run of every task) to end, but the
+        parameter servers (they never end by themselves).  When one fails, the others get
+        ``grace_after_failure`` seconds to follow it and are then ended as stuck.
+        ``stream``/``quiet``: as :meth:`watch`'s.  Raises WorkerFailed (the root cause
+        first) or WorkerTimeout."""
+        runs = [r for r in (self.latest() if runs is None else runs) if r.task.type != "ps"]
 
         def stop_when() -> bool:
             failed = [r.ended for r in runs if r.failed and r.ended is not None]
             return bool(failed) and time.monotonic() - min(failed) > grace_after_failure
 
-        self.watch(runs, parse_timeout(timeout), until=stop_when)
+        self.watch(runs, parse_timeout(timeout), until=stop_when, stream=stream, quiet=quiet)
         self.end([r for r in runs if r.running], "stuck",
                  f"ended by mwhelpers: {grace_after_failure:g} s after a peer failed")
         self.raise_failures(runs)

@@ -4,9 +4,9 @@
              [--backend NAME] [--option K=V ...] [--python PATH] [--cwd DIR] [--gpus-per-task K]
     %%worker [TASK] [--bg] [--timeout S] [--log PATH] [--ready port|start] [--env K=V ...]
              [--no-stall-fix] [--no-keras-fix] [--verbose]
-    %worker  [TASK] [options] SCRIPT [ARGS...]
+    %worker  [TASK] [options] SCRIPT [ARGS...]      (TASK all or 0,1: several at once)
     %workers [--timeline [--save PATH]]
-    %workerlog [TASK] [-n N] [--follow]
+    %workerlog [TASK] [-n N] [--follow] [--wait REGEX [--timeout S]]
     %waitworkers [--timeout S]
     %killworker TASK [--signal SIG] [--when REGEX] [--timeout S]
     %killbgscripts
@@ -170,7 +170,8 @@ def parse_worker_line(line: str) -> dict[str, Any]:
                 raise UsageError(f"{flag} needs a value ({option.metavar})")
         elif w.startswith("-"):
             raise UsageError(f"unknown option {w!r} for %%worker; options: {launch_usage()}")
-        elif opts["task"] is None and opts["script"] is None and looks_like_task(w):
+        elif opts["task"] is None and opts["script"] is None and all(
+                looks_like_task(part) for part in w.split(",")):
             opts["task"] = w
         else:
             opts["script"] = w
@@ -357,8 +358,11 @@ class WorkerMagics(Magics):
         %worker  [TASK] [options] SCRIPT [ARGS...]
 
         TASK is worker:1, chief:0, ps:0, evaluator:0, or 1 for worker:1
-        (default worker:0).  The process gets TF_CONFIG for TASK and the
-        kernel's environment otherwise.  In the foreground its output streams
+        (default worker:0).  all, or a list such as 0,1 or ps:0,worker:0, runs the
+        same program as every task of the cluster, or as those, started at once
+        (each with its own TF_CONFIG and log): with --bg it returns once all are
+        ready; in the foreground all their output streams into the cell.  The
+        process gets TF_CONFIG for TASK and the kernel's environment otherwise.  In the foreground its output streams
         into the cell, prefixed with the task, and a failure raises.  With
         --bg it returns once the task's port accepts connections (or it has
         ended) and its output goes to its log (%workerlog); in a notebook a
@@ -380,11 +384,20 @@ class WorkerMagics(Magics):
             raise UsageError(f"%%worker runs the cell's code; {o['script']!r} looks like a "
                              "script: use the line magic %worker ... SCRIPT for a file")
         task, script, args = o.pop("task"), o.pop("script"), o.pop("args")
-        from .taskrun import LaunchRequest
+        if task is not None and (task.lower() == "all" or "," in task):
+            if o.get("log"):
+                raise UsageError(f"--log names one file, and each task of {task} writes its "
+                                 "own log; leave --log out (%workerlog TASK shows each)")
+            tasks = None if task.lower() == "all" else [t for t in task.split(",") if t]
+            runs = self.rt.launch_all(code=cell, script=script, args=args, tasks=tasks, **o)
+        else:
+            from .taskrun import LaunchRequest
 
-        run = self.rt.start(LaunchRequest.parse(task, code=cell, script=script, args=args, **o))
+            runs = [self.rt.start(LaunchRequest.parse(task, code=cell, script=script, args=args,
+                                                      **o))]
         if o.get("background") and self.in_kernel:
-            self.live.show(run)  # updates itself while the task runs
+            for run in runs:
+                self.live.show(run)  # updates itself while the task runs
 
     @line_magic
     @magic_arguments()

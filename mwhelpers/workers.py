@@ -336,6 +336,67 @@ class Runtime:
                                       verbose=verbose)
         return self.start(request)
 
+    def launch_all(self, *, code: str | None = None,
+                   script: str | os.PathLike[str] | None = None, args: Sequence[str] = (),
+                   tasks: Iterable[TaskSpec] | None = None, background: bool = False,
+                   timeout: float | str | None = None,
+                   env: Mapping[str, str] | Sequence[str] | None = None, ready: str = "auto",
+                   stall_fix: bool | None = None, keras_fix: bool | None = None,
+                   verbose: bool | None = None) -> list[TaskRun]:
+        """Run the same program as every task of the cluster (or as ``tasks``), all started
+        at once: their TensorFlow imports and start-ups overlap instead of following each
+        other.  Every task is checked first; when one cannot start, none does.
+
+        Foreground (default): their output streams into the caller, each line prefixed
+        with its task, until all have ended (parameter servers are not waited for); a
+        failure raises :class:`WorkerFailed` once the others have had 30 s to follow it.
+        ``background=True``: return once every task is ready (see :meth:`launch`); when
+        one fails or times out first, the others of this launch are ended.  The options
+        are :meth:`launch`'s; each task writes its own log, so there is no ``log``.
+        Returns the runs, in the cluster's order.
+        """
+        with self._lock:
+            created = self.cluster is None
+            cluster = self.ensure_cluster()
+        try:
+            chosen = cluster.tasks if tasks is None else [cluster.check_task(t) for t in tasks]
+            if not chosen:
+                raise UsageError("launch_all needs at least one task; tasks=[] names none")
+            requests = [LaunchRequest.parse(t, code=code, script=script, args=args,
+                                            background=background, timeout=timeout, env=env,
+                                            ready=ready, stall_fix=stall_fix,
+                                            keras_fix=keras_fix, verbose=verbose)
+                        for t in chosen]
+            return self.start_all(requests)
+        except UsageError:
+            if created:  # nothing was started in it: as if no launch was asked for
+                cluster.close()
+                self.cluster = None
+            raise
+
+    def start_all(self, requests: Sequence[LaunchRequest]) -> list[TaskRun]:
+        """Launch checked :class:`LaunchRequest` s together (see :meth:`launch_all`); they
+        must agree on ``background``, ``timeout`` and ``verbose``."""
+        if len({(r.background, r.timeout, r.verbose) for r in requests}) > 1:
+            raise UsageError("tasks started together share background, timeout and verbose")
+        with self._lock:
+            self.checked_tasks(requests)
+            job = self._interactive_job()
+            runs = job.start(requests)
+        first = requests[0]
+        if first.background:
+            try:
+                for run in runs:
+                    self._await_ready(run, first.timeout, job)
+            except BaseException:
+                job.end([r for r in runs if r.running], "now",
+                        "ended by mwhelpers: a task started with it failed before it was ready")
+                raise
+        else:
+            verbose = self.verbose if first.verbose is None else first.verbose
+            job.wait(first.timeout, runs=runs, stream=True, quiet=not verbose)
+        return runs
+
     def new_job(self, attempt: int = 1, supervised: bool = False) -> Job:
         """A new :class:`~mwhelpers.job.Job` for ``attempt`` of the current cluster's tasks;
         it becomes the runtime's current job (``self.job``)."""

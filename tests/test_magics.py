@@ -109,6 +109,41 @@ def test_background_worker_waitworkers_workers_and_workerlog(ip, rt, capsys):
     assert "[worker:0] finished" in rt.echo_lines
 
 
+def test_worker_all_starts_every_task_at_once_and_waits_for_all(ip, rt):
+    rt.define_cluster(workers=1, chief=True)
+    assert cell(ip, "%%worker all --bg --env DELAY=1 LIFETIME=0.5\n" + LISTENER).success
+    chief, worker = rt.get_run("chief:0"), rt.get_run("worker:0")
+    assert chief.ready_after is not None and worker.ready_after is not None
+    # started together: the second began before the first had opened its port (1 s after its
+    # start), where one launch after the other waits for that
+    assert worker.started < chief.started + chief.ready_after
+    assert any(line.startswith("[chief:0] ready after") for line in rt.echo_lines)
+    ip.run_line_magic("waitworkers", "--timeout 30")
+    # in the foreground, the output of both streams into the cell, and a failure raises
+    program = "import os, sys\nprint('I am', os.environ['MWHELPERS_TASK'], flush=True)\n" \
+              "sys.exit(3 if os.environ['MWHELPERS_TASK'] == 'worker:0' else 0)\n"
+    result = cell(ip, "%%worker chief:0,worker:0\n" + program)   # a list of tasks, here all
+    assert isinstance(result.error_in_exec, WorkerFailed)
+    assert "worker:0 failed: exit code 3" in str(result.error_in_exec)
+    assert {"[chief:0] I am chief:0", "[worker:0] I am worker:0"} <= set(rt.echo_lines)
+    assert rt.get_run("chief:0").returncode == 0
+
+
+def test_worker_all_in_the_background_ends_the_others_when_one_fails_first(ip, rt, write):
+    write("half.py", "import os, sys\nif os.environ['MWHELPERS_TASK'] == 'worker:1':\n"
+                     "    sys.exit('no data here')\n" + LISTENER)
+    with pytest.raises(WorkerFailed, match="worker:1 failed: exit code 1"):
+        ip.run_line_magic("worker", "all --bg --env DELAY=2 half.py")
+    first = rt.get_run("worker:0")
+    assert first.wait(10) is not None and not first.running
+    assert "a task started with it failed" in first.outcome()
+    with pytest.raises(UsageError, match="each task of all writes its own log"):
+        ip.run_line_magic("worker", "all --bg --log one.log half.py")
+    with pytest.raises(UsageError, match="evaluator:0"):
+        rt.launch_all(script="half.py", tasks=["worker:0", "evaluator:0"])
+    assert [r.task for r in rt.history].count(first.task) == 1   # nothing more was started
+
+
 def test_killworker_magic_and_bad_signal(ip, rt, capsys):
     assert cell(ip, "%%worker 0 --bg\n" + LISTENER).success
     run = rt.get_run("worker:0")
