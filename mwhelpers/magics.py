@@ -358,11 +358,11 @@ class WorkerMagics(Magics):
         %worker  [TASK] [options] SCRIPT [ARGS...]
 
         TASK is worker:1, chief:0, ps:0, evaluator:0, or 1 for worker:1
-        (default worker:0).  all, or a list such as 0,1 or ps:0,worker:0, runs the
-        same program as every task of the cluster, or as those, started at once
-        (each with its own TF_CONFIG and log): with --bg it returns once all are
-        ready; in the foreground all their output streams into the cell.  The
-        process gets TF_CONFIG for TASK and the kernel's environment otherwise.  In the foreground its output streams
+        (default worker:0).  The process gets TF_CONFIG for TASK and the
+        kernel's environment otherwise.  TASK all, or a list such as 0,1 or
+        ps:0,worker:0, runs the same program as every task of the cluster, or as
+        those, all started at once (each with its own TF_CONFIG and log).
+        In the foreground its output streams
         into the cell, prefixed with the task, and a failure raises.  With
         --bg it returns once the task's port accepts connections (or it has
         ended) and its output goes to its log (%workerlog); in a notebook a
