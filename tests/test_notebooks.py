@@ -428,6 +428,12 @@ def test_suite_starts_the_notebooks_that_took_longest_last_time_first(tmp_path):
         nb.metadata["papermill"] = {"duration": seconds}
         nbformat.write(nb, out / f"{name}.ipynb")
     assert [p.stem for p in longest_first(paths, out)] == ["c", "d", "b", "a"]
+    # never run, and one of them takes test hosts: that one first
+    hosts = tmp_path / "e.ipynb"
+    nb = nbformat.read(make_nb(hosts, ["print(1)"]), as_version=4)
+    nb.cells[0].source += "\nssh_hosts = ''"
+    nbformat.write(nb, hosts)
+    assert [p.stem for p in longest_first([*paths, hosts], out)] == ["e", "c", "d", "b", "a"]
 
 
 @pytest.mark.notebook

@@ -293,8 +293,10 @@ def write_html(nb_path: Path) -> None:
 
 def longest_first(paths: Iterable[Path], out_dir: Path) -> list[Path]:
     """``paths`` ordered by how long each took in the last run recorded in ``out_dir``,
-    longest first (unknown ones first of all, in name order), so that with several
-    at a time a long notebook does not start last and run alone."""
+    longest first, so that with several at a time a long notebook does not start last
+    and run alone.  Unknown ones come first of all: those that take ``ssh_hosts``
+    first (they spend much of their time waiting on other machines, which the
+    notebooks beside them fill), then in name order."""
     import json
 
     def last_seconds(path: Path) -> float:
@@ -304,7 +306,7 @@ def longest_first(paths: Iterable[Path], out_dir: Path) -> list[Path]:
         except (OSError, ValueError, KeyError, TypeError):
             return float("inf")
 
-    return sorted(paths, key=lambda p: (-last_seconds(p), p.name))
+    return sorted(paths, key=lambda p: (-last_seconds(p), not _takes_hosts(p), p.name))
 
 
 def default_jobs() -> int:
