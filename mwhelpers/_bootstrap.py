@@ -16,6 +16,8 @@ extra process, and imports nothing heavy.  It:
 * unless ``MWHELPERS_KERAS_FIX=0``, mends Keras 3 ``fit`` and its checkpointing
   callbacks for multi-worker MultiWorkerMirroredStrategy once the program loads
   Keras (``kerasfix.py``, keras-team/keras#20585);
+* unless ``MWHELPERS_LAZY_PYPLOT=0``, lets Keras's own ``import matplotlib.pyplot``
+  wait until a plot needs it (``lazyplot.py``: 0.4 s of CPU at every start);
 * once the program has imported TensorFlow, writes one line saying which
   TensorFlow and Keras it got (``taskfacts.py``), for the failure diagnosis;
 * with ``--standby`` (``supervise(standby=True)``: the next attempt's process started
@@ -83,6 +85,9 @@ def _arm_import_hooks() -> None:
     if kerasfix.fix_wanted(os.environ):
         kerasfix.install(tfdata.after_import)
     tfdata.after_import("tensorflow", _load("taskfacts").say)
+    lazyplot = _load("lazyplot")
+    if lazyplot.wanted(os.environ):
+        lazyplot.install()
 
 
 def _wait_as_standby() -> None:

@@ -87,6 +87,8 @@ _START_UP_NOISE = re.compile(
 _ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called"
 # The task's TensorFlow and Keras, written by mwhelpers' start-up for the diagnosis (taskfacts.py).
 _FACTS = "[mwhelpers] this task: "
+# mwhelpers' start-up deferring Keras's pyplot import (lazyplot.py): a log line, not news.
+_LAZY = "[mwhelpers] Keras's import of matplotlib.pyplot is deferred"
 # A program's machine-readable result line (mwhelpers.results): read by rt.results(), kept in the log.
 _RESULT = f"{_RESULT_TAG} {{"
 # Lines that continue a hidden record on the next line.
@@ -97,8 +99,8 @@ class QuietFilter:
     """Decides, line by line, what a cell shows of a task's output.
 
     Hidden: TensorFlow's informational C++ records (``I...`` lines, with the
-    lines that continue them), absl's start-up preamble, mwhelpers' line
-    naming the task's TensorFlow and Keras, and the CUDA and
+    lines that continue them), absl's start-up preamble, mwhelpers' lines
+    naming the task's TensorFlow and Keras and deferring Keras's pyplot import, the CUDA and
     oneDNN start-up messages of CPU-only machines, and the program's
     ``RESULT {...}`` lines (JSON for the kernel, see :mod:`mwhelpers.results`).  Shown: everything else,
     the program's own output and TensorFlow's other warnings and errors.
@@ -119,7 +121,7 @@ class QuietFilter:
         if m:
             self._after_hidden = m.group(1) == "I" or bool(_START_UP_NOISE.search(line))
             return not self._after_hidden
-        if line.startswith((_ABSL_PREAMBLE, _FACTS, _RESULT)):
+        if line.startswith((_ABSL_PREAMBLE, _FACTS, _LAZY, _RESULT)):
             return False
         if self._after_hidden and _CONTINUATION.match(line):
             return False

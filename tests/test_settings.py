@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from mwhelpers import kerasfix, settings, tfdata
+from mwhelpers import kerasfix, lazyplot, settings, tfdata
 from mwhelpers.errors import UsageError
 from mwhelpers.ports import port_range
 
@@ -64,6 +64,7 @@ def test_the_readers_use_the_table(monkeypatch):
 def test_the_switches_read_inside_workers_agree_with_the_table(text):
     """tfdata.py and kerasfix.py run in workers without the package: they read the switch
     the kernel passed on the same way."""
-    env = {"MWHELPERS_STALL_FIX": text, "MWHELPERS_KERAS_FIX": text}
+    env = {"MWHELPERS_STALL_FIX": text, "MWHELPERS_KERAS_FIX": text, "MWHELPERS_LAZY_PYPLOT": text}
     assert tfdata.stall_fix_wanted(env) == settings.get("MWHELPERS_STALL_FIX", env)
     assert kerasfix.fix_wanted(env) == settings.get("MWHELPERS_KERAS_FIX", env)
+    assert lazyplot.wanted(env) == settings.get("MWHELPERS_LAZY_PYPLOT", env)

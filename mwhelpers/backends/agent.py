@@ -42,7 +42,7 @@ from .base import BOOTSTRAP, Launcher, LaunchSpec, Option, Placement, Process, o
 
 AGENT_CODE = (Path(__file__).parents[1] / "_agent.py").read_text()
 # The files the worker start-up loads beside itself, sent with it to every host.
-BOOTSTRAP_FILES = ("tfdata.py", "taskfacts.py", "kerasfix.py")
+BOOTSTRAP_FILES = ("tfdata.py", "taskfacts.py", "kerasfix.py", "lazyplot.py")
 # A probe whose SSH connection sshd dropped before its greeting is tried this many times.
 PROBE_TRIES = 3
 SSH_DROPPED = ("kex_exchange_identification", "Connection reset by peer",

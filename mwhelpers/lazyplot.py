@@ -1,0 +1,112 @@
+"""A worker's Keras import without matplotlib: ``import matplotlib.pyplot`` deferred.
+
+Keras 3 imports matplotlib when it is imported itself, for two functions that draw image
+galleries: ``keras/src/visualization/plot_image_gallery.py`` (``import matplotlib.pyplot as
+plt``) and ``plot_bounding_box_gallery.py`` (``from matplotlib import patches``), each in a
+``try``.  In a worker that draws nothing that is about 0.4 s of CPU at every start
+(measured with Keras 3.15 and matplotlib 3.10 on this project's machine: TensorFlow and
+Keras imported in 1.65 CPU s instead of 2.1).
+
+While those two Keras modules run, and only if matplotlib is not imported yet, this puts
+stand-ins for ``matplotlib``, ``matplotlib.pyplot`` and ``matplotlib.patches`` in
+``sys.modules``; the modules keep their ``plt`` and ``patches`` stand-ins, and the
+stand-ins leave ``sys.modules`` as soon as each has run.  The first attribute a gallery
+function reads from one imports the real module.  The program's own ``import matplotlib``
+is untouched and gets the real one.  When Keras no longer has those modules, nothing
+happens.  ``MWHELPERS_LAZY_PYPLOT=0`` turns it off.  The worker's log says so in one line
+(cells leave it out, like TensorFlow's informational lines).
+
+Loaded by path in a task's start-up (``_bootstrap.py``): it imports nothing of the
+package.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import sys
+from collections.abc import Mapping, Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+
+ENV = "MWHELPERS_LAZY_PYPLOT"
+KERAS_MODULES = ("keras.src.visualization.plot_image_gallery",
+                 "keras.src.visualization.plot_bounding_box_gallery")
+DEFERRED = ("matplotlib", "matplotlib.pyplot", "matplotlib.patches")
+NOTICE = ("[mwhelpers] Keras's import of matplotlib.pyplot is deferred until a plot needs it "
+          "(a faster start; keep it: MWHELPERS_LAZY_PYPLOT=0)")
+
+
+def wanted(environ: Mapping[str, str]) -> bool:
+    """False when ``MWHELPERS_LAZY_PYPLOT`` says off (0, false, no, off); on by default."""
+    return environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class Deferred(ModuleType):
+    """A module that imports the real one named like it on the first attribute read that
+    it does not hold itself, and answers from it."""
+
+    def __getattr__(self, attr: str) -> object:
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)  # introspection does not import matplotlib
+        return getattr(importlib.import_module(self.__name__), attr)
+
+
+class _Around(importlib.abc.MetaPathFinder):
+    """Runs each of ``KERAS_MODULES`` with the stand-ins in ``sys.modules``."""
+
+    def __init__(self) -> None:
+        self.waiting = set(KERAS_MODULES)
+        self.said = False
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
+        if fullname not in self.waiting:
+            return None
+        self.waiting.discard(fullname)
+        if not self.waiting:
+            sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return None
+        run = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            if any(name in sys.modules for name in DEFERRED):
+                run(module)  # the program has matplotlib already: nothing to save
+                return
+            stand_ins = {name: Deferred(name) for name in DEFERRED}
+            for name in DEFERRED[1:]:  # ``from matplotlib import patches`` reads an attribute
+                setattr(stand_ins["matplotlib"], name.rsplit(".", 1)[1], stand_ins[name])
+            sys.modules.update(stand_ins)
+            try:
+                run(module)
+            finally:
+                for name, stand_in in stand_ins.items():
+                    if sys.modules.get(name) is stand_in:
+                        del sys.modules[name]
+            if not self.said:
+                self.said = True
+                sys.stderr.write(NOTICE + "\n")
+                sys.stderr.flush()
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]  # this loader's, once
+        return spec
+
+
+def install() -> bool:
+    """Defer Keras's matplotlib imports in this process; False when Keras has loaded its
+    visualization modules already."""
+    if any(name in sys.modules for name in KERAS_MODULES):
+        return False
+    if not any(isinstance(f, _Around) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Around())
+    return True
