@@ -33,8 +33,8 @@ ENV = "MWHELPERS_LAZY_PYPLOT"
 KERAS_MODULES = ("keras.src.visualization.plot_image_gallery",
                  "keras.src.visualization.plot_bounding_box_gallery")
 DEFERRED = ("matplotlib", "matplotlib.pyplot", "matplotlib.patches")
-NOTICE = ("[mwhelpers] Keras's import of matplotlib.pyplot is deferred until a plot needs it "
-          "(a faster start; keep it: MWHELPERS_LAZY_PYPLOT=0)")
+NOTICE = ("[mwhelpers] matplotlib is imported when a plot needs it, not with Keras (a faster "
+          "start; keep Keras's own import: MWHELPERS_LAZY_PYPLOT=0)")
 
 
 def wanted(environ: Mapping[str, str]) -> bool:

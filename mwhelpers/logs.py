@@ -88,7 +88,7 @@ _ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is call
 # The task's TensorFlow and Keras, written by mwhelpers' start-up for the diagnosis (taskfacts.py).
 _FACTS = "[mwhelpers] this task: "
 # mwhelpers' start-up deferring Keras's pyplot import (lazyplot.py): a log line, not news.
-_LAZY = "[mwhelpers] Keras's import of matplotlib.pyplot is deferred"
+_LAZY = "[mwhelpers] matplotlib is imported when a plot needs it"
 # A program's machine-readable result line (mwhelpers.results): read by rt.results(), kept in the log.
 _RESULT = f"{_RESULT_TAG} {{"
 # Lines that continue a hidden record on the next line.
