@@ -23,8 +23,8 @@ def _release(text):
 
 
 def pytest_configure(config):
-    """Tests marked ``xdist_group`` share something (the multi-host tests: one set of test
-    hosts) and must run in one worker process.  pytest-xdist 3.8 groups them by adding
+    """Tests marked ``xdist_group`` share something (the multi-host tests: a set of test
+    hosts per group) and must run in one worker process.  pytest-xdist 3.8 groups them by adding
     ``@group`` to their node ids, which pytest 9.2 silently ignores (pytest-xdist#1386):
     they would be spread over the workers and fight over the hosts.  Refuse that pair."""
     if config.getoption("dist", "no") != "loadgroup" or hasattr(config, "workerinput"):
@@ -188,8 +188,10 @@ def rt(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def hosts(tmp_path_factory):
-    """Two test hosts with sshd and a one-box Slurm (``mwhelpers/workshop/testhosts.py``), made once for the
-    test process that runs the tests marked ``xdist_group("testhosts")``."""
+    """Two test hosts with sshd and a one-box Slurm (``mwhelpers/workshop/testhosts.py``), made
+    once for each test process that runs tests marked ``xdist_group("testhosts")`` or
+    ``xdist_group("testhosts-b")`` (each group runs in one process; two processes make two
+    sets, which can be up at once)."""
     from mwhelpers.workshop.testhosts import TestHosts
 
     with TestHosts(2, slurm=True, workdir=tmp_path_factory.mktemp("hosts")) as h:

@@ -335,7 +335,14 @@ def supervise_under_chaos(rt, tmp_path, kills, seed):
     return attempts, monkey.kills
 
 
+# The two longest tests here (about 40 and 85 s on 2 cores) are a group of their own: another
+# test process can take them, with a set of test hosts of its own, instead of one process
+# running every multi-host test in a row.
+OWN_HOSTS = pytest.mark.xdist_group("testhosts-b")
+
+
 @pytest.mark.tf
+@OWN_HOSTS
 def test_random_kills_of_remote_workers_are_survived_with_backups(remote_rt, env, tmp_path):
     remote_rt.define_cluster(2, backend="ssh", hosts=env.names)
     supervise_under_chaos(remote_rt, tmp_path, kills=2, seed=1)
@@ -419,6 +426,7 @@ def test_scancel_ends_a_batch_job_whose_workers_ignore_sigterm(env, tmp_path):
 
 @pytest.mark.tf
 @pytest.mark.notebook
+@OWN_HOSTS
 def test_more_machines_notebook_runs_on_ssh_hosts_and_slurm(env, tmp_path, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
