@@ -224,6 +224,7 @@ def run_timed(path: Path, out_dir: Path, params: Mapping[str, Any], run_id: str,
     process's and those of every process it waited for meanwhile: the kernel,
     which waits for the workers it started, and so on down.
     """
+    _no_dead_kernel_reports()
     os.environ[SUITE_ENV] = run_id  # inherited by the kernel and every worker it starts
     # The kernel runs in the output folder; as under Jupyter Server, this names the notebook
     # it runs (ipykernel shows it as __session__), so the notebook can find files beside it.
@@ -236,6 +237,23 @@ def run_timed(path: Path, out_dir: Path, params: Mapping[str, Any], run_id: str,
     except Exception as e:  # papermill or the kernel broke: report it, run the rest
         error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return path, error, time.monotonic() - t0, cpu_seconds() - cpu0
+
+
+def _not_a_dead_kernel(record: Any) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    return type(exc).__name__ != "DeadKernelError"
+
+
+def _no_dead_kernel_reports() -> None:
+    """After a Ctrl-C, the kernel ends under nbclient's feet and a task of nbclient's that
+    nobody awaits any more fails with DeadKernelError; asyncio would print it as "Task
+    exception was never retrieved" with a traceback, under the suite's own one-line
+    summary.  Leave those out (other asyncio reports stay)."""
+    import logging
+
+    asyncio_log = logging.getLogger("asyncio")
+    if _not_a_dead_kernel not in asyncio_log.filters:
+        asyncio_log.addFilter(_not_a_dead_kernel)
 
 
 def cpu_seconds() -> float:
