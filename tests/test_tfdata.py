@@ -18,44 +18,51 @@ PROBE = textwrap.dedent("""
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     from mwhelpers.tfdata import avoid_teardown_stall
     from tensorflow.python.data.ops import multi_device_iterator_ops as mdi
-    ds = tf.data.Dataset.range(16).batch(4)
-    out = {}
-    if sys.argv[1] == "fix":
-        ds = avoid_teardown_stall(ds)
-        first = mdi._create_device_dataset
-        avoid_teardown_stall()
-        out["idempotent"] = (mdi._create_device_dataset is first
-                             and first.__wrapped__.__name__ == "_create_device_dataset")
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    it = iter(strategy.experimental_distribute_dataset(ds))
-    values = [sorted(int(v) for t in strategy.experimental_local_results(b) for v in t.numpy()) for b in it]
-    device_its = it._iterators[0]._iterator._device_iterators
-    out["per_device_autotune"] = [d._dataset.options().autotune.enabled for d in device_its]
-    out["dataset_autotune"] = ds.options().autotune.enabled
-    out["values"] = values
+
+
+    def look(ds):
+        it = iter(strategy.experimental_distribute_dataset(ds))
+        values = [sorted(int(v) for t in strategy.experimental_local_results(b) for v in t.numpy())
+                  for b in it]
+        device_its = it._iterators[0]._iterator._device_iterators
+        return {"per_device_autotune": [d._dataset.options().autotune.enabled for d in device_its],
+                "dataset_autotune": ds.options().autotune.enabled, "values": values}
+
+
+    out = {"plain": look(tf.data.Dataset.range(16).batch(4))}   # before the fix, in this process
+    ds = avoid_teardown_stall(tf.data.Dataset.range(16).batch(4))
+    first = mdi._create_device_dataset
+    avoid_teardown_stall()
+    out["idempotent"] = (mdi._create_device_dataset is first
+                         and first.__wrapped__.__name__ == "_create_device_dataset")
+    out["fix"] = look(ds)
     print(json.dumps(out))
 """)
 
 
-def probe(mode):
-    proc = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True,
+@pytest.fixture(scope="module")
+def probed():
+    """One process: a strategy's iterators before the fix, then after it."""
+    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
                           timeout=120, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_without_the_fix_the_strategy_iterators_autotune():
-    out = probe("plain")
+def test_without_the_fix_the_strategy_iterators_autotune(probed):
+    out = probed["plain"]
     assert out["per_device_autotune"] == [None, None]  # None: TF's default, autotuning on
     assert out["dataset_autotune"] is None
 
 
-def test_the_fix_turns_autotune_off_for_both_iterators_and_keeps_the_data():
-    out = probe("fix")
+def test_the_fix_turns_autotune_off_for_both_iterators_and_keeps_the_data(probed):
+    out = probed["fix"]
     assert out["per_device_autotune"] == [False, False]
     assert out["dataset_autotune"] is False
-    assert out["idempotent"] is True
+    assert probed["idempotent"] is True
     assert out["values"] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert probed["plain"]["values"] == out["values"]
 
 
 # -- the automatic fix in every MWMS worker the runtime starts ------------------------------
