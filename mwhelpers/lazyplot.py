@@ -13,7 +13,9 @@ stand-ins for ``matplotlib``, ``matplotlib.pyplot`` and ``matplotlib.patches`` i
 stand-ins leave ``sys.modules`` as soon as each has run.  The first attribute a gallery
 function reads from one imports the real module.  The program's own ``import matplotlib``
 is untouched and gets the real one.  When Keras no longer has those modules, nothing
-happens.  ``MWHELPERS_LAZY_PYPLOT=0`` turns it off.  The worker's log says so in one line
+happens, and nothing happens where matplotlib is not installed (Keras then sets ``plt`` and
+``patches`` to None and says so when a gallery is drawn).  ``MWHELPERS_LAZY_PYPLOT=0`` turns
+it off.  The worker's log says so in one line
 (cells leave it out, like TensorFlow's informational lines).
 
 Loaded by path in a task's start-up (``_bootstrap.py``): it imports nothing of the
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.util
 import sys
 from collections.abc import Mapping, Sequence
 from importlib.machinery import ModuleSpec
@@ -50,6 +53,13 @@ class Deferred(ModuleType):
         if attr.startswith("__") and attr.endswith("__"):
             raise AttributeError(attr)  # introspection does not import matplotlib
         return getattr(importlib.import_module(self.__name__), attr)
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 class _Around(importlib.abc.MetaPathFinder):
@@ -80,8 +90,11 @@ class _Around(importlib.abc.MetaPathFinder):
         run = loader.exec_module
 
         def exec_module(module: ModuleType) -> None:
-            if any(name in sys.modules for name in DEFERRED):
-                run(module)  # the program has matplotlib already: nothing to save
+            if any(name in sys.modules for name in DEFERRED) or not _installed("matplotlib"):
+                # matplotlib is loaded already (by the program, or by the other gallery module
+                # while it runs with the stand-ins), or it is not installed: Keras's own
+                # ``try``/``except ImportError`` must see what is really there
+                run(module)
                 return
             stand_ins = {name: Deferred(name) for name in DEFERRED}
             for name in DEFERRED[1:]:  # ``from matplotlib import patches`` reads an attribute

@@ -364,8 +364,12 @@ class WorkerMagics(Magics):
         those, all started at once (each with its own TF_CONFIG and log).
         In the foreground its output streams
         into the cell, prefixed with the task, and a failure raises.  With
-        --bg it returns once the task's port accepts connections (or it has
-        ended) and its output goes to its log (%workerlog); in a notebook a
+        --bg it returns once the task is ready (or has ended) and its output
+        goes to its log (%workerlog): ready is when its port accepts
+        connections, or with --ready start (and for an evaluator, which serves
+        no port) once its process has started.  With several tasks, --bg
+        returns once all are ready, and one that fails first ends the others
+        started with it.  In a notebook a
         live view under the cell follows its state, Keras epoch and step and
         latest line until it ends, while the kernel stays free.  A cell's program
         imports modules from the working directory, as ``python -c`` would.
