@@ -87,7 +87,7 @@ def _arm_import_hooks() -> None:
     tfdata.after_import("tensorflow", _load("taskfacts").say)
     lazyplot = _load("lazyplot")
     if lazyplot.wanted(os.environ):
-        lazyplot.install()
+        lazyplot.install(tfdata.wrapped_spec)
 
 
 def _wait_as_standby() -> None:

@@ -28,11 +28,13 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 
 ENV = "MWHELPERS_LAZY_PYPLOT"
+# tfdata.wrapped_spec's type: (finder, fullname, path, target, around) -> spec or None
+WrappedSpec = Callable[..., "ModuleSpec | None"]
 KERAS_MODULES = ("keras.src.visualization.plot_image_gallery",
                  "keras.src.visualization.plot_bounding_box_gallery")
 DEFERRED = ("matplotlib", "matplotlib.pyplot", "matplotlib.patches")
@@ -65,7 +67,8 @@ def _installed(name: str) -> bool:
 class _Around(importlib.abc.MetaPathFinder):
     """Runs each of ``KERAS_MODULES`` with the stand-ins in ``sys.modules``."""
 
-    def __init__(self) -> None:
+    def __init__(self, wrapped_spec: WrappedSpec) -> None:
+        self.wrapped_spec = wrapped_spec
         self.waiting = set(KERAS_MODULES)
         self.said = False
 
@@ -76,50 +79,37 @@ class _Around(importlib.abc.MetaPathFinder):
         self.waiting.discard(fullname)
         if not self.waiting:
             sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
-            return None
-        run = loader.exec_module
+        return self.wrapped_spec(self, fullname, path, target, self._run)
 
-        def exec_module(module: ModuleType) -> None:
-            if any(name in sys.modules for name in DEFERRED) or not _installed("matplotlib"):
-                # matplotlib is loaded already (by the program, or by the other gallery module
-                # while it runs with the stand-ins), or it is not installed: Keras's own
-                # ``try``/``except ImportError`` must see what is really there
-                run(module)
-                return
-            stand_ins = {name: Deferred(name) for name in DEFERRED}
-            for name in DEFERRED[1:]:  # ``from matplotlib import patches`` reads an attribute
-                setattr(stand_ins["matplotlib"], name.rsplit(".", 1)[1], stand_ins[name])
-            sys.modules.update(stand_ins)
-            try:
-                run(module)
-            finally:
-                for name, stand_in in stand_ins.items():
-                    if sys.modules.get(name) is stand_in:
-                        del sys.modules[name]
-            if not self.said:
-                self.said = True
-                sys.stderr.write(NOTICE + "\n")
-                sys.stderr.flush()
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]  # this loader's, once
-        return spec
+    def _run(self, run: Callable[[ModuleType], None], module: ModuleType) -> None:
+        if any(name in sys.modules for name in DEFERRED) or not _installed("matplotlib"):
+            # matplotlib is loaded already (by the program, or by the other gallery module
+            # while it runs with the stand-ins), or it is not installed: Keras's own
+            # ``try``/``except ImportError`` must see what is really there
+            run(module)
+            return
+        stand_ins = {name: Deferred(name) for name in DEFERRED}
+        for name in DEFERRED[1:]:  # ``from matplotlib import patches`` reads an attribute
+            setattr(stand_ins["matplotlib"], name.rsplit(".", 1)[1], stand_ins[name])
+        sys.modules.update(stand_ins)
+        try:
+            run(module)
+        finally:
+            for name, stand_in in stand_ins.items():
+                if sys.modules.get(name) is stand_in:
+                    del sys.modules[name]
+        if not self.said:
+            self.said = True
+            sys.stderr.write(NOTICE + "\n")
+            sys.stderr.flush()
 
 
-def install() -> bool:
+def install(wrapped_spec: WrappedSpec) -> bool:
     """Defer Keras's matplotlib imports in this process; False when Keras has loaded its
-    visualization modules already."""
+    visualization modules already.  ``wrapped_spec``: :func:`mwhelpers.tfdata.wrapped_spec`
+    (passed in: in a task's start-up both modules are loaded by path)."""
     if any(name in sys.modules for name in KERAS_MODULES):
         return False
     if not any(isinstance(f, _Around) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Around())
+        sys.meta_path.insert(0, _Around(wrapped_spec))
     return True

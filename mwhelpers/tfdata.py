@@ -194,6 +194,29 @@ def _patch_safely(module: ModuleType) -> None:
         _say_once("skipped", SKIPPED.format(why=f"{type(e).__name__}: {e}"))
 
 
+def wrapped_spec(finder: object, fullname: str, path: Sequence[str] | None,
+                 target: ModuleType | None,
+                 around: Callable[[Callable[[ModuleType], None], ModuleType], None]) -> ModuleSpec | None:
+    """The spec that the finders on ``sys.meta_path`` other than ``finder`` give for
+    ``fullname``, its loader's ``exec_module`` replaced by ``around(exec_module, module)``;
+    None when none gives one whose loader can be wrapped (the import then goes on as usual).
+    Shared by the start-up's import hooks (also :mod:`mwhelpers.lazyplot`'s)."""
+    for other in sys.meta_path:
+        if other is finder or not hasattr(other, "find_spec"):
+            continue
+        spec = other.find_spec(fullname, path, target)
+        if spec is not None:
+            break
+    else:
+        return None
+    loader = spec.loader
+    if loader is None or not hasattr(loader, "exec_module"):
+        return None
+    run = loader.exec_module
+    loader.exec_module = lambda module: around(run, module)  # type: ignore[method-assign]  # this loader's, once
+    return spec
+
+
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Runs ``callback(module)`` right after the module ``name`` is first executed."""
 
@@ -205,27 +228,14 @@ class _AfterImport(importlib.abc.MetaPathFinder):
                   target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname != self.name:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader, callback = spec.loader, self.callback
-        if loader is None or not hasattr(loader, "exec_module"):
-            return None
-        run = loader.exec_module
 
-        def exec_module(module: ModuleType) -> None:
+        def around(run: Callable[[ModuleType], None], module: ModuleType) -> None:
             run(module)
             if self in sys.meta_path:
                 sys.meta_path.remove(self)
-            callback(module)
+            self.callback(module)
 
-        loader.exec_module = exec_module  # type: ignore[method-assign]  # this loader's, once
-        return spec
+        return wrapped_spec(self, fullname, path, target, around)
 
 
 def stall_fix_wanted(environ: Mapping[str, str]) -> bool:
