@@ -119,28 +119,17 @@ class _After:
         hook = self.hooks.pop(name, None)
         if hook is None:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        run = loader.exec_module
 
-        def exec_module(module):
+        def around(run, module):
             run(module)
             try:
                 hook(module)
             except Exception as e:  # the probe never stops the program
                 _say(f"probe-failed-{name}:{type(e).__name__}")
 
-        loader.exec_module = exec_module
-        return spec
+        from mwhelpers.tfdata import wrapped_spec  # the start-up's own import-hook helper
+
+        return wrapped_spec(self, name, path, target, around)
 
 
 def _around(cls, name, before, after=None, once=True):
