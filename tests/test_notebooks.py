@@ -249,6 +249,26 @@ def test_parameter_server_notebook_runs_under_nbclient(tmp_path, pythonpath):
                      r"steps run 24\d ", text)  # training went on without it
 
 
+@pytest.mark.tf
+@pytest.mark.notebook
+def test_troubleshooting_notebook_runs_under_nbclient(tmp_path, pythonpath):
+    nb = execute("11_troubleshooting.ipynb", tmp_path)
+    text = outputs_text(nb)
+    # Each mistake's report, as the learner reads it in the cells (the cells assert the keys).
+    assert "What this means: helpers_of_mine.py is in " in text
+    assert "[worker:0] found me" in text  # the fix the report proposed, done
+    assert re.search(r"port \d+ of worker:0 is already taken by pid \d+", text)
+    assert "early_op.py line 3 runs a TensorFlow operation (tf.constant(2.0))" in text
+    assert "preemption_notifier.cc" in text and "SIGTERM caught" in text
+    assert "1 s after SIGTERM, worker 0 is ready" in text
+    assert "What this means: worker:1 never started" in text
+    assert "What this means: worker:0 finished (exit code 0)" in text
+    assert "What this means: the tasks did not run the same Keras" in text
+    assert "Could not apply FILE based sharding: the dataset only has 1 file(s)" in text
+    assert re.search(r"seed    7: seen by both \[\], seen by neither \[\]", text)
+    assert "No background processes were running." in text  # every task ended on its own
+
+
 OWNER_ENV = "MWTEST_OWNER"  # inherited by a suite's kernels and workers: whose test started them
 
 
