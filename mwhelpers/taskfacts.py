@@ -28,8 +28,10 @@ _LINE = re.compile(r"^\[mwhelpers\] this task: TensorFlow (?P<tensorflow>\S+) wi
 
 
 def legacy_selected(value: str | None) -> bool:
-    """True when a ``TF_USE_LEGACY_KERAS`` value selects tf_keras (as TensorFlow reads it)."""
-    return (value or "").strip().lower() in ("1", "true", "yes")
+    """True when a ``TF_USE_LEGACY_KERAS`` value selects tf_keras, exactly as TensorFlow reads
+    it (``tensorflow/__init__.py`` and ``python/util/lazy_loader.py``: only "true", "True" and
+    "1"; "yes" or "TRUE" leave Keras 3 in place)."""
+    return value in ("true", "True", "1")
 
 
 # Where each Keras keeps its version, so that it can be read without importing it.

@@ -5,7 +5,10 @@ teach people to ignore them); each mistake is seen where it is, also inside a mo
 the program; the warnings reach the cell through the magics once per program.
 """
 
+import importlib.util
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -147,3 +150,20 @@ def test_the_warning_reaches_the_cell_once_and_the_task_still_runs(ip, rt, capsy
                       "(%cluster), so the tasks would not be the cluster you defined. Delete "
                       "that line, or set it only when TF_CONFIG is not already set."]
     assert rt.echo_lines.count("[worker:0] ran") == 2
+
+
+def test_legacy_keras_is_selected_by_the_values_tensorflow_reads_and_no_others():
+    from mwhelpers.taskfacts import legacy_selected
+
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or spec.origin is None:
+        pytest.skip("TensorFlow is not installed: its reading of TF_USE_LEGACY_KERAS cannot be compared")
+    source = Path(spec.origin).read_text()  # tensorflow/__init__.py, read without importing it
+    m = re.search(r'environ\.get\("TF_USE_LEGACY_KERAS", None\) in \(([^)]*)\)', source)
+    assert m, "TensorFlow no longer reads TF_USE_LEGACY_KERAS as this test expects"
+    tensorflows = {v.strip().strip("\"'") for v in m.group(1).split(",") if v.strip()}
+    assert tensorflows == {"true", "True", "1"}
+    for value in tensorflows:
+        assert legacy_selected(value)
+    for value in ("yes", "TRUE", " 1", "0", "false", "", None):
+        assert not legacy_selected(value)  # Keras 3, as TensorFlow itself decides
