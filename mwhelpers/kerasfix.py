@@ -477,8 +477,15 @@ def _patch_checkpoint(module: ModuleType) -> str | None:
         return path if worker[1] else temp
 
     def _save_model(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = save(self, *args, **kwargs)
         worker = _worker_of(self.model)
+        if worker is not None:
+            # Keras creates a missing folder after checking that it is missing; the others'
+            # temporary folders are inside the chief's, so two workers can create it at once and
+            # one fails with FileExistsError. Each makes its own folder first, whoever is first.
+            own = os.path.dirname(str(self._get_file_path(*args, **kwargs)))
+            if own and _local_path(own):
+                os.makedirs(own, exist_ok=True)
+        result = save(self, *args, **kwargs)
         if worker is not None and not worker[1]:
             folder = os.path.dirname(str(file_path(self, *args, **kwargs)))
             _remove_tree(os.path.join(folder, worker[2]))

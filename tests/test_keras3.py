@@ -39,7 +39,8 @@ def keras3(monkeypatch):
 @pytest.mark.tf
 def test_two_workers_fit_with_keras3_like_one_process(ip, rt, keras3, tmp_path):
     shutil.copy(PROGRAMS / "keras3_train.py", "train.py")
-    (tmp_path / "ckpt").mkdir()
+    # ckpt does not exist yet: both workers create it at their first save (the chief's folder,
+    # and the other's temporary folder inside it), at the same time.
     ip.run_line_magic("cluster", "2")
     ip.run_line_magic("worker", "0 --bg train.py ckpt")
     ip.run_line_magic("worker", "1 --bg train.py ckpt")
