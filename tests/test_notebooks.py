@@ -175,7 +175,10 @@ def test_saving_notebook_runs_under_nbclient(tmp_path, pythonpath):
     text = outputs_text(execute("05_saving_multi_worker.ipynb", tmp_path))
     assert "task_type: None | task_id: None | replicas: 1" in text
     assert "left on disk: ['ckpt/checkpoint', 'ckpt/ckpt-1.data-00000-of-00001', " \
-           "'ckpt/ckpt-1.index', 'model/model.keras']" in text
+           "'ckpt/ckpt-1.index', 'mc/epoch-1.keras', 'mc/epoch-2.keras', 'model/model.keras']" in text
+    assert "this task saves to out_workers/mc/workertemp_1/epoch-1.keras and deletes it" in text
+    assert re.search(r"worker:0: evaluate -> (\S+) \| predict -> shape \[40, 1\], first rows (.*)\n"
+                     r"worker:1: evaluate -> \1 \| predict -> shape \[40, 1\], first rows \2\n", text)
     assert "optimizer steps: 30 = 20 restored + 10 here" in text or "restored + 10 here" in text
     assert "out_chief/model/workertemp_0/model.keras" in text
     assert "worker 1's all-reduce of 1.0 + 1.0 returned" in text
