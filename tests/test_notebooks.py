@@ -65,6 +65,8 @@ def test_strategies_guide_runs_under_nbclient(tmp_path, pythonpath):
     assert "gradient norm, per-replica scaling / global scaling = 2.0000 (replicas: 2)" in text
     assert re.search(r"first step, per-replica scaling / global scaling: SGD 2\.0000, Adam 1\.0", text)
     assert "Keras 3, model.save('dir'): Invalid filepath extension" in text
+    assert "global batch  64, 63 steps, learning rate 0.05" in text  # the learning-rate runs
+    assert "global batch 128, 32 steps, learning rate 0.1" in text
     assert "exported SavedModel serves: (1, 1)" in text
     assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))  # drawn
 
