@@ -133,6 +133,8 @@ def test_under_the_hood_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert "custom step sending float16: all-reduces of ['float16', 'float32']" in text  # + the loss
     assert re.search(r"train_step, optimizer LossScaleOptimizer: all-reduces of \['float32'", text)
     assert "worker:0: the late collective ended with DeadlineExceededError" in text
+    assert re.search(r"1 worker +input +[\d.]+ ms \| compute +[\d.]+ ms \| all-reduce", text)  # phases
+    assert re.search(r"2 workers: worker 1 +input +[\d.]+ ms", text)
     assert "worker:1 job.py" in text and "worker:0 mixed.py" in text  # section 4: each run's lines
     assert "[mwhelpers] Keras 3." in text and "TF_USE_LEGACY_KERAS=unset at import" in text
     assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
