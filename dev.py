@@ -9,6 +9,9 @@
                                                           and the test hosts (under a minute)
     python3 dev.py matrix [ENV ...]                       the supported versions' ends, in
                                                           clean environments (tests/matrix.py)
+    python3 dev.py site [--reuse]                         the notebooks as a static HTML site
+                                                          in site/ (runs the suite first;
+                                                          --reuse: the suite's last output/)
 
 Each creates (or reuses) the virtual environment ``.venv`` in this checkout
 and installs the locked environment into it (requirements/test.txt, which
@@ -154,7 +157,7 @@ def fast_selection(args):
 
 
 def main(argv):
-    if not argv or argv[0] not in ("suite", "test", "matrix"):
+    if not argv or argv[0] not in ("suite", "test", "matrix", "site"):
         print(__doc__.strip())
         return 2
     job, rest = argv[0], argv[1:]
@@ -165,6 +168,14 @@ def main(argv):
         cmd = [str(PY), "-m", "pytest", *test_processes(rest), *rest]
     elif job == "matrix":
         cmd = [str(PY), str(ROOT / "tests" / "matrix.py"), *rest]
+    elif job == "site":
+        if rest not in ([], ["--reuse"]):
+            sys.exit("[dev] usage: python3 dev.py site [--reuse]")
+        if not rest:  # the pages are the notebooks as the suite executes them, outputs and all
+            code = subprocess.call([str(PY), "-m", "mwhelpers.workshop.suite"], cwd=ROOT, env=env)
+            if code != 0:
+                sys.exit(f"[dev] the suite failed (exit {code}): no site from failed notebooks")
+        cmd = [str(PY), "-m", "mwhelpers.workshop.site"]
     else:
         cmd = [str(PY), "-m", "mwhelpers.workshop.suite", *rest]
     return subprocess.call(cmd, cwd=ROOT, env=env)
