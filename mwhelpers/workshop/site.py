@@ -119,15 +119,15 @@ reference
 """
 
 
-def build(executed: Path, out: Path, notebooks: Sequence[Path] | None = None) -> Path:
-    """Build the site from the executed notebooks in ``executed`` (all of them, or
-    ``notebooks``) into ``out``; return the path of its start page."""
+def build(executed: Path, out: Path) -> Path:
+    """Build the site from the executed notebooks in ``executed`` into ``out``; return the
+    path of its start page."""
     missing = [m for m in ("sphinx", "myst_nb", "furo") if importlib.util.find_spec(m) is None]
     if missing:
         raise SystemExit(f"the site needs {', '.join(missing)} in this Python ({sys.executable}): "
                          "pip install sphinx myst-nb furo (python3 dev.py site has them, in the "
                          "lock requirements/test.txt)")
-    found = sorted(notebooks if notebooks is not None else executed.glob("*.ipynb"))
+    found = sorted(executed.glob("*.ipynb"))
     if not found:
         raise SystemExit(f"no executed notebooks in {executed}: run the suite first "
                          "(python3 dev.py suite), or python3 dev.py site, which runs it")
