@@ -86,7 +86,7 @@ def _arm_import_hooks() -> None:
         kerasfix.install(tfdata.after_import)
     tfdata.after_import("tensorflow", _load("taskfacts").say)
     lazyplot = _load("lazyplot")
-    if lazyplot.wanted(os.environ):
+    if tfdata.switched_on(os.environ, lazyplot.ENV):
         lazyplot.install(tfdata.wrapped_spec)
 
 

@@ -28,7 +28,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 
@@ -40,11 +40,6 @@ KERAS_MODULES = ("keras.src.visualization.plot_image_gallery",
 DEFERRED = ("matplotlib", "matplotlib.pyplot", "matplotlib.patches")
 NOTICE = ("[mwhelpers] matplotlib is imported when a plot needs it, not with Keras (a faster "
           "start; keep Keras's own import: MWHELPERS_LAZY_PYPLOT=0)")
-
-
-def wanted(environ: Mapping[str, str]) -> bool:
-    """False when ``MWHELPERS_LAZY_PYPLOT`` says off (0, false, no, off); on by default."""
-    return environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 class Deferred(ModuleType):

@@ -238,9 +238,15 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return wrapped_spec(self, fullname, path, target, around)
 
 
+def switched_on(environ: Mapping[str, str], name: str) -> bool:
+    """False when the switch ``name`` says off (0, false, no, off); on by default. The start-up
+    reads its switches with this (settings.switch reads them the same way in the kernel)."""
+    return environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def stall_fix_wanted(environ: Mapping[str, str]) -> bool:
-    """False when ``MWHELPERS_STALL_FIX`` says off (0, false, no, off); on by default."""
-    return environ.get(STALL_FIX_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    """False when ``MWHELPERS_STALL_FIX`` says off; on by default."""
+    return switched_on(environ, STALL_FIX_ENV)
 
 
 def after_import(name: str, callback: Callable[[ModuleType], object]) -> None:

@@ -67,4 +67,4 @@ def test_the_switches_read_inside_workers_agree_with_the_table(text):
     env = {"MWHELPERS_STALL_FIX": text, "MWHELPERS_KERAS_FIX": text, "MWHELPERS_LAZY_PYPLOT": text}
     assert tfdata.stall_fix_wanted(env) == settings.get("MWHELPERS_STALL_FIX", env)
     assert kerasfix.fix_wanted(env) == settings.get("MWHELPERS_KERAS_FIX", env)
-    assert lazyplot.wanted(env) == settings.get("MWHELPERS_LAZY_PYPLOT", env)
+    assert tfdata.switched_on(env, lazyplot.ENV) == settings.get("MWHELPERS_LAZY_PYPLOT", env)
