@@ -592,7 +592,11 @@ class Runtime:
         log_path = self._log_path(task, request.log)
         if request.code is not None:
             script = self.log_dir / f"{task.slug}_cell.py"
-            script.write_text(request.code)
+            # Written beside and renamed over: a run of the task that reads its earlier copy
+            # now (a standby released a moment ago) gets all of one or all of the other.
+            partial = script.with_name(f".{script.name}.{os.getpid()}.{threading.get_ident()}")
+            partial.write_text(request.code)
+            os.replace(partial, script)
         else:
             assert request.script is not None  # a request holds code or a script
             script = request.script

@@ -42,7 +42,8 @@ def test_ports_are_distinct_free_and_in_range(cluster):
 def test_reserved_ports_are_skipped_by_another_process(monkeypatch):
     # Four ports in the range: this process reserves two, a second process
     # defining a 2-worker cluster at the same time must get the other two.
-    monkeypatch.setenv("MWHELPERS_PORT_RANGE", "24600-24603")
+    # (Below 20000: tests running beside this one reserve from the default range.)
+    monkeypatch.setenv("MWHELPERS_PORT_RANGE", "15600-15603")
     mine = Cluster(workers=2)
     try:
         code = textwrap.dedent("""
@@ -54,11 +55,11 @@ def test_reserved_ports_are_skipped_by_another_process(monkeypatch):
                              check=True, timeout=60).stdout
         theirs = set(json.loads(out.strip().splitlines()[-1]))
         assert theirs.isdisjoint(mine.ports.values())
-        assert theirs | set(mine.ports.values()) == {24600, 24601, 24602, 24603}
+        assert theirs | set(mine.ports.values()) == {15600, 15601, 15602, 15603}
         # With all four taken (ours held, theirs released when it exited)...
         third = Cluster(workers=2)
         try:
-            with pytest.raises(UsageError, match="could not find 2 free ports in 24600-24603"):
+            with pytest.raises(UsageError, match="could not find 2 free ports in 15600-15603"):
                 Cluster(workers=2)
         finally:
             third.close()
