@@ -24,6 +24,9 @@ extra process, and imports nothing heavy.  It:
   ahead, while the current attempt runs), imports TensorFlow, then waits until the kernel
   releases it (a byte on the pipe ``MWHELPERS_STANDBY_FD``) and says so in one line; end of
   file (no restart came) ends it quietly;
+* with ``--zygote`` (the local backend's warm start, :mod:`mwhelpers.warmstart`), becomes the
+  server ``_forkserver.py`` beside this file: it arms the import hooks, imports TensorFlow
+  and forks every task from there; what follows happens in each forked task;
 * runs SCRIPT as ``__main__`` with ``sys.argv`` and ``sys.path[0]`` set the way
   ``python SCRIPT ARGS`` would set them.  With ``--cell``, SCRIPT holds the
   code of a ``%%worker`` cell and ``sys.path[0]`` is the working directory,
@@ -114,7 +117,22 @@ def _wait_as_standby() -> None:
     sys.stderr.flush()
 
 
+def _serve_as_zygote() -> None:
+    """Import TensorFlow with the hooks armed, then fork tasks; returns only in a forked task,
+    with that task's ``sys.argv``, environment, folder and log (``_forkserver.py``)."""
+    ctl_fd = int(os.environ.pop("MWHELPERS_WARM_FD"))
+
+    def import_first() -> None:
+        _arm_import_hooks()
+        import tensorflow  # noqa: F401  (once, for every task forked from here)
+
+    _load("_forkserver").run(ctl_fd, os.path.abspath(__file__), import_first)
+
+
 def main() -> int:
+    zygote = sys.argv[1:2] == ["--zygote"]
+    if zygote:
+        _serve_as_zygote()
     flags = set()
     while len(sys.argv) > 1 and sys.argv[1] in ("--cell", "--standby"):
         flags.add(sys.argv.pop(1))
@@ -124,7 +142,8 @@ def main() -> int:
         return 2
     _arm_guard()
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    _arm_import_hooks()
+    if not zygote:  # a forked task has them from its server
+        _arm_import_hooks()
     if "--standby" in flags:
         _wait_as_standby()
     script = sys.argv[1]

@@ -120,6 +120,10 @@ SETTINGS: tuple[Setting, ...] = (
             "`0` lets Keras import `matplotlib.pyplot` when a task imports Keras (by default "
             "the import waits until a plot needs it: about 0.4 s less CPU at every start)",
             "1 or 0"),
+    Setting("MWHELPERS_WARM_START", switch, True, "on",
+            "`0` starts every local task in a fresh interpreter; by default a task whose "
+            "program imports TensorFlow or Keras is forked from a process that imported "
+            "TensorFlow once (2 to 3 s less CPU per task)", "1 or 0"),
     Setting("MWHELPERS_RECONNECT_MS", milliseconds, 50, "50",
             "gRPC's first reconnect back-off in every task (added to `TF_GRPC_DEFAULT_OPTIONS` "
             "as `grpc.initial_reconnect_backoff_ms` unless that names it): a task that dials a "
@@ -142,6 +146,10 @@ SET_BY_MWHELPERS: tuple[tuple[str, str], ...] = (
                             "controller for (`%cluster N --interactive`)"),
     ("MWHELPERS_STANDBY_FD", "the pipe on which a process started ahead waits until a restart "
                              "releases it (`supervise(standby=True)`)"),
+    ("MWHELPERS_WARM_FD", "the socket on which a warm-start server takes the tasks to fork "
+                          "(`MWHELPERS_WARM_START`)"),
+    ("MWHELPERS_WARM_ROOM", "blank room in a warm-start server's environment, where each task "
+                            "it forks writes its own variables for `/proc/PID/environ` to show"),
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}

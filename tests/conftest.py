@@ -181,9 +181,13 @@ def rt(tmp_path, monkeypatch):
     monkeypatch.setattr(rt_mod, "_RUNTIME", runtime)
     yield runtime
     leftovers = [p.pid for r in runtime.history for p in r.process.processes() if pid_alive(p.pid)]
+    # The warm-start servers (mwhelpers.warmstart) of its local launchers end with it.
+    servers = [pid for launcher in runtime._launchers
+               for pid in getattr(getattr(launcher, "warm", None), "pids", [])]
     runtime.end_all(policy="now")
     runtime.close()
     assert not leftovers, f"test left worker processes running: {leftovers}"
+    assert not [pid for pid in servers if pid_alive(pid)], f"warm-start servers left: {servers}"
 
 
 @pytest.fixture(scope="session")

@@ -6,11 +6,11 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import psutil
 
-from .. import proctree
+from .. import proctree, warmstart
 from ..cluster import Task
 from ..gpus import visible_gpus
 from ..ports import reserve_ports
@@ -19,14 +19,16 @@ from .base import BOOTSTRAP, Launcher, LaunchSpec, Option, Placement, Process, e
 
 
 class LocalProcess(Process):
-    """A process on this machine, leader of its own session and process group."""
+    """A process on this machine, leader of its own session and process group: started by
+    ``wait``'s owner (a Popen, or a warm-start server, which reports its exit code)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], release_fd: int | None = None) -> None:
-        super().__init__(popen.pid)
-        self.popen = popen
+    def __init__(self, pid: int, wait: Callable[[], int], release_fd: int | None = None,
+                 warm: bool = False) -> None:
+        super().__init__(pid)
+        self.warm = warm  # forked from a warm-start server (mwhelpers.warmstart)
         self._release_fd = release_fd  # a standby's: the write end of the pipe it waits on
         self._release_lock = threading.Lock()  # released, or closed at its exit: once
-        self._start_waiter(popen.wait)
+        self._start_waiter(wait)
         if release_fd is not None:
             self.on_exit(lambda _: self._close_release())
 
@@ -71,6 +73,9 @@ class LocalLauncher(Launcher):
     and kills its own process group when the pipe reaches end of file,
     which happens when this process dies, however it dies, or when the
     launcher is closed.
+
+    A task whose program imports TensorFlow is forked from a process that has imported
+    it already (:mod:`mwhelpers.warmstart`; ``MWHELPERS_WARM_START=0`` turns it off).
     """
 
     name = "local"
@@ -84,6 +89,7 @@ class LocalLauncher(Launcher):
         self._guard_w: int | None
         self._guard_r, self._guard_w = os.pipe()
         self.started: list[Process] = []  # the Processes it started that may still run
+        self.warm = warmstart.acquire(sys.executable, BOOTSTRAP)  # shared, see there
 
     def place(self, tasks: Sequence[Task],
               port_range: tuple[int, int] | None = None) -> dict[Task, Placement]:
@@ -105,15 +111,23 @@ class LocalLauncher(Launcher):
             release_r, release_w = os.pipe()
             os.set_inheritable(release_w, False)
             env["MWHELPERS_STANDBY_FD"] = str(release_r)
-        argv = [sys.executable, "-u", BOOTSTRAP, *(["--standby"] if spec.standby else []),
-                *(["--cell"] if spec.cell else []), spec.script, *spec.args]
+        args = [*(["--standby"] if spec.standby else []), *(["--cell"] if spec.cell else []),
+                spec.script, *spec.args]
+        passed = {"MWHELPERS_GUARD_FD": guard}
+        if release_r is not None:
+            passed["MWHELPERS_STANDBY_FD"] = release_r
         logf = open_log(spec.log_path)
         try:
-            popen = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                env=env, cwd=spec.cwd, start_new_session=True,
-                pass_fds=(guard,) if release_r is None else (guard, release_r),
-            )
+            forked = self.warm.start(spec.script, args, env, spec.cwd, logf, passed)
+            if forked is not None:
+                pid, wait = forked
+            else:
+                popen = subprocess.Popen(
+                    [sys.executable, "-u", BOOTSTRAP, *args], stdin=subprocess.DEVNULL,
+                    stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=spec.cwd,
+                    start_new_session=True, pass_fds=tuple(passed.values()),
+                )
+                pid, wait = popen.pid, popen.wait
         except BaseException:
             for fd in (release_r, release_w):
                 if fd is not None:
@@ -123,13 +137,16 @@ class LocalLauncher(Launcher):
             os.close(logf)
         if release_r is not None:
             os.close(release_r)
-        proc = LocalProcess(popen, release_w)
+        proc = LocalProcess(pid, wait, release_w, warm=forked is not None)
         self.started = [p for p in self.started if p.running] + [proc]
         return proc
 
     def close(self) -> None:
-        """SIGKILL whatever still runs, then close the guard pipe."""
+        """SIGKILL whatever still runs, let go of the warm-start servers (the last launcher
+        to close ends them), then close the guard pipe."""
         super().close()
+        if self._guard_w is not None:  # (the first close)
+            warmstart.release(self.warm)
         for fd in (self._guard_r, self._guard_w):
             if fd is not None:
                 try:

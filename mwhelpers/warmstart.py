@@ -1,0 +1,313 @@
+"""Warm starts: the local backend forks a task from a process that has imported TensorFlow
+already, instead of starting a fresh interpreter that imports it again.
+
+Importing TensorFlow costs 2 to 3 s of CPU in every task, more than a short job's training
+(``benchmarks/bench_warmstart.py`` measures it).  A :class:`WarmStarter` (one per local
+launcher) keeps, for each environment its tasks start from, a server process
+(``_forkserver.py``, run as ``_bootstrap.py --zygote``) that imported TensorFlow once; each
+task is then forked from it and goes on as a cold start would after its own
+``import tensorflow``.
+
+A task is started cold (a fresh interpreter, as before) when:
+
+* ``MWHELPERS_WARM_START=0`` is in its environment, or this is not Linux;
+* its program does not import ``tensorflow``, ``keras`` or ``tf_keras`` itself (a top-level
+  ``import`` or ``from`` line): nothing would be gained;
+* its program writes to ``os.environ`` (or calls ``putenv``), other than ``TF_CONFIG``:
+  TensorFlow reads some variables while it is imported (``TF_USE_LEGACY_KERAS``,
+  ``TF_CPP_MIN_LOG_LEVEL``...), and a program that sets them before its import must get its
+  own import;
+* the server could not import TensorFlow (the cold start then shows the program's own error).
+
+Everything in a task's environment but what differs from task to task (``TF_CONFIG`` and
+mwhelpers' own per-task variables, :data:`PER_TASK`), and its folder, is part of the key:
+tasks with another key get another server.  The local launchers of one process share their
+servers (:func:`acquire`): a new cluster (``%cluster`` again) forks from the server the last
+one used.  The servers end when the last of those launchers is closed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from . import settings
+
+ENV = "MWHELPERS_WARM_START"
+CTL_ENV = "MWHELPERS_WARM_FD"
+ROOM_ENV = "MWHELPERS_WARM_ROOM"  # as _forkserver.ROOM_ENV
+ROOM = 32768  # bytes: TF_CONFIG of a cluster of some hundred tasks
+# What differs from one task to the next and is read after TensorFlow's import, never during it.
+PER_TASK = frozenset({"TF_CONFIG", "MWHELPERS_TASK", "MWHELPERS_ATTEMPT", "MWHELPERS_GUARD_FD",
+                      "MWHELPERS_STANDBY_FD", "MWHELPERS_ENGINE_ID"})
+MAX_SERVERS = 3  # per launcher; the oldest is retired (it ends once its tasks have)
+READY_TIMEOUT = 120.0  # seconds a server may take to import TensorFlow
+
+_IMPORTS_TF = re.compile(r"^[ \t]*(?:import|from)[ \t][^\n#]*\b(?:tensorflow|keras|tf_keras)\b",
+                         re.MULTILINE)
+# Writes to the environment: every one, and those that name their variable.
+_ENV_WRITE = re.compile(r"\benviron\s*(?:\[[^\]\n]*\]\s*=(?!=)|\.(?:update|setdefault|pop|clear)\b)"
+                        r"|\b(?:putenv|unsetenv)\b")
+_ENV_WRITE_NAMED = re.compile(r"\benviron\s*(?:\[\s*(['\"])(\w+)\1\s*\]\s*=(?!=)"
+                              r"|\.(?:setdefault|pop)\(\s*(['\"])(\w+)\3)")
+# Variables a program may set before its import: TensorFlow reads them later.  TF_CONFIG:
+# TFConfigClusterResolver reads it when a strategy is created (_load_tf_config).
+READ_AFTER_IMPORT = frozenset({"TF_CONFIG"})
+
+
+def cold_reason(source: str, env: Mapping[str, str]) -> str | None:
+    """Why a task whose program is ``source`` starts cold in ``env`` (None: it can be forked)."""
+    if not settings.get(ENV, env):
+        return f"{ENV}=0"
+    if not sys.platform.startswith("linux"):
+        return "warm starts need Linux"
+    if not _IMPORTS_TF.search(source):
+        return "its program does not import TensorFlow or Keras itself"
+    written = env_written(source)
+    if written is None or written - READ_AFTER_IMPORT:
+        named = ", ".join(sorted(written - READ_AFTER_IMPORT)) if written else "some"
+        return (f"its program sets environment variables ({named}), which TensorFlow may read "
+                "as it loads")
+    return None
+
+
+def env_written(source: str) -> set[str] | None:
+    """The variables ``source`` writes to ``os.environ`` (None: some it does not name)."""
+    named = [m.group(2) or m.group(4) for m in _ENV_WRITE_NAMED.finditer(source)]
+    if len(_ENV_WRITE.findall(source)) > len(named):
+        return None
+    return set(named)
+
+
+def key_of(env: Mapping[str, str], cwd: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return cwd, tuple(sorted((k, v) for k, v in env.items() if k not in PER_TASK))
+
+
+class _Server:
+    """One warm-start server process and the control socket the kernel keeps to it."""
+
+    def __init__(self, python: str, bootstrap: str, env: dict[str, str], cwd: str) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.ctl = ours
+        self.lock = threading.Lock()
+        self.error: str | None = None
+        try:
+            self.popen = subprocess.Popen(
+                # The blank argument leaves room to show each task's own command line.
+                [python, "-u", bootstrap, "--zygote", " " * 4096],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                # Last: room to show each task's own variables in its /proc/PID/environ.
+                env={**env, CTL_ENV: str(theirs.fileno()), ROOM_ENV: " " * ROOM},
+                cwd=cwd, start_new_session=True,
+                pass_fds=(theirs.fileno(),))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        try:
+            self.ready = self._await_ready()
+        except BaseException:  # interrupted while it imports: it goes too
+            self.close(kill=True)
+            raise
+
+    def _await_ready(self) -> bool:
+        ready, _, _ = select.select([self.ctl], [], [], READY_TIMEOUT)
+        try:
+            reply = json.loads(self.ctl.recv(1 << 16) or b"{}") if ready else {}
+        except (OSError, ValueError):
+            reply = {}
+        if reply.get("ready"):
+            return True
+        self.error = reply.get("error") or (f"no word within {READY_TIMEOUT:.0f} s" if not ready
+                                            else "it ended before it was ready")
+        self.close(kill=True)
+        return False
+
+    @property
+    def alive(self) -> bool:
+        return self.ready and self.popen.poll() is None
+
+    def fork(self, argv: list[str], env: Mapping[str, str], cwd: str, log_fd: int,
+             passed: Mapping[str, int]) -> tuple[int, Callable[[], int]]:
+        """Fork a task; its pid and a function that waits for its exit code."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            request = {"argv": argv, "env": dict(env), "cwd": cwd, "pass": list(passed)}
+            with self.lock:
+                socket.send_fds(self.ctl, [json.dumps(request).encode()],
+                                [theirs.fileno(), log_fd, *passed.values()])
+            theirs.close()
+            reply = json.loads(mine.recv(1 << 16) or b"{}")
+            if "pid" not in reply:
+                raise OSError(reply.get("error") or "the warm-start server ended")
+        except BaseException:
+            theirs.close()
+            mine.close()
+            raise
+        pid = int(reply["pid"])
+        return pid, lambda: _wait_exit(mine, pid)
+
+    def close(self, kill: bool = False) -> None:
+        """Stop its forking; it leaves once its tasks have ended (``kill``: within a second)."""
+        self.ctl.close()
+        if kill:
+            try:
+                self.popen.wait(1)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                self.popen.wait()
+
+
+def _wait_exit(sock: socket.socket, pid: int) -> int:
+    """The exit code its server sends once the task ``pid`` has ended.  Should the server
+    itself end first, the task's end is awaited and its code is unknown: 255."""
+    try:
+        data = sock.recv(1 << 16)
+    except OSError:
+        data = b""
+    finally:
+        sock.close()
+    try:
+        return int(json.loads(data)["exit"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    while _exists(pid):
+        time.sleep(0.1)
+    return 255
+
+
+def _exists(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+class WarmStarter:
+    """The warm-start servers of one launcher, by key; thread-safe."""
+
+    def __init__(self, python: str, bootstrap: str) -> None:
+        self.python = python
+        self.bootstrap = bootstrap
+        self._servers: dict[object, _Server] = {}
+        self._retired: list[_Server] = []  # replaced by newer ones; they end after their tasks
+        self._failed: set[object] = set()  # keys whose server could not import TensorFlow
+        self._lock = threading.Lock()
+        self.closed = False
+        self.last_cold_reason: str | None = None
+
+    def start(self, script: str, argv: list[str], env: Mapping[str, str], cwd: str, log_fd: int,
+              passed: Mapping[str, int], source: str | None = None
+              ) -> tuple[int, Callable[[], int]] | None:
+        """Fork ``argv`` (the bootstrap's arguments) from the server for ``env`` and ``cwd``:
+        its pid and exit-code waiter; None: start it cold (``last_cold_reason`` says why)."""
+        if source is None:
+            try:
+                source = Path(script).read_text(errors="replace")
+            except OSError as e:
+                self.last_cold_reason = f"its program could not be read ({e})"
+                return None
+        self.last_cold_reason = cold_reason(source, env)
+        if self.last_cold_reason is not None:
+            return None
+        key = key_of(env, cwd)
+        server = self._server(key, env, cwd)
+        if server is None:
+            return None
+        try:
+            return server.fork(argv, env, cwd, log_fd, passed)
+        except OSError as e:  # it has just died: once more with a new one, else cold
+            self.last_cold_reason = f"its warm-start server failed ({e})"
+            with self._lock:
+                if self._servers.get(key) is server:
+                    del self._servers[key]
+            server.close(kill=True)
+            return None
+
+    def _server(self, key: object, env: Mapping[str, str], cwd: str) -> _Server | None:
+        with self._lock:  # one server per key; the first task waits for its import
+            if self.closed or key in self._failed:
+                self.last_cold_reason = "its warm-start server could not import TensorFlow"
+                return None
+            server = self._servers.get(key)
+            if server is not None and server.alive:
+                return server
+            if server is not None:
+                del self._servers[key]
+            base = {k: v for k, v in env.items() if k not in PER_TASK}
+            try:
+                server = _Server(self.python, self.bootstrap, base, cwd)
+            except OSError as e:
+                self._failed.add(key)
+                self.last_cold_reason = f"its warm-start server could not start ({e})"
+                return None
+            if not server.ready:
+                self._failed.add(key)
+                self.last_cold_reason = (f"its warm-start server could not import TensorFlow "
+                                         f"({server.error})")
+                return None
+            self._servers[key] = server
+            while len(self._servers) > MAX_SERVERS:
+                retired = self._servers.pop(next(iter(self._servers)))
+                retired.close()
+                self._retired.append(retired)
+            self._retired = [s for s in self._retired if s.popen.poll() is None]
+            return server
+
+    @property
+    def pids(self) -> list[int]:
+        """The servers' pids, while they run."""
+        with self._lock:
+            servers = [*self._servers.values(), *self._retired]
+        return [s.popen.pid for s in servers if s.popen.poll() is None]
+
+    def close(self) -> None:
+        """End every server (their tasks are the launcher's to end)."""
+        with self._lock:
+            self.closed = True
+            servers = [*self._servers.values(), *self._retired]
+            self._servers, self._retired = {}, []
+        for server in servers:
+            server.close(kill=True)
+
+
+_shared: dict[tuple[str, str], tuple[WarmStarter, int]] = {}  # (python, bootstrap) -> it, users
+_shared_lock = threading.Lock()
+
+
+def acquire(python: str, bootstrap: str) -> WarmStarter:
+    """The process's warm starter for ``python``; every call is matched by a :func:`release`."""
+    with _shared_lock:
+        starter, users = _shared.get((python, bootstrap), (None, 0))
+        if starter is None:
+            starter = WarmStarter(python, bootstrap)
+        _shared[(python, bootstrap)] = (starter, users + 1)
+        return starter
+
+
+def release(starter: WarmStarter) -> None:
+    """One user fewer; the last one's release ends its servers."""
+    key = (starter.python, starter.bootstrap)
+    with _shared_lock:
+        current, users = _shared.get(key, (None, 0))
+        if current is starter and users > 1:
+            _shared[key] = (starter, users - 1)
+            return
+        if current is starter:
+            del _shared[key]
+    starter.close()

@@ -1,0 +1,209 @@
+"""Warm starts: local tasks whose program imports TensorFlow are forked from a server that
+imported it once (mwhelpers/warmstart.py, mwhelpers/_forkserver.py).  Real servers, real
+TensorFlow, real tasks: each must look to its program, to ps and to the kernel exactly like a
+cold start."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from conftest import ROOT, pid_alive
+
+from mwhelpers import warmstart
+from mwhelpers.errors import WorkerFailed
+
+# Prints what a task's program can see of how it was started, after its own import.
+LOOK = textwrap.dedent("""\
+    import json, os, random, sys
+    import psutil
+    before = "tensorflow" in sys.modules
+    import tensorflow as tf
+    import numpy as np
+    with open("/proc/self/cmdline", "rb") as f:
+        cmdline = f.read().split(b"\\0")[0].decode()
+    environ = psutil.Process().environ()
+    print("LOOK " + json.dumps({
+        "pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0), "pgid": os.getpgrp(),
+        "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "main": __name__,
+        "task": json.loads(os.environ["TF_CONFIG"])["task"], "extra": os.environ.get("EXTRA"),
+        "tf_added": os.environ.get("TF2_BEHAVIOR"), "imported_before": before,
+        "np": float(np.random.random()), "py": random.random(), "cmdline": cmdline,
+        "environ": environ,
+        "tf": tf.__version__, "sum": float(tf.reduce_sum(tf.range(5.0))),
+        "tf_random": tf.random.uniform([3]).numpy().tolist(),
+        "shuffled": [int(x) for x in tf.data.Dataset.range(10).shuffle(10)]}), flush=True)
+    """)
+
+
+def looked(run):
+    (line,) = [ln for ln in run.log_path.read_text().splitlines() if ln.startswith("LOOK ")]
+    return json.loads(line[5:])
+
+
+def servers(rt):
+    return rt._launcher.warm.pids
+
+
+@pytest.mark.tf
+def test_two_tasks_fork_from_one_server_and_each_looks_like_a_cold_start(rt, tmp_path):
+    (tmp_path / "look.py").write_text(LOOK)
+    rt.define_cluster(workers=2)
+    for i in (0, 1):
+        rt.launch(f"worker:{i}", script="look.py", args=["--steps", str(i)],
+                  env={"EXTRA": "given"}, background=True, ready="start")
+    (server,) = servers(rt)
+    rt.wait(timeout=60)
+    seen = {}
+    for i in (0, 1):
+        run = rt.get_run(f"worker:{i}")
+        assert run.process.warm and run.process.returncode == 0
+        s = seen[i] = looked(run)
+        # Its own session and group, a child of the one server, not of the kernel.
+        assert s["pid"] == run.pid == s["sid"] == s["pgid"] and s["ppid"] == server
+        assert s["argv"] == [str(tmp_path / "look.py"), "--steps", str(i)]
+        assert s["path0"] == str(tmp_path) and s["cwd"] == str(tmp_path)
+        assert s["main"] == "__main__" and s["task"] == {"type": "worker", "index": i}
+        assert s["extra"] == "given" and s["tf_added"] == "1"  # what TF's import set stays
+        assert s["imported_before"] is True and s["sum"] == 10.0
+        assert s["cmdline"] == f"{sys.executable} -u {ROOT}/mwhelpers/_bootstrap.py " \
+                               f"{tmp_path}/look.py --steps {i}"
+        # /proc/PID/environ (ps e, psutil) shows its own variables too.
+        shown = s["environ"]
+        assert json.loads(shown["TF_CONFIG"])["task"] == s["task"]
+        assert shown["MWHELPERS_TASK"] == f"worker:{i}" and shown["EXTRA"] == "given"
+        assert warmstart.ROOM_ENV not in shown
+        log = run.log_path.read_text()
+        # What the import wrote is at the top of every task's log, as in a cold start.
+        assert log.index("[mwhelpers] this task: TensorFlow") < log.index("[mwhelpers] warm start:")
+        assert log.index("[mwhelpers] warm start:") < log.index("LOOK ")
+    # Fresh random generators in each task (a fork would otherwise share them).
+    assert seen[0]["np"] != seen[1]["np"] and seen[0]["py"] != seen[1]["py"]
+    # TensorFlow's own seeds, where a program gives none, also differ (its import draws none).
+    assert seen[0]["tf_random"] != seen[1]["tf_random"]
+    assert seen[0]["shuffled"] != seen[1]["shuffled"]
+    # The server stays for the next launch, also of a new cluster, and ends with the runtime.
+    rt.define_cluster(workers=1)
+    run = rt.launch("worker:0", script="look.py", background=True, ready="start",
+                    env={"EXTRA": "given"})
+    rt.wait(timeout=60)
+    assert looked(run)["ppid"] == server and servers(rt) == [server]
+    rt.close()
+    assert not pid_alive(server)
+
+
+@pytest.mark.tf
+def test_exit_codes_and_signals_reach_the_kernel_and_kill_ends_the_task(rt):
+    head = "import tensorflow, time, sys\n"
+    with pytest.raises(WorkerFailed, match="exit code 3"):
+        rt.launch("worker:0", code=head + "print('about to fail')\nsys.exit(3)")
+    assert rt.get_run("worker:0").process.warm
+    run = rt.launch("worker:0", code=head + "print('up', flush=True)\ntime.sleep(600)",
+                    background=True, ready="start")
+    assert run.process.warm
+    pid = run.pid
+    os.kill(pid, signal.SIGKILL)
+    assert run.process.wait(10) == -signal.SIGKILL
+    run = rt.launch("worker:0", code=head + "time.sleep(600)", background=True, ready="start")
+    rt.kill("worker:0")
+    assert not pid_alive(run.pid) and run.process.returncode is not None
+
+
+@pytest.mark.tf
+def test_an_environment_written_by_the_program_or_the_switch_means_a_cold_start(rt):
+    sets = "import os\nos.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\nimport tensorflow\n"
+    run = rt.launch("worker:0", code=sets)
+    assert not run.process.warm and servers(rt) == []
+    run = rt.launch("worker:0", code="import tensorflow\n", env={warmstart.ENV: "0"})
+    assert not run.process.warm and servers(rt) == []
+    run = rt.launch("worker:0", code="print('no TensorFlow here')\n")
+    assert not run.process.warm and servers(rt) == []
+    # Another environment: another server, the first one kept for its own tasks.
+    assert rt.launch("worker:0", code="import tensorflow\n").process.warm
+    assert rt.launch("worker:0", code="import tensorflow\n", env={"OTHER": "1"}).process.warm
+    assert len(servers(rt)) == 2
+
+
+def test_a_server_that_cannot_import_tensorflow_leaves_the_task_to_say_so(rt, tmp_path):
+    fake = tmp_path / "fake"
+    (fake / "tensorflow").mkdir(parents=True)
+    (fake / "tensorflow" / "__init__.py").write_text("raise ImportError('this TensorFlow is "
+                                                     "broken on purpose')\n")
+    env = {"PYTHONPATH": str(fake)}
+    with pytest.raises(WorkerFailed):
+        rt.launch("worker:0", code="import tensorflow\n", env=env)
+    run = rt.get_run("worker:0")
+    assert not run.process.warm and servers(rt) == []
+    assert "this TensorFlow is broken on purpose" in run.log_path.read_text()
+    assert "could not import TensorFlow" in rt._launcher.warm.last_cold_reason
+    with pytest.raises(WorkerFailed):  # the key is remembered: no second try at a server
+        rt.launch("worker:0", code="import tensorflow\n", env=env)
+
+
+@pytest.mark.tf
+def test_server_and_tasks_end_when_the_kernel_dies(tmp_path):
+    kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
+        import sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from mwhelpers.workers import Runtime
+        rt = Runtime(log_dir={str(tmp_path / 'logs')!r})
+        run = rt.launch("worker:0", code="import tensorflow, time\\ntime.sleep(600)",
+                        background=True, ready="start")
+        print("PIDS", run.pid, rt._launcher.warm.pids[0], run.process.warm, flush=True)
+        time.sleep(600)
+        """)], stdout=subprocess.PIPE, text=True, cwd=tmp_path, start_new_session=True)
+    try:
+        line = ""
+        while not line.startswith("PIDS "):
+            line = kernel.stdout.readline()
+            assert line, "the kernel ended before it said its pids"
+        task, server, warm = line.split()[1:]
+        assert warm == "True"
+        os.killpg(kernel.pid, signal.SIGKILL)
+        kernel.wait()
+        deadline = time.monotonic() + 10
+        while (pid_alive(int(task)) or pid_alive(int(server))) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(int(task)) and not pid_alive(int(server))
+    finally:
+        for pid in (kernel.pid,):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        kernel.wait()
+
+
+@pytest.mark.parametrize("source, reason", [
+    ("import tensorflow as tf\n", None),
+    ("from tensorflow import keras\n", None),
+    ("import os, keras\n", None),
+    ("    import tf_keras  # indented, in a function\n", None),
+    ("print('hello')\n", "does not import TensorFlow"),
+    ("# import tensorflow\nx = 'import tensorflow'\n", "does not import TensorFlow"),
+    ("import os\nos.environ['TF_USE_LEGACY_KERAS'] = '1'\nimport tensorflow\n", "sets environment"),
+    ("import os\nos.environ.setdefault('X', '1')\nimport tensorflow\n", "sets environment"),
+    ("import os\nos.putenv('X', '1')\nimport tensorflow\n", "sets environment"),
+    ("import os, tensorflow\nif os.environ['A'] == '1': pass\n", None),
+    ("import os, json\nos.environ['TF_CONFIG'] = json.dumps({})\nimport tensorflow\n", None),
+    ("import os\nos.environ.setdefault('CUDA_VISIBLE_DEVICES', '')\nimport tensorflow\n",
+     "(CUDA_VISIBLE_DEVICES)"),
+    ("import os\nos.environ[name] = '1'\nimport tensorflow\n", "(some)"),
+    ("import os\nos.environ.update(A='1')\nimport tensorflow\n", "(some)"),
+])
+def test_which_programs_are_forked(source, reason):
+    got = warmstart.cold_reason(source, {})
+    assert (got is None) if reason is None else (reason in got)
+    assert "MWHELPERS_WARM_START=0" in warmstart.cold_reason(source, {warmstart.ENV: "0"})
+
+
+def test_the_key_leaves_out_only_what_differs_between_tasks():
+    a = {"TF_CONFIG": "{1}", "MWHELPERS_TASK": "worker:0", "PATH": "/bin", "TF_X": "1"}
+    b = {"TF_CONFIG": "{2}", "MWHELPERS_TASK": "worker:1", "PATH": "/bin", "TF_X": "1"}
+    assert warmstart.key_of(a, "/d") == warmstart.key_of(b, "/d")
+    assert warmstart.key_of(a, "/d") != warmstart.key_of({**b, "TF_X": "2"}, "/d")
+    assert warmstart.key_of(a, "/d") != warmstart.key_of(a, "/e")
