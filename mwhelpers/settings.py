@@ -5,8 +5,9 @@ default and what it means) and :data:`SET_BY_MWHELPERS` the ones mwhelpers sets
 in a task's environment for the task's own program to read.  :func:`get`
 reads a user setting, checked: a bad value is a
 :class:`~mwhelpers.errors.UsageError` that names the variable and says what to
-give.  The README's list is :func:`markdown` (``python -m mwhelpers.settings``
-prints it; a test keeps the README equal to it).
+give.  The list in the guide, ``docs/guide/extension.md`` (its "Settings"), is
+:func:`markdown` (``python -m mwhelpers.settings`` prints it; a test keeps the
+page equal to it).
 
 Two switches are also read inside workers by code that runs without this
 package (:mod:`mwhelpers.tfdata` and :mod:`mwhelpers.kerasfix` are loaded by
@@ -161,7 +162,7 @@ def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
 
 
 def markdown() -> str:
-    """The settings as the README lists them."""
+    """The settings as the guide (``docs/guide/extension.md``) lists them."""
     lines = ["| variable | default | what it does |", "|---|---|---|"]
     lines += [f"| `{s.name}` | {s.shown_default} | {s.meaning} |" for s in SETTINGS]
     lines += ["", "Set by mwhelpers in every task's environment, for its program to read:", "",

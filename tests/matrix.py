@@ -8,7 +8,8 @@ hosted service would have it. Then, as a user would:
    install), and check that pip changed nothing of what was there (it may only add);
 2. start a real Jupyter kernel in that environment (this checkout is not on its path) and,
    through the magics, run the multi-worker tutorial's worker program on 2 workers with the
-   environment's own TensorFlow; check both trained together and that the end-of-fit stall
+   environment's own TensorFlow; check both trained together, forked from the warm-start
+   server (``mwhelpers/warmstart.py``), and that the end-of-fit stall
    workaround was applied (or, where the environment's TensorFlow lacks what it wraps, that
    the log says so), and under Keras 3 that the Keras fix mended ``fit`` (its line in each
    worker's log).
@@ -100,6 +101,7 @@ ENVS = {
     },
 }
 NOTICE = "[mwhelpers] tf.data autotuning is off"
+WARM = "[mwhelpers] warm start:"  # the task was forked from the warm-start server
 SKIPPED = "[mwhelpers] the end-of-fit stall workaround is not applied"
 # kerasfix.NOTICE's start, and what its "not applied" and "nothing to mend" lines start with
 KERAS_FIXED = re.compile(r"\[mwhelpers\] Keras (3\.\S+): fit and evaluate mended for multi-worker")
@@ -315,8 +317,11 @@ def tutorial_fit(k, workdir, spec):
         check("Epoch 2/2" in text and "10/10" in text, f"worker {i} did not train:\n{text[-3000:]}")
         facts.append(f"worker {i}: " + check_workaround(text, spec["expect"]["tensorflow-cpu"],
                                                        f"worker {i}"))
+        check(text.count(WARM) == 1, f"worker {i} was not forked from the warm-start server:\n"
+                                     f"{text[:3000]}")
         if not spec["legacy_keras"]:
             versions.add(keras_fix_line(text, f"worker {i}"))
+    facts.append("both workers were forked from the warm-start server")
     if spec["legacy_keras"]:
         facts.append("the tutorial's fit program trained on 2 workers (tf_keras)")
     else:

@@ -1,5 +1,6 @@
 """The settings table (mwhelpers/settings.py): each variable read and checked in one place, the
-README's list generated from it, and every MWHELPERS_* variable the package reads listed."""
+guide's list (docs/guide/extension.md) generated from it, and every MWHELPERS_* variable the
+package reads listed."""
 
 import re
 from pathlib import Path
@@ -12,8 +13,8 @@ from mwhelpers.errors import UsageError
 from mwhelpers.ports import port_range
 
 
-def test_the_readme_lists_the_table():
-    text = (ROOT / "README.md").read_text()
+def test_the_extension_guide_lists_the_table():
+    text = (ROOT / "docs" / "guide" / "extension.md").read_text()
     shown = text.split("<!-- settings:begin -->\n", 1)[1].split("\n<!-- settings:end -->", 1)[0]
     assert shown == settings.markdown(), "regenerate it: python -m mwhelpers.settings"
 

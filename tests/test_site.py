@@ -1,5 +1,5 @@
-"""The static site (mwhelpers.workshop.site): executed notebooks, the cheat sheet and the
-reference, built by Sphinx with myst-nb and furo, then read in a real browser (headless
+"""The static site (mwhelpers.workshop.site): executed notebooks, the guide, the cheat sheet and
+the reference, built by Sphinx with myst-nb and furo, then read in a real browser (headless
 Chromium, as in test_browser.py)."""
 
 import base64
@@ -75,6 +75,18 @@ def test_the_site_has_the_notebooks_with_their_outputs_the_cheat_sheet_and_the_r
     reference = (out / "reference.html").read_text()
     assert "%worker" in reference and "%%worker" in reference and "%cluster" in reference
     assert 'id="mwhelpers.Runtime.launch_all"' in reference  # the API, from its docstrings
+    # The guide (docs/guide/), in its order, between the tutorials and the reference:
+    guide = ["extension", "keras3", "more-machines", "diagnosis", "layout"]
+    places = [index.index(f'href="{page}"') for page in
+              ["02_second.html", *(f"guide/{g}.html" for g in guide), "cheatsheet.html"]]
+    assert places == sorted(places)
+    extension = (out / "guide" / "extension.html").read_text()
+    assert "The extension" in index and "The extension" in extension
+    # one row of the generated settings table, and a link to another page of the guide
+    assert "MWHELPERS_PORT_RANGE" in extension
+    assert "20000 to just below the ephemeral range" in extension
+    assert "reserved across notebooks with file locks" in extension
+    assert 'href="more-machines.html"' in extension
 
 
 def test_without_executed_notebooks_it_says_to_run_the_suite(tmp_path):

@@ -4,7 +4,8 @@
 
 The pages are the executed notebooks that the suite writes (``output/`` by default: run
 ``python3 dev.py suite`` first, or ``python3 dev.py site``, which does both), with their
-outputs and pictures; the cheat sheet (``docs/cheatsheet.md``); and the extension's reference:
+outputs and pictures; the guide, one page per topic (every ``docs/guide/*.md``, under
+``guide/``); the cheat sheet (``docs/cheatsheet.md``); and the extension's reference:
 every magic's help, as ``%magic?`` shows it, and the Python API from its docstrings.  Sphinx
 builds them with myst-nb (the notebooks are not executed again) and the furo theme; the site
 goes to ``site/`` (open ``site/index.html``).
@@ -26,6 +27,9 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parents[2]
 TITLE = "TensorFlow distributed training from a notebook"
+GUIDE = ROOT / "docs" / "guide"
+# The guide's pages in the order a reader wants them; a page not named here comes after them.
+GUIDE_ORDER = ("extension", "keras3", "more-machines", "diagnosis", "layout")
 
 CONF = f'''project = {TITLE!r}
 html_title = {TITLE!r}
@@ -93,20 +97,35 @@ def readable(src: Path, dst: Path) -> None:
     nbformat.write(nb, dst)
 
 
-def index(notebooks: Sequence[str]) -> str:
+def guide_pages(folder: Path = GUIDE) -> list[Path]:
+    """Every page of the guide in ``folder``, in :data:`GUIDE_ORDER`, then any other by name."""
+    rank = {name: i for i, name in enumerate(GUIDE_ORDER)}
+    return sorted(folder.glob("*.md"), key=lambda p: (rank.get(p.stem, len(rank)), p.stem))
+
+
+def index(notebooks: Sequence[str], guide: Sequence[str] = GUIDE_ORDER) -> str:
     tutorials = "\n".join(Path(n).stem for n in notebooks)
+    pages = "\n".join(f"guide/{Path(g).stem}" for g in guide)
     return f"""# {TITLE}
 
 Executable Jupyter notebooks that teach `tf.distribute` with real worker processes, and
-`mwhelpers`, the IPython extension that starts them. Every page here is a notebook as the suite
-ran it headless, with its outputs and pictures; run them yourself with `python3 dev.py suite`,
-or open them in JupyterLab.
+`mwhelpers`, the IPython extension that starts them. Every tutorial here is a notebook as the
+suite ran it headless, with its outputs and pictures; run them yourself with
+`python3 dev.py suite`, or open them in JupyterLab. The guide takes the extension topic by
+topic.
 
 ```{{toctree}}
 :maxdepth: 1
 :caption: Tutorials
 
 {tutorials}
+```
+
+```{{toctree}}
+:maxdepth: 1
+:caption: Guide
+
+{pages}
 ```
 
 ```{{toctree}}
@@ -139,9 +158,16 @@ def build(executed: Path, out: Path) -> Path:
         for nb in found:
             readable(nb, src / nb.name)
         (src / "_build").mkdir()
+        # The guide's pages link only to each other (the files outside the guide that they
+        # name are code text, not links), so they are copied as they are, side by side.
+        guide = guide_pages()
+        (src / "guide").mkdir()
+        for page in guide:
+            shutil.copy(page, src / "guide" / page.name)
         shutil.copy(ROOT / "docs" / "cheatsheet.md", src / "cheatsheet.md")
         (src / "reference.md").write_text(reference(), encoding="utf-8")
-        (src / "index.md").write_text(index([nb.name for nb in found]), encoding="utf-8")
+        (src / "index.md").write_text(index([nb.name for nb in found], [p.stem for p in guide]),
+                                      encoding="utf-8")
         (src / "conf.py").write_text(CONF, encoding="utf-8")
         # Built beside the sources: myst-nb writes a folder next to Sphinx's output folder.
         html = src / "_build" / "html"
