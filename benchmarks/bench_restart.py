@@ -47,6 +47,11 @@ stamped ``BENCH`` line at each point, and TensorFlow's own log records
 ``--no-probe`` runs the workers as before (no probe, TensorFlow's default log level
 of this script), to check that the probe costs nothing; (e) then has its total only.
 
+With warm starts (on by default, ``mwhelpers/warmstart.py``) the probe runs in the
+warm-start server, which the workers are forked from: their interpreter start and their import
+show as done ahead, and the server's stamps are in every worker's log.
+``--worker-env MWHELPERS_WARM_START=0`` measures cold starts.
+
 ``--worker-env K=V`` gives the workers a variable, for experiments: with
 ``TF_GRPC_DEFAULT_OPTIONS=grpc.initial_reconnect_backoff_ms=50`` a task that dials task 0's
 coordination service before it listens retries after 50 ms instead of gRPC's 1 s.
@@ -223,8 +228,8 @@ def chain(points, order):
         if key not in points:
             skipped.append(label)
             continue
-        if last is not None and points[key] < last:  # before the launch: in a standby
-            out.append((f"{label} (done ahead, in the standby)", 0.0))
+        if last is not None and points[key] < last:  # before the launch: ahead
+            out.append((f"{label} (done ahead: warm-start server or standby)", 0.0))
             continue
         if last is not None:
             if skipped:

@@ -14,7 +14,8 @@ The bootstrap loads this file by path: it imports nothing of the package.
 
 Messages are JSON objects, each one packet of a ``SOCK_SEQPACKET`` socket:
 
-* on the control socket, from here, once: ``{"ready": true}`` after the import, or
+* on the control socket, from here, once: ``{"ready": true, "gpu_build": B}`` after the
+  import (B: whether that TensorFlow was built for GPUs), or
   ``{"ready": false, "error": "..."}`` (then this process ends);
 * on the control socket, to here, one per task: ``{"argv": [...], "env": {...}, "cwd": "...",
   "pass": [NAME, ...]}`` with the descriptors ``status, log, *passed`` attached: ``status``
@@ -229,6 +230,15 @@ class Server:
         sys.argv = [self.bootstrap, *request["argv"]]
 
 
+def _gpu_build() -> bool:
+    """Whether the imported TensorFlow was built for GPUs (CUDA or ROCm); True when unknown."""
+    try:
+        info = sys.modules["tensorflow"].sysconfig.get_build_info()
+        return bool(info.get("is_cuda_build") or info.get("is_rocm_build"))
+    except Exception:  # no such API in this TensorFlow
+        return True
+
+
 def run(ctl_fd: int, bootstrap: str, import_first: Callable[[], object]) -> None:
     """The server's life: set its title, import (``import_first()``, its output captured to be
     copied into every task's log), say ready, and serve; returns only in a forked task."""
@@ -261,7 +271,7 @@ def run(ctl_fd: int, bootstrap: str, import_first: Callable[[], object]) -> None
     os.close(captured)
     env_set = {k: v for k, v in os.environ.items() if before.get(k) != v}
     env_unset = [k for k in before if k not in os.environ]
-    if not send(ctl, {"ready": True}):
+    if not send(ctl, {"ready": True, "gpu_build": _gpu_build()}):
         sys.exit(0)
     ctl.close()
     server = Server(ctl_fd, b"".join(chunks), before, env_set, env_unset, bootstrap)

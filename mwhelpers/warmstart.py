@@ -13,10 +13,10 @@ A task is started cold (a fresh interpreter, as before) when:
 * ``MWHELPERS_WARM_START=0`` is in its environment, or this is not Linux;
 * its program does not import ``tensorflow``, ``keras`` or ``tf_keras`` itself (a top-level
   ``import`` or ``from`` line): nothing would be gained;
-* its program writes to ``os.environ`` (or calls ``putenv``), other than ``TF_CONFIG``:
-  TensorFlow reads some variables while it is imported (``TF_USE_LEGACY_KERAS``,
-  ``TF_CPP_MIN_LOG_LEVEL``...), and a program that sets them before its import must get its
-  own import;
+* its program writes to ``os.environ`` (or calls ``putenv``), other than ``TF_CONFIG`` and,
+  where TensorFlow was built without GPU support, ``CUDA_VISIBLE_DEVICES``: TensorFlow reads
+  some variables while it is imported (``TF_USE_LEGACY_KERAS``, ``TF_CPP_MIN_LOG_LEVEL``...),
+  and a program that sets them before its import must get its own import;
 * the server could not import TensorFlow (the cold start then shows the program's own error).
 
 Everything in a task's environment but what differs from task to task (``TF_CONFIG`` and
@@ -63,10 +63,14 @@ _ENV_WRITE_NAMED = re.compile(r"\benviron\s*(?:\[\s*(['\"])(\w+)\1\s*\]\s*=(?!=)
 # Variables a program may set before its import: TensorFlow reads them later.  TF_CONFIG:
 # TFConfigClusterResolver reads it when a strategy is created (_load_tf_config).
 READ_AFTER_IMPORT = frozenset({"TF_CONFIG"})
+# ... and those that only a TensorFlow built for GPUs reads: a program that hides the GPUs
+# before its import is forked where the server's TensorFlow has no GPU support (tensorflow-cpu).
+GPU_BUILD_ONLY = frozenset({"CUDA_VISIBLE_DEVICES"})
 
 
-def cold_reason(source: str, env: Mapping[str, str]) -> str | None:
-    """Why a task whose program is ``source`` starts cold in ``env`` (None: it can be forked)."""
+def cold_reason(source: str, env: Mapping[str, str], gpu_build: bool = True) -> str | None:
+    """Why a task whose program is ``source`` starts cold in ``env`` (None: it can be forked
+    from a server whose TensorFlow is ``gpu_build``, built for GPUs or not)."""
     if not settings.get(ENV, env):
         return f"{ENV}=0"
     if not sys.platform.startswith("linux"):
@@ -74,8 +78,9 @@ def cold_reason(source: str, env: Mapping[str, str]) -> str | None:
     if not _IMPORTS_TF.search(source):
         return "its program does not import TensorFlow or Keras itself"
     written = env_written(source)
-    if written is None or written - READ_AFTER_IMPORT:
-        named = ", ".join(sorted(written - READ_AFTER_IMPORT)) if written else "some"
+    harmless = READ_AFTER_IMPORT if gpu_build else READ_AFTER_IMPORT | GPU_BUILD_ONLY
+    if written is None or written - harmless:
+        named = ", ".join(sorted(written - harmless)) if written else "some"
         return (f"its program sets environment variables ({named}), which TensorFlow may read "
                 "as it loads")
     return None
@@ -101,6 +106,7 @@ class _Server:
         self.ctl = ours
         self.lock = threading.Lock()
         self.error: str | None = None
+        self.gpu_build = True  # its TensorFlow was built for GPUs (said once it is ready)
         try:
             self.popen = subprocess.Popen(
                 # The blank argument leaves room to show each task's own command line.
@@ -128,6 +134,7 @@ class _Server:
         except (OSError, ValueError):
             reply = {}
         if reply.get("ready"):
+            self.gpu_build = bool(reply.get("gpu_build", True))
             return True
         self.error = reply.get("error") or (f"no word within {READY_TIMEOUT:.0f} s" if not ready
                                             else "it ended before it was ready")
@@ -222,13 +229,17 @@ class WarmStarter:
             except OSError as e:
                 self.last_cold_reason = f"its program could not be read ({e})"
                 return None
-        self.last_cold_reason = cold_reason(source, env)
+        self.last_cold_reason = cold_reason(source, env, gpu_build=False)
         if self.last_cold_reason is not None:
             return None
         key = key_of(env, cwd)
         server = self._server(key, env, cwd)
         if server is None:
             return None
+        if server.gpu_build:  # (what only a GPU build reads may matter after all)
+            self.last_cold_reason = cold_reason(source, env, gpu_build=True)
+            if self.last_cold_reason is not None:
+                return None
         try:
             return server.fork(argv, env, cwd, log_fd, passed)
         except OSError as e:  # it has just died: once more with a new one, else cold

@@ -190,8 +190,6 @@ def test_server_and_tasks_end_when_the_kernel_dies(tmp_path):
     ("import os\nos.putenv('X', '1')\nimport tensorflow\n", "sets environment"),
     ("import os, tensorflow\nif os.environ['A'] == '1': pass\n", None),
     ("import os, json\nos.environ['TF_CONFIG'] = json.dumps({})\nimport tensorflow\n", None),
-    ("import os\nos.environ.setdefault('CUDA_VISIBLE_DEVICES', '')\nimport tensorflow\n",
-     "(CUDA_VISIBLE_DEVICES)"),
     ("import os\nos.environ[name] = '1'\nimport tensorflow\n", "(some)"),
     ("import os\nos.environ.update(A='1')\nimport tensorflow\n", "(some)"),
 ])
@@ -199,6 +197,25 @@ def test_which_programs_are_forked(source, reason):
     got = warmstart.cold_reason(source, {})
     assert (got is None) if reason is None else (reason in got)
     assert "MWHELPERS_WARM_START=0" in warmstart.cold_reason(source, {warmstart.ENV: "0"})
+
+
+def test_hiding_the_gpus_before_the_import_is_forked_only_where_tensorflow_has_no_gpus():
+    hides = "import os\nos.environ.setdefault('CUDA_VISIBLE_DEVICES', '')\nimport tensorflow\n"
+    assert "(CUDA_VISIBLE_DEVICES)" in warmstart.cold_reason(hides, {}, gpu_build=True)
+    assert warmstart.cold_reason(hides, {}, gpu_build=False) is None
+    also = hides + "os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
+    assert "(TF_CPP_MIN_LOG_LEVEL)" in warmstart.cold_reason(also, {}, gpu_build=False)
+
+
+@pytest.mark.tf
+def test_a_program_that_hides_the_gpus_is_forked_from_this_cpu_only_tensorflow(rt):
+    """tensorflow-cpu here: a program that sets CUDA_VISIBLE_DEVICES before its import (as
+    tests/programs/mwms_train.py does) is forked; the variable is its own."""
+    code = ("import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '-1'\nimport tensorflow as tf\n"
+            "print('GPUS', tf.config.list_physical_devices('GPU'), os.environ['CUDA_VISIBLE_DEVICES'])\n")
+    run = rt.launch("worker:0", code=code)
+    assert run.process.warm and "GPUS [] -1" in run.lines()
+    assert rt._launcher.warm.last_cold_reason is None
 
 
 def test_the_key_leaves_out_only_what_differs_between_tasks():
