@@ -250,7 +250,8 @@ def test_ending_everything_escalates_and_says_what_ended(brt, backend):
     for run, sig in zip(runs, ("SIGINT", "SIGKILL", "SIGKILL"), strict=True):
         who = (rf"pid {run.process.remote_pid} on {re.escape(cluster.host_of(run.task))}" if hosts
                else rf"pid {run.pid} \(.+\)")  # here: the task's own command line
-        assert [ln for ln in lines if re.fullmatch(rf"ended {run.task}: {who} with {sig}", ln)], lines
+        assert [ln for ln in lines if re.fullmatch(rf"ended {run.task}: {who} with {sig}", ln)], \
+            "\n".join([f"{run.task} did not end with {sig}; took {took:.2f} s:", *lines])
     assert len(lines) == 3, lines
     assert all(not r.running and r.state == "killed" for r in runs)
     # one after the other, the two that ignore SIGTERM would take 2 x 2 s
