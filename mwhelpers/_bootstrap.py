@@ -120,7 +120,7 @@ def _wait_as_standby() -> None:
 def _serve_as_zygote() -> None:
     """Import TensorFlow with the hooks armed, then fork tasks; returns only in a forked task,
     with that task's ``sys.argv``, environment, folder and log (``_forkserver.py``)."""
-    ctl_fd = int(os.environ.pop("MWHELPERS_WARM_FD"))
+    ctl_fd = int(sys.argv[2])  # _bootstrap.py --zygote FD ROOM (ROOM: for the tasks' titles)
 
     def import_first() -> None:
         _arm_import_hooks()

@@ -21,8 +21,10 @@ Messages are JSON objects, each one packet of a ``SOCK_SEQPACKET`` socket:
   "pass": [NAME, ...]}`` with the descriptors ``status, log, *passed`` attached: ``status``
   is this task's own socket, ``log`` takes its output, and each passed descriptor is
   inherited, its number in the environment variable NAME;
-* on the task's ``status`` socket, from here: ``{"pid": N}`` (or ``{"error": "..."}``), and
-  ``{"exit": code}`` once it has ended (as ``subprocess`` gives it: negative for a signal).
+* on the task's ``status`` socket: ``{"error": "..."}`` from here when it could not fork, or
+  ``{"pid": N}`` from the task itself once it has its own session, title and environment, and
+  ``{"exit": code, "pid": N}`` from here once it has ended (as ``subprocess`` gives it:
+  negative for a signal), possibly before it said its pid.
 
 End of file on the control socket (the kernel closed it, or died) stops the forking; this
 process leaves once its last task has ended.
@@ -46,6 +48,8 @@ MAX_FDS = 8
 ROOM_ENV = "MWHELPERS_WARM_ROOM"
 NOTICE = ("[mwhelpers] warm start: this task was forked from a process that had imported "
           "TensorFlow already (a fresh interpreter instead: MWHELPERS_WARM_START=0)\n")
+UNSHOWN = ("[mwhelpers] warm start: /proc/PID/environ does not show this task's own variables "
+           "(TF_CONFIG...): they were longer than the room kept for them\n")
 
 
 def send(sock: socket.socket, message: dict[str, Any]) -> bool:
@@ -79,24 +83,36 @@ def _stat_fields() -> list[bytes]:
         return f.read().rsplit(b")", 1)[1].split()
 
 
-def show_environ(variables: dict[str, str]) -> None:
+def show_environ(variables: dict[str, str]) -> bool:
     """Let ``/proc/PID/environ`` (``ps e``, psutil) show ``variables`` too: written over the
     value of :data:`ROOM_ENV`, the last variable this process was started with.  The others
-    stay where they are, the same as the task's own (the same key)."""
+    stay where they are, the same as the task's own (the same key).  False: they did not fit."""
     try:
         fields = _stat_fields()
         start, end = int(fields[47]), int(fields[48])  # env_start, env_end (fields 50, 51)
     except (OSError, IndexError, ValueError):
-        return
+        return False
     block = ctypes.string_at(start, end - start)
     mark = ROOM_ENV.encode() + b"="
     at = 0 if block.startswith(mark) else block.find(b"\0" + mark) + 1
     if at <= 0 and not block.startswith(mark):
-        return
+        return False
     room = len(block) - at
     shown = b"".join(f"{k}={v}".encode(errors="replace") + b"\0" for k, v in variables.items())
-    if len(shown) < room:
-        ctypes.memmove(start + at, shown + b"\0" * (room - len(shown)), room)
+    if len(shown) >= room:
+        return False
+    ctypes.memmove(start + at, shown + b"\0" * (room - len(shown)), room)
+    return True
+
+
+def _flush_all() -> None:
+    """Python's and C's buffered output, written out before a fork copies it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -159,14 +175,15 @@ class Server:
         return None
 
     def _fork(self, data: bytes, fds: list[int]) -> dict[str, Any] | None:
+        if not fds:  # nowhere to answer: not a request of the kernel's
+            return None
         status = socket.socket(fileno=fds[0])
         try:
             request: dict[str, Any] = json.loads(data)
             passed = list(request.get("pass", []))
             if len(fds) != 2 + len(passed):
                 raise ValueError(f"{len(fds)} descriptors for {len(passed)} passed ones")
-            sys.stdout.flush()
-            sys.stderr.flush()
+            _flush_all()
             with warnings.catch_warnings():  # Python 3.12 warns of fork in threads: none run
                 warnings.simplefilter("ignore", DeprecationWarning)  # Python code here
                 pid = os.fork()
@@ -181,8 +198,9 @@ class Server:
             return request
         for fd in fds[1:]:
             os.close(fd)
+        # The task itself says its pid once it is in its own session, with its title and
+        # environment shown: nobody looks for it before.  Its end comes from here.
         self.children[pid] = status
-        send(status, {"pid": pid})
         return None
 
     def _reap(self) -> None:
@@ -195,7 +213,7 @@ class Server:
                 return
             status = self.children.pop(pid, None)
             if status is not None:
-                send(status, {"exit": os.waitstatus_to_exitcode(how)})
+                send(status, {"exit": os.waitstatus_to_exitcode(how), "pid": pid})
                 status.close()
 
     def _become(self, request: dict[str, Any], status: socket.socket, log: int,
@@ -205,7 +223,6 @@ class Server:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         self.ctl.close()  # the kernel sees the end of the server, not of this task
-        status.close()
         for other in self.children.values():
             other.close()
         self.children = {}
@@ -214,15 +231,17 @@ class Server:
         os.close(log)
         env = dict(request["env"])
         env.update({name: str(fd) for name, fd in passed.items()})
-        show_environ({k: v for k, v in env.items() if self.env_before.get(k) != v})
+        shown = show_environ({k: v for k, v in env.items() if self.env_before.get(k) != v})
         for name in self.env_unset:
             env.pop(name, None)
         env.update(self.env_set)
         os.environ.clear()
         os.environ.update(env)
         os.chdir(request["cwd"])
-        _write_all(2, self.preamble + NOTICE.encode())
+        _write_all(2, self.preamble + NOTICE.encode() + (b"" if shown else UNSHOWN.encode()))
         set_title([sys.executable, "-u", self.bootstrap, *request["argv"]])
+        send(status, {"pid": os.getpid()})  # now it can be found, signalled and waited for
+        status.close()
         importlib.invalidate_caches()  # files written since the server started import
         numpy = sys.modules.get("numpy")
         if numpy is not None:  # (Python's random reseeds itself in a forked child)
@@ -250,14 +269,19 @@ def run(ctl_fd: int, bootstrap: str, import_first: Callable[[], object]) -> None
     before = dict(os.environ)
     for fd in (1, 2):
         os.dup2(captured, fd)
+    # A task's own folder comes first on its sys.path (the bootstrap sets it); while the
+    # server imports, mwhelpers' folder (this script's) is not on it.
+    first = os.path.realpath(sys.path[0]) if sys.path and sys.path[0] else ""
+    here = sys.path.pop(0) if first == os.path.realpath(os.path.dirname(bootstrap)) else None
     try:
         import_first()
     except BaseException as e:
         send(ctl, {"ready": False, "error": f"{type(e).__name__}: {e}"})
         sys.exit(1)
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        if here is not None:
+            sys.path.insert(0, here)
+        _flush_all()
         for fd in (1, 2):
             os.dup2(quiet, fd)
         os.close(quiet)

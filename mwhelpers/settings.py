@@ -147,8 +147,6 @@ SET_BY_MWHELPERS: tuple[tuple[str, str], ...] = (
                             "controller for (`%cluster N --interactive`)"),
     ("MWHELPERS_STANDBY_FD", "the pipe on which a process started ahead waits until a restart "
                              "releases it (`supervise(standby=True)`)"),
-    ("MWHELPERS_WARM_FD", "the socket on which a warm-start server takes the tasks to fork "
-                          "(`MWHELPERS_WARM_START`)"),
     ("MWHELPERS_WARM_ROOM", "blank room in a warm-start server's environment, where each task "
                             "it forks writes its own variables for `/proc/PID/environ` to show"),
 )

@@ -2,8 +2,8 @@
 already, instead of starting a fresh interpreter that imports it again.
 
 Importing TensorFlow costs 2 to 3 s of CPU in every task, more than a short job's training
-(``benchmarks/bench_warmstart.py`` measures it).  A :class:`WarmStarter` (one per local
-launcher) keeps, for each environment its tasks start from, a server process
+(``benchmarks/bench_warmstart.py`` measures it).  A :class:`WarmStarter` (one per process,
+shared by its local launchers) keeps, for each environment its tasks start from, a server process
 (``_forkserver.py``, run as ``_bootstrap.py --zygote``) that imported TensorFlow once; each
 task is then forked from it and goes on as a cold start would after its own
 ``import tensorflow``.
@@ -28,6 +28,8 @@ one used.  The servers end when the last of those launchers is closed.
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import json
 import os
 import re
@@ -38,30 +40,39 @@ import subprocess
 import sys
 import threading
 import time
+import tokenize
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from . import settings
 
 ENV = "MWHELPERS_WARM_START"
-CTL_ENV = "MWHELPERS_WARM_FD"
 ROOM_ENV = "MWHELPERS_WARM_ROOM"  # as _forkserver.ROOM_ENV
 ROOM = 32768  # bytes: TF_CONFIG of a cluster of some hundred tasks
 # What differs from one task to the next and is read after TensorFlow's import, never during it.
 PER_TASK = frozenset({"TF_CONFIG", "MWHELPERS_TASK", "MWHELPERS_ATTEMPT", "MWHELPERS_GUARD_FD",
                       "MWHELPERS_STANDBY_FD", "MWHELPERS_ENGINE_ID"})
-MAX_SERVERS = 3  # per launcher; the oldest is retired (it ends once its tasks have)
+MAX_SERVERS = 3  # per process; the oldest is retired (it ends once its tasks have)
 READY_TIMEOUT = 120.0  # seconds a server may take to import TensorFlow
 
 _IMPORTS_TF = re.compile(r"^[ \t]*(?:import|from)[ \t][^\n#]*\b(?:tensorflow|keras|tf_keras)\b",
                          re.MULTILINE)
-# Writes to the environment: every one, and those that name their variable.
-_ENV_WRITE = re.compile(r"\benviron\s*(?:\[[^\]\n]*\]\s*=(?!=)|\.(?:update|setdefault|pop|clear)\b)"
-                        r"|\b(?:putenv|unsetenv)\b")
-_ENV_WRITE_NAMED = re.compile(r"\benviron\s*(?:\[\s*(['\"])(\w+)\1\s*\]\s*=(?!=)"
-                              r"|\.(?:setdefault|pop)\(\s*(['\"])(\w+)\3)")
+# Writes to the environment: every one, and those that name their variable (each write is
+# found once by each expression).  An alias of os.environ or a .env loader counts as a write.
+_AUG = r"(?:[-+*/%&|^@]|//|<<|>>|\*\*)?=(?!=)"
+_ENV_WRITE = re.compile(
+    r"\benviron\s*\[[^\]\n]*\]\s*" + _AUG
+    + r"|\bdel\s+[\w.]*\benviron\s*\["
+    + r"|\benviron\s*\|="
+    + r"|\benviron\s*\.\s*(?:update|setdefault|pop|popitem|clear|__setitem__|__delitem__|__ior__)\b"
+    + r"|\b(?:putenv|unsetenv|load_dotenv)\b"
+    + r"|(?<![=!<>])=\s*(?:os\s*\.\s*)?environ\b(?!\s*[\[.(])")
+_ENV_WRITE_NAMED = re.compile(
+    r"\benviron\s*\[\s*(['\"])(\w+)\1\s*\]\s*" + _AUG
+    + r"|\bdel\s+[\w.]*\benviron\s*\[\s*(['\"])(\w+)\3\s*\]"
+    + r"|\benviron\s*\.\s*(?:setdefault|pop|__setitem__|__delitem__)\(\s*(['\"])(\w+)\5")
 # Variables a program may set before its import: TensorFlow reads them later.  TF_CONFIG:
-# TFConfigClusterResolver reads it when a strategy is created (_load_tf_config).
+# TFConfigClusterResolver reads it on demand (_load_tf_config), never at import.
 READ_AFTER_IMPORT = frozenset({"TF_CONFIG"})
 # ... and those that only a TensorFlow built for GPUs reads: a program that hides the GPUs
 # before its import is forked where the server's TensorFlow has no GPU support (tensorflow-cpu).
@@ -88,14 +99,53 @@ def cold_reason(source: str, env: Mapping[str, str], gpu_build: bool = True) -> 
 
 def env_written(source: str) -> set[str] | None:
     """The variables ``source`` writes to ``os.environ`` (None: some it does not name)."""
-    named = [m.group(2) or m.group(4) for m in _ENV_WRITE_NAMED.finditer(source)]
-    if len(_ENV_WRITE.findall(source)) > len(named):
+    code = _without_comments(source)
+    named = [m.group(2) or m.group(4) or m.group(6) for m in _ENV_WRITE_NAMED.finditer(code)]
+    if sum(1 for _ in _ENV_WRITE.finditer(code)) > len(named):
         return None
     return set(named)
 
 
+def _without_comments(source: str) -> str:
+    """``source`` with its comments blanked (as it is, when it does not tokenize)."""
+    lines = source.splitlines(keepends=True)
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                (row, col), (_, end) = tok.start, tok.end
+                line = lines[row - 1]
+                lines[row - 1] = line[:col] + " " * (end - col) + line[end:]
+    except (tokenize.TokenError, SyntaxError, IndexError):
+        return source
+    return "".join(lines)
+
+
 def key_of(env: Mapping[str, str], cwd: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """What tasks forked from one server share: the folder, and the environment but for
+    :data:`PER_TASK`."""
     return cwd, tuple(sorted((k, v) for k, v in env.items() if k not in PER_TASK))
+
+
+def _installed() -> tuple[tuple[str, int, int], ...]:
+    """The files a server's import ran, as installed now (path, size, mtime): after an upgrade
+    of TensorFlow (``%pip install``) or an edit of the start-up's hooks, tasks get a new server."""
+    here = Path(__file__).parent
+    paths = [here / f"{name}.py" for name in
+             ("_bootstrap", "_forkserver", "tfdata", "kerasfix", "taskfacts", "lazyplot")]
+    try:
+        spec = importlib.util.find_spec("tensorflow")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.origin:
+        paths.append(Path(spec.origin))
+    stamps = []
+    for path in paths:
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        stamps.append((str(path), st.st_size, st.st_mtime_ns))
+    return tuple(stamps)
 
 
 class _Server:
@@ -110,11 +160,10 @@ class _Server:
         try:
             self.popen = subprocess.Popen(
                 # The blank argument leaves room to show each task's own command line.
-                [python, "-u", bootstrap, "--zygote", " " * 4096],
+                [python, "-u", bootstrap, "--zygote", str(theirs.fileno()), " " * 4096],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 # Last: room to show each task's own variables in its /proc/PID/environ.
-                env={**env, CTL_ENV: str(theirs.fileno()), ROOM_ENV: " " * ROOM},
-                cwd=cwd, start_new_session=True,
+                env={**env, ROOM_ENV: " " * ROOM}, cwd=cwd, start_new_session=True,
                 pass_fds=(theirs.fileno(),))
         except BaseException:
             ours.close()
@@ -147,17 +196,27 @@ class _Server:
 
     def fork(self, argv: list[str], env: Mapping[str, str], cwd: str, log_fd: int,
              passed: Mapping[str, int]) -> tuple[int, Callable[[], int]]:
-        """Fork a task; its pid and a function that waits for its exit code."""
+        """Fork a task; its pid and a function that waits for its exit code.  OSError: this
+        task could not be forked (start it cold); :class:`ServerGone`: nor can any other."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             request = {"argv": argv, "env": dict(env), "cwd": cwd, "pass": list(passed)}
             with self.lock:
-                socket.send_fds(self.ctl, [json.dumps(request).encode()],
-                                [theirs.fileno(), log_fd, *passed.values()])
+                try:
+                    socket.send_fds(self.ctl, [json.dumps(request).encode()],
+                                    [theirs.fileno(), log_fd, *passed.values()])
+                except OSError as e:
+                    raise ServerGone(f"the warm-start server takes no tasks ({e})") from e
             theirs.close()
-            reply = json.loads(mine.recv(1 << 16) or b"{}")
+            data = mine.recv(1 << 16)
+            if not data:
+                raise ServerGone("the warm-start server ended")
+            reply = json.loads(data)
+            if "exit" in reply:
+                raise OSError(f"the forked task ended with exit code {reply['exit']} before "
+                              "it started")
             if "pid" not in reply:
-                raise OSError(reply.get("error") or "the warm-start server ended")
+                raise OSError(reply.get("error") or f"no pid in {reply}")
         except BaseException:
             theirs.close()
             mine.close()
@@ -167,7 +226,8 @@ class _Server:
 
     def close(self, kill: bool = False) -> None:
         """Stop its forking; it leaves once its tasks have ended (``kill``: within a second)."""
-        self.ctl.close()
+        with self.lock:  # not while a task's request is being sent
+            self.ctl.close()
         if kill:
             try:
                 self.popen.wait(1)
@@ -177,6 +237,10 @@ class _Server:
                 except OSError:
                     pass
                 self.popen.wait()
+
+
+class ServerGone(OSError):
+    """The warm-start server no longer takes tasks."""
 
 
 def _wait_exit(sock: socket.socket, pid: int) -> int:
@@ -232,7 +296,7 @@ class WarmStarter:
         self.last_cold_reason = cold_reason(source, env, gpu_build=False)
         if self.last_cold_reason is not None:
             return None
-        key = key_of(env, cwd)
+        key = (key_of(env, cwd), _installed())
         server = self._server(key, env, cwd)
         if server is None:
             return None
@@ -242,13 +306,21 @@ class WarmStarter:
                 return None
         try:
             return server.fork(argv, env, cwd, log_fd, passed)
-        except OSError as e:  # it has just died: once more with a new one, else cold
-            self.last_cold_reason = f"its warm-start server failed ({e})"
-            with self._lock:
-                if self._servers.get(key) is server:
-                    del self._servers[key]
-            server.close(kill=True)
+        except ServerGone as e:  # the next task gets a new server; this one starts cold
+            self.last_cold_reason = str(e)
+            self._retire(key, server)
             return None
+        except OSError as e:  # this task alone: the server goes on forking the others
+            self.last_cold_reason = f"the warm-start server could not fork it ({e})"
+            return None
+
+    def _retire(self, key: object, server: _Server) -> None:
+        """No more tasks for ``server``; it leaves when its tasks have (reaped at close)."""
+        with self._lock:
+            if self._servers.get(key) is server:
+                del self._servers[key]
+            self._retired.append(server)
+        server.close()
 
     def _server(self, key: object, env: Mapping[str, str], cwd: str) -> _Server | None:
         with self._lock:  # one server per key; the first task waits for its import
@@ -258,8 +330,9 @@ class WarmStarter:
             server = self._servers.get(key)
             if server is not None and server.alive:
                 return server
-            if server is not None:
+            if server is not None:  # it died: its control socket goes too
                 del self._servers[key]
+                server.close()
             base = {k: v for k, v in env.items() if k not in PER_TASK}
             try:
                 server = _Server(self.python, self.bootstrap, base, cwd)

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 
+import psutil
 import pytest
 from conftest import ROOT, pid_alive
 
@@ -56,6 +57,11 @@ def test_two_tasks_fork_from_one_server_and_each_looks_like_a_cold_start(rt, tmp
     for i in (0, 1):
         rt.launch(f"worker:{i}", script="look.py", args=["--steps", str(i)],
                   env={"EXTRA": "given"}, background=True, ready="start")
+        # Found as itself the moment the launch returns: the task says its pid once it is
+        # in its own session, with its own command line.
+        run = rt.get_run(f"worker:{i}")
+        assert os.getsid(run.pid) == run.pid and "look.py" in " ".join(
+            psutil.Process(run.pid).cmdline())
     (server,) = servers(rt)
     rt.wait(timeout=60)
     seen = {}
@@ -128,6 +134,22 @@ def test_an_environment_written_by_the_program_or_the_switch_means_a_cold_start(
     assert len(servers(rt)) == 2
 
 
+@pytest.mark.tf
+def test_a_server_that_died_is_replaced_and_its_orphans_still_end(rt):
+    """SIGKILL of the server (by hand, the OOM killer...): its running task goes on and is
+    waited for (exit code unknown: 255); the next launch forks from a new server."""
+    rt.define_cluster(workers=3)
+    sleeper = "import tensorflow, time\ntime.sleep(600)\n"
+    orphan = rt.launch("worker:2", code=sleeper, background=True, ready="start")
+    (server,) = servers(rt)
+    os.kill(server, signal.SIGKILL)
+    psutil.Process(server).wait(10)  # (a zombie until the launcher reaps it)
+    again = rt.launch("worker:0", code="import os, tensorflow\nprint(os.getppid())\n")
+    assert again.process.warm and servers(rt) == [int(again.lines()[-1])] != [server]
+    os.kill(orphan.pid, signal.SIGKILL)
+    assert orphan.process.wait(10) == 255
+
+
 def test_a_server_that_cannot_import_tensorflow_leaves_the_task_to_say_so(rt, tmp_path):
     fake = tmp_path / "fake"
     (fake / "tensorflow").mkdir(parents=True)
@@ -192,6 +214,18 @@ def test_server_and_tasks_end_when_the_kernel_dies(tmp_path):
     ("import os, json\nos.environ['TF_CONFIG'] = json.dumps({})\nimport tensorflow\n", None),
     ("import os\nos.environ[name] = '1'\nimport tensorflow\n", "(some)"),
     ("import os\nos.environ.update(A='1')\nimport tensorflow\n", "(some)"),
+    ("import os\nos.environ |= {'TF_CPP_MIN_LOG_LEVEL': '3'}\nimport tensorflow\n", "(some)"),
+    ("import os\nos.environ['XLA_FLAGS'] += ' --x'\nimport tensorflow\n", "(XLA_FLAGS)"),
+    ("import os\ndel os.environ['TF_ENABLE_ONEDNN_OPTS']\nimport tensorflow\n",
+     "(TF_ENABLE_ONEDNN_OPTS)"),
+    ("import os\nos.environ.__setitem__('A', '1')\nimport tensorflow\n", "(A)"),
+    ("import os\nos.environ.popitem()\nimport tensorflow\n", "(some)"),
+    ("import os\nenv = os.environ\nenv['TF_USE_LEGACY_KERAS'] = '1'\nimport tensorflow\n",
+     "(some)"),
+    ("from dotenv import load_dotenv\nload_dotenv()\nimport tensorflow\n", "(some)"),
+    ("import os, tensorflow\n# os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n", None),
+    ("import os, tensorflow\nif os.environ.get('A') == os.environ['B']: pass\n", None),
+    ("import os, tensorflow\nenv = os.environ.copy()\nenv['A'] = '1'\n", None),
 ])
 def test_which_programs_are_forked(source, reason):
     got = warmstart.cold_reason(source, {})
@@ -224,3 +258,16 @@ def test_the_key_leaves_out_only_what_differs_between_tasks():
     assert warmstart.key_of(a, "/d") == warmstart.key_of(b, "/d")
     assert warmstart.key_of(a, "/d") != warmstart.key_of({**b, "TF_X": "2"}, "/d")
     assert warmstart.key_of(a, "/d") != warmstart.key_of(a, "/e")
+
+
+def test_the_key_has_the_installed_tensorflow_and_start_up_files():
+    """An upgraded TensorFlow (a new __init__.py) or an edited hook gives another key."""
+    import tensorflow  # noqa: F401  (only to find its file)
+
+    stamps = {path: (size, mtime) for path, size, mtime in warmstart._installed()}
+    tf_init = os.path.realpath(sys.modules["tensorflow"].__file__)
+    assert tf_init in {os.path.realpath(p) for p in stamps}
+    for name in ("_bootstrap", "_forkserver", "tfdata", "kerasfix", "taskfacts", "lazyplot"):
+        path = str(ROOT / "mwhelpers" / f"{name}.py")
+        st = os.stat(path)
+        assert stamps[path] == (st.st_size, st.st_mtime_ns)
