@@ -625,6 +625,12 @@ def main():
               f"({cold:.2f} s) {resumed_sb / cold:.2f}. What the standbys cost: the first attempt's "
               f"cold start {cold_sb:.2f} s with them against {cold:.2f} s without (their TensorFlow "
               "import runs while it forms the cluster and starts training)")
+    warm = os.environ.get("MWHELPERS_WARM_START", "1") != "0" and not any(
+        e.startswith("MWHELPERS_WARM_START=0") for e in a.worker_env)
+    if warm and not hosts:
+        print("\n('cold start' is the first attempt's start, forked from the warm-start server "
+              "as every local start is by default; --worker-env MWHELPERS_WARM_START=0 for "
+              "fresh interpreters)")
     if PROFILE is not None:
         out = io.StringIO()
         stats = pstats.Stats(PROFILE, stream=out)
