@@ -44,7 +44,9 @@ import tokenize
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from . import settings
+import psutil
+
+from . import proctree, settings
 
 ENV = "MWHELPERS_WARM_START"
 ROOM_ENV = "MWHELPERS_WARM_ROOM"  # as _forkserver.ROOM_ENV
@@ -263,9 +265,8 @@ def _wait_exit(sock: socket.socket, pid: int) -> int:
 
 def _exists(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
+        return proctree.alive(psutil.Process(pid))
+    except psutil.Error:
         return False
 
 
