@@ -271,7 +271,8 @@ def _exists(pid: int) -> bool:
 
 
 class WarmStarter:
-    """The warm-start servers of one launcher, by key; thread-safe."""
+    """The warm-start servers of one process, by key (its local launchers share it: see
+    :func:`acquire`); thread-safe."""
 
     def __init__(self, python: str, bootstrap: str) -> None:
         self.python = python
