@@ -124,7 +124,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("MWHELPERS_WARM_START", switch, True, "on",
             "`0` starts every local task in a fresh interpreter; by default a task whose "
             "program imports TensorFlow or Keras is forked from a process that imported "
-            "TensorFlow once (2 to 3 s less CPU per task)", "1 or 0"),
+            "TensorFlow once (less CPU per task: benchmarks/bench_warmstart.py)", "1 or 0"),
     Setting("MWHELPERS_RECONNECT_MS", milliseconds, 50, "50",
             "gRPC's first reconnect back-off in every task (added to `TF_GRPC_DEFAULT_OPTIONS` "
             "as `grpc.initial_reconnect_backoff_ms` unless that names it): a task that dials a "

@@ -1,8 +1,9 @@
 """Warm starts: the local backend forks a task from a process that has imported TensorFlow
 already, instead of starting a fresh interpreter that imports it again.
 
-Importing TensorFlow costs 2 to 3 s of CPU in every task, more than a short job's training
-(``benchmarks/bench_warmstart.py`` measures it).  A :class:`WarmStarter` (one per process,
+Importing TensorFlow costs every task about 3 s of CPU (``python -c "import tensorflow"``
+under ``/usr/bin/time``: 2.9 to 3.1 s here), more than a short job's training;
+``benchmarks/bench_warmstart.py`` measures what forking saves.  A :class:`WarmStarter` (one per process,
 shared by its local launchers) keeps, for each environment its tasks start from, a server process
 (``_forkserver.py``, run as ``_bootstrap.py --zygote``) that imported TensorFlow once; each
 task is then forked from it and goes on as a cold start would after its own
