@@ -5,7 +5,7 @@ figures, not a test).
     .venv/bin/python benchmarks/bench_flood.py [--rounds N] [--lines N]
 
 Each round starts two real local tasks through ``mwhelpers.Runtime`` (in the background,
-then ``rt.watch(runs, stream=True)``, the way a foreground ``%%worker`` streams) that print
+then ``rt.jobs.current().watch(runs, stream=True)``, the way a foreground ``%%worker`` streams) that print
 ``--lines`` lines each (default 200,000), every 1,000th of them 10,000 characters long.  The
 echo stands in for the cell: it prints every line it is given into a file, flushed, as the
 kernel's default echo prints to the cell.  A round is watched twice, alternately: with
@@ -71,7 +71,7 @@ def one_watch(lines, bounded, workdir):
                               background=True, ready="start") for i in range(2)]
             cell.lines = 0  # the "started in the background" lines are not the flood's
             cpu0 = time.process_time()
-            rt.watch(runs, 300, stream=True)
+            rt.jobs.current().watch(runs, 300, stream=True)
             cpu = time.process_time() - cpu0
             took = time.monotonic() - t0
             logged = sum(r.log_path.stat().st_size for r in runs)

@@ -26,13 +26,15 @@ TRAIN = ROOT / "tests" / "programs" / "mwms_train.py"
 
 
 def one_round(rt, workers, **where):
+    from mwhelpers.job import end_runs
+
     t0 = time.perf_counter()
     rt.define_cluster(workers, **where)
     t1 = time.perf_counter()
     for i in range(workers):
         rt.launch(f"worker:{i}", script=str(TRAIN), background=True, timeout=120)
     t2 = time.perf_counter()
-    rt.end(rt.running_runs(), "benchmark round over", "now")
+    end_runs([r for r in rt.runs.values() if r.running], "benchmark round over")
     return t1 - t0, t2 - t1
 
 

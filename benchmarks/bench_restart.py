@@ -456,7 +456,7 @@ def one_round(rt, workdir, probe, worker_env=(), standby=False, **where):
                             max_restarts=1, timeout=180, stream=False, env=env,
                             standby=standby)
     monkey.join(5)
-    first, second = attempts[0]["runs"], attempts[1]["runs"]
+    first, second = attempts[0].runs, attempts[1].runs
     launched = min(r.launched_wall for r in first)
     cold = max(steps_of(r)[0][1] for r in first) - launched
     victim = next(r for r in first if str(r.task) == monkey.kills[0][1])

@@ -32,18 +32,32 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from . import stacks
 from .backends.base import LaunchSpec
 from .backends.local import LocalLauncher
-from .cluster import Task
+from .cluster import Cluster, Task
 from .diagnosis import explain_stuck
 from .errors import CellFailed, InfrastructureError, UsageError
+from .job import end_runs
 from .logs import QuietFilter, shown, tail_lines
 
 if TYPE_CHECKING:
+    from .launchoptions import ReadyMode
     from .taskrun import TaskRun
-    from .workers import Runtime
+
+
+class Host(Protocol):
+    """What interactive tasks use of the runtime that starts them (its public API)."""
+
+    verbose: bool
+
+    @property
+    def log_dir(self) -> Path: ...
+
+    def launch(self, task: Task, *, code: str, background: bool, ready: ReadyMode,
+               env: Mapping[str, str]) -> TaskRun: ...
 
 # The program each task runs: an engine whose connection (addresses and key) comes from the
 # environment, not from a file on its host; without ipyparallel's nanny, so that signals
@@ -184,10 +198,9 @@ def _equal(a: Any, b: Any) -> bool:
 class Interactive:
     """The engines of one cluster's tasks and ipyparallel's controller and client."""
 
-    def __init__(self, rt: Runtime, timeout: float = 60) -> None:
+    def __init__(self, rt: Host, cluster: Cluster, timeout: float = 60) -> None:
         self.ipp = _require_ipyparallel()
         self.rt = rt
-        cluster = rt._cluster
         self.cluster = cluster
         self.tasks: list[Task] = list(cluster.tasks)
         self.cells = 0  # cells run so far
@@ -414,13 +427,13 @@ class Interactive:
         stuck_runs = [self.runs[t] for t in busy]
         if busy:
             if timed_out is not None:  # stacks first, then a chance to stop: maybe only slow
-                self.rt._job()._dump_stacks(stuck_runs)
+                stacks.dump(stuck_runs)
                 still = self._stop(ar, tasks, busy)
                 head = (f"{', '.join(map(str, busy))} did not finish cell {n} within "
                         f"{timed_out:g} s; {_stacks_written(busy, 'interrupted (SIGINT)')}")
                 if still:
-                    self.rt._job().end([self.runs[t] for t in still], "now",
-                                       f"did not stop at SIGINT after cell {n} timed out")
+                    end_runs([self.runs[t] for t in still],
+                             f"did not stop at SIGINT after cell {n} timed out")
                     head += (f"; {', '.join(map(str, still))} did not stop within "
                              f"{INTERRUPT_WAIT:g} s: stuck where Python cannot interrupt (a "
                              "collective waiting for a peer, most often), so ended")
@@ -435,7 +448,8 @@ class Interactive:
                         "collective for a peer that will never join, most likely, which no "
                         f"signal interrupts; {_stacks_written(busy, 'ended')}")
             if timed_out is None:
-                self.rt._job().end(stuck_runs, "stuck", f"stuck in cell {n}")
+                stacks.dump(stuck_runs)
+                end_runs(stuck_runs, f"stuck in cell {n}")
             where, found = explain_stuck(stuck_runs, [self.runs[t] for t in self.tasks])
             lines.append(head + ".")
             lines += [ln for f in found for ln in f.lines()]
@@ -501,7 +515,7 @@ class Interactive:
         task): TensorFlow sets a process's collectives up once."""
         tasks = self.targets(targets)
         live = [self.runs[t] for t in tasks if self.runs[t].running]
-        self.rt.end(live, "restarted", "now")
+        end_runs(live, "restarted")
         for t in tasks:
             if t in self.engine_of:
                 self._gone.add(self.engine_of.pop(t))
@@ -511,7 +525,7 @@ class Interactive:
         """End the engines, the client and the controller."""
         live = [r for r in self.runs.values() if r.running]
         if live:
-            self.rt.end(live, "the interactive cluster was closed", "now")
+            end_runs(live, "the interactive cluster was closed")
         if self.client is not None:
             try:
                 self.client.close(linger=0)  # the engines are gone: nothing to deliver

@@ -1,17 +1,20 @@
-"""A job: the runs of one attempt, and the only thing that starts, watches, waits for and
+"""Jobs: the runs of one attempt, and the only thing that starts, watches, waits for and
 ends them.
 
-A :class:`Job` is made by its host (the :class:`~mwhelpers.workers.Runtime`, through
-:meth:`JobHost.new_job`) for each attempt: the tasks a notebook launches one by one
-form attempt 1 of the current cluster; :func:`mwhelpers.supervisor.supervise` makes a
-new job for every attempt it starts.  The host keeps the cluster, the history and the
-reports; it lends the job what only it knows: how one task's process is spawned
-(``spawn``), how readiness is probed, where lines are echoed.
+A :class:`Job` is given the :class:`~mwhelpers.spawner.Spawner` of its cluster, which checks
+and starts its tasks, and the :class:`Jobs` it belongs to.  The tasks a notebook launches one
+by one form attempt 1 of the current cluster; :func:`mwhelpers.supervisor.supervise` makes a
+new job for every attempt it starts.  A launch goes one way through it: requests, checked
+once (:meth:`Job.start`), spawned, watched (:meth:`Job.watch`, :meth:`Job.await_ready`), and
+its outcome (:meth:`Job.failures`).
 
-Every way a run is ended goes through :meth:`Job.end` with a named policy (see
-:data:`mwhelpers.proctree.ESCALATIONS`): ``"now"`` (SIGKILL), ``"interrupt"`` (SIGTERM,
-then SIGKILL), ``"gentle"`` (SIGINT, SIGTERM, SIGKILL) and ``"stuck"`` (each task's
-Python stacks dumped into its log first, then SIGKILL).
+Every way a run is ended goes through :meth:`Job.end` with a
+:class:`~mwhelpers.proctree.Policy`: ``NOW`` (SIGKILL), ``INTERRUPT`` (SIGTERM, then SIGKILL)
+and ``GENTLE`` (SIGINT, SIGTERM, SIGKILL).  A stuck task has its Python stacks dumped into
+its log first (:func:`mwhelpers.stacks.dump`), a step of its own.
+
+:class:`Jobs` is a runtime's record of its jobs, oldest first: the only registry of runs;
+the runtime reads its ``runs`` and ``history`` from it.
 """
 
 from __future__ import annotations
@@ -21,66 +24,48 @@ import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import psutil
 
 from . import failures as failure_records
-from . import proctree
+from . import proctree, stacks
 from .backends.base import end_local, end_together
 from .diagnosis import explain_failure
 from .errors import UsageError, WorkerFailed
 from .failures import Failure
+from .proctree import Policy
 from .taskrun import LaunchRequest, Standby, TaskRun, parse_timeout
-from .timeouts import timeout_error
-from .watcher import CellLimits, Watcher, echo_lines
+from .timeouts import not_ready_error, timeout_error
+from .watcher import CellLimits, Watcher, await_ready, echo_lines
 
 if TYPE_CHECKING:
-    from .cluster import Cluster, Task
+    from .cluster import Task
+    from .spawner import Spawner
 
-POLICIES = ("now", "interrupt", "gentle", "stuck")
+TRAINING_JOBS = ("chief", "worker")  # tasks that wait for each other (collectives)
+WatchEnd = Literal["ended", "until"]
 
 
-class JobHost(Protocol):
-    """What a job needs from the runtime that made it (and what the supervisor uses)."""
+class Console(Protocol):
+    """Where a job says what it does, and how much of a task's output a cell shows."""
 
     echo: Callable[[str], None]
     verbose: bool
     cell_limits: CellLimits
 
-    @property
-    def log_dir(self) -> Path: ...
-
-    def ensure_cluster(self) -> Cluster: ...
-
-    def new_job(self, attempt: int = 1, supervised: bool = False) -> Job: ...
-
-    def spawn(self, task: Task, request: LaunchRequest, attempt: int,
-              standby: Standby | None = None) -> TaskRun: ...
-
-    def spawn_standby(self, task: Task, request: LaunchRequest,
-                      attempt: int) -> Standby | None: ...
-
-    def discard_standby(self, standby: Standby) -> None: ...
-
-    def checked_tasks(self, requests: Sequence[LaunchRequest], look: bool = True) -> list[Task]: ...
-
-    def probe(self, run: TaskRun) -> bool: ...
-
-    def not_ready_tasks(self) -> list[tuple[Task, str]]: ...
-
-    def latest_runs(self) -> list[TaskRun]: ...
-
 
 class Job:
-    """The runs of attempt ``attempt``, started through ``host``."""
+    """The runs of attempt ``attempt``, started through ``spawner``, one of ``book``."""
 
-    def __init__(self, host: JobHost, attempt: int = 1) -> None:
-        self.host = host
+    def __init__(self, spawner: Spawner, book: Jobs, attempt: int = 1,
+                 supervised: bool = False) -> None:
+        self.spawner = spawner
+        self.book = book
+        self.console: Console = book.console
         self.attempt = attempt
+        self.supervised = supervised  # made by the supervisor for one of its attempts
         self.runs: list[TaskRun] = []
-        self.supervised = False  # made by the supervisor for one of its attempts
 
     def __repr__(self) -> str:
         return f"Job(attempt {self.attempt}: {', '.join(str(r.task) for r in self.runs)})"
@@ -88,21 +73,21 @@ class Job:
     # -- starting ----------------------------------------------------------------------
     def start(self, requests: Sequence[LaunchRequest], look: bool = True,
               standbys: Mapping[Task, Standby] | None = None) -> list[TaskRun]:
-        """Start ``requests`` back to back, all checked first (a bad one starts nothing);
-        when one cannot be started, the ones already started are ended and the error
-        raised.  ``look``: look at each program before its launch (the supervisor's
+        """Start ``requests`` back to back, all checked first, once (a bad one starts
+        nothing); when one cannot be started, the ones already started are ended and the
+        error raised.  ``look``: look at each program before its launch (the supervisor's
         restarts start what it looked at already).  ``standbys``: processes started ahead
         for some tasks, released instead of started.  Returns the new runs; nothing waits
         here for readiness."""
-        tasks = self.host.checked_tasks(requests, look)
+        tasks = self.spawner.check(requests, self.book.latest(), look)
         started: list[TaskRun] = []
         try:
             for task, request in zip(tasks, requests, strict=True):
                 standby = (standbys or {}).get(task)
-                started.append(self.host.spawn(task, request, self.attempt, standby))
+                started.append(self.spawner.spawn(task, request, self.attempt, standby))
                 self.runs.append(started[-1])
         except BaseException:
-            self.end(started, "now", f"ended: attempt {self.attempt} could not start every task")
+            self.end(started, f"ended: attempt {self.attempt} could not start every task")
             raise
         return started
 
@@ -111,20 +96,44 @@ class Job:
         return list({r.task: r for r in self.runs}.values())
 
     # -- following ---------------------------------------------------------------------
+    def await_ready(self, run: TaskRun, timeout: float | None) -> TaskRun:
+        """Wait until ``run`` is ready (its port accepts connections, or at once for a run
+        ready once started), saying so; a run that fails first raises WorkerFailed, one not
+        ready within ``timeout`` s (default 120) is ended and raises WorkerTimeout."""
+        echo, timeout = self.console.echo, 120.0 if timeout is None else timeout
+        if run.ready_mode == "start":
+            run.mark_ready()
+            echo(f"[{run.task}] started in the background (pid {run.pid}); log: {run.log_path}")
+            return run
+        echo(f"[{run.task}] starting in the background (pid {run.pid}); waiting until "
+             f"{run.address} accepts connections ... log: {run.log_path}")
+        how = await_ready(run, self.spawner.probe, run.started + timeout)
+        if how == "ready":
+            echo(f"[{run.task}] ready after {run.ready_after:.2f} s (port {run.port} is open)")
+        elif how == "ended":
+            if run.failed:
+                self.raise_failures([run])
+            echo(f"[{run.task}] ended with exit code 0 before it opened port {run.port}")
+        else:
+            stacks.dump([run])
+            self.end([run], f"ended by mwhelpers: it did not become ready within {timeout:g} s")
+            raise not_ready_error(run, timeout, self.spawner.cluster.host_of(run.task))
+        return run
+
     def watch(self, runs: Iterable[TaskRun] | None = None, timeout: float | None = None, *,
               stream: bool = False, quiet: bool | None = None,
               on_line: Callable[[TaskRun, str], None] | None = None,
               until: Callable[[], bool] | None = None, what: str = "did not finish",
-              end_on_interrupt: bool = True) -> str:
+              end_on_interrupt: bool = True) -> WatchEnd:
         """Follow ``runs`` (default: the latest of each task) until all have ended
         (``"ended"``) or ``until()`` is true (``"until"``).  See
         :meth:`mwhelpers.workers.Runtime.watch`."""
         runs = self.latest() if runs is None else list(runs)
-        watcher = Watcher(runs, probe=self.host.probe)
+        watcher = Watcher(runs, probe=self.spawner.probe)
         if stream:
-            watcher.on_line(echo_lines(self.host.echo,
-                                       not self.host.verbose if quiet is None else quiet,
-                                       self.host.cell_limits))
+            watcher.on_line(echo_lines(self.console.echo,
+                                       not self.console.verbose if quiet is None else quiet,
+                                       self.console.cell_limits))
         if on_line is not None:
             watcher.on_line(on_line)
         try:
@@ -133,17 +142,18 @@ class Job:
             if not end_on_interrupt:
                 raise
             alive = [r for r in runs if r.running]
-            self.end(alive, "interrupt", "ended by mwhelpers on interrupt")
+            self.end(alive, "ended by mwhelpers on interrupt", Policy.INTERRUPT)
             if alive:
-                self.host.echo("interrupted: ended " + ", ".join(str(r.task) for r in alive))
+                self.console.echo("interrupted: ended " + ", ".join(str(r.task) for r in alive))
             raise
         if how == "deadline":
             assert timeout is not None  # the watcher sets a deadline only with a timeout
             stuck = [r for r in runs if r.running]
-            self.end(stuck, "stuck", f"ended by mwhelpers: it {what} within {timeout:g} s")
-            raise timeout_error(stuck, timeout, what, self.host.latest_runs(),
-                                self.host.not_ready_tasks())
-        return how
+            stacks.dump(stuck)
+            self.end(stuck, f"ended by mwhelpers: it {what} within {timeout:g} s")
+            raise timeout_error(stuck, timeout, what, list(self.book.latest().values()),
+                                self.book.not_ready())
+        return "ended" if how == "ended" else "until"
 
     def wait(self, timeout: float | str | None = None,
              grace_after_failure: float = 30.0, runs: Iterable[TaskRun] | None = None,
@@ -160,8 +170,9 @@ class Job:
             return bool(failed) and time.monotonic() - min(failed) > grace_after_failure
 
         self.watch(runs, parse_timeout(timeout), until=stop_when, stream=stream, quiet=quiet)
-        self.end([r for r in runs if r.running], "stuck",
-                 f"ended by mwhelpers: {grace_after_failure:g} s after a peer failed")
+        stuck = [r for r in runs if r.running]
+        stacks.dump(stuck)
+        self.end(stuck, f"ended by mwhelpers: {grace_after_failure:g} s after a peer failed")
         self.raise_failures(runs)
         return runs
 
@@ -179,46 +190,10 @@ class Job:
             run.wait(5)
         return run
 
-    def end(self, runs: Iterable[TaskRun] | None = None, policy: str = "now", why: str = "",
-            extra: Iterable[psutil.Process] = ()) -> list[str]:
-        """End the process trees of ``runs`` (default: every run of this job) that still run,
-        all at once, through the escalation ``policy`` names (:data:`POLICIES`), noting
-        ``why`` in their outcome; also the local processes ``extra``.  Returns lines saying
-        what ended with which signal, labelled with the owning task, and what could not."""
-        if policy not in POLICIES:
-            raise UsageError(f"policy {policy!r}: one of {', '.join(POLICIES)}")
-        live = [r for r in (self.runs if runs is None else runs) if r.running]
-        for r in live:
-            r.note = r.note or why
-        if policy == "stuck":
-            self._dump_stacks(live)
-        escalation = proctree.ESCALATIONS["now" if policy == "stuck" else policy]
-        others = list(extra)
-        if others:  # those a task's own ending covers are left to it (a scan of the processes)
-            owned = {p.pid for r in live for p in r.process.processes()} | {os.getpid()}
-            others = list({p.pid: p for p in others if p.pid not in owned}.values())
-        jobs: list[Callable[[], list[str]]] = [partial(r.process.end, escalation, str(r.task))
-                                               for r in live]
-        if others:
-            jobs.append(lambda: end_local(others, escalation)[0])
-        return end_together(jobs)
-
-    @staticmethod
-    def _dump_stacks(runs: Sequence[TaskRun], within: float = 1.0) -> None:
-        """Have every run write its Python stacks into its log, and give the dumps up to
-        ``within`` seconds, for all at once, to land."""
-        sizes: dict[TaskRun, int] = {}
-        for r in runs:
-            sizes[r] = r.log_path.stat().st_size if r.log_path.exists() else 0
-            r.process.dump_stacks()
-        deadline = time.monotonic() + within
-        waiting = list(runs)
-        while waiting and time.monotonic() < deadline:
-            time.sleep(0.05)
-            waiting = [r for r in waiting
-                       if not (r.log_path.exists() and r.log_path.stat().st_size > sizes[r])]
-        if len(waiting) < len(runs):
-            time.sleep(0.1)  # the rest of a dump that has begun
+    def end(self, runs: Iterable[TaskRun] | None = None, why: str = "",
+            policy: Policy | str = Policy.NOW) -> list[str]:
+        """End ``runs`` (default: every run of this job) that still run: :func:`end_runs`."""
+        return end_runs(self.runs if runs is None else runs, why, policy)
 
     # -- outcome ---------------------------------------------------------------------------
     def failures(self, runs: Iterable[TaskRun] | None = None,
@@ -232,15 +207,100 @@ class Job:
         # passed in would be used up by the first).
         found = failure_records.in_order(runs, tuple(restartable_exit_codes))
         if found and diagnose:
-            self.diagnose(found, runs)
+            diagnose_root(found, runs)
         return found
-
-    @staticmethod
-    def diagnose(found: Sequence[Failure], runs: Sequence[TaskRun]) -> None:
-        """Put on the root cause ``found[0]`` what the failure means and what to do."""
-        found[0].diagnosis = [f.to_dict() for f in explain_failure(found, runs)]
 
     def raise_failures(self, runs: Iterable[TaskRun] | None = None) -> None:
         found = self.failures(runs)
         if found:
             raise WorkerFailed(failure_records.report(found), found)
+
+
+def end_runs(runs: Iterable[TaskRun], why: str = "", policy: Policy | str = Policy.NOW,
+             extra: Iterable[psutil.Process] = ()) -> list[str]:
+    """End the process trees of ``runs`` that still run, all at once, through the escalation
+    of ``policy``, noting ``why`` in their outcome; also the local processes ``extra``.  The
+    one way the kernel ends processes: each run's backend escalates
+    (:meth:`~mwhelpers.backends.base.Process.end`), ``extra`` through
+    :func:`mwhelpers.proctree.end_processes`.  Returns lines saying what ended with which
+    signal, labelled with the owning task, and what could not."""
+    escalation = Policy.parse(policy).escalation
+    live = [r for r in runs if r.running]
+    for r in live:
+        r.note = r.note or why
+    others = list(extra)
+    if others:  # those a task's own ending covers are left to it (a scan of the processes)
+        owned = {p.pid for r in live for p in r.process.processes()} | {os.getpid()}
+        others = list({p.pid: p for p in others if p.pid not in owned}.values())
+    jobs: list[Callable[[], list[str]]] = [partial(r.process.end, escalation, str(r.task))
+                                           for r in live]
+    if others:
+        jobs.append(lambda: end_local(others, escalation)[0])
+    return end_together(jobs)
+
+
+def diagnose_root(found: Sequence[Failure], runs: Sequence[TaskRun]) -> None:
+    """Put on the root cause ``found[0]`` what the failure means and what to do."""
+    found[0].diagnosis = [f.to_dict() for f in explain_failure(found, runs)]
+
+
+class Jobs:
+    """A runtime's jobs, oldest first: it makes each (for the cluster of the spawner it was
+    last given), says which one watches and ends go through, and reads the runs from them."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.spawner: Spawner | None = None  # the current cluster's
+        self.all: list[Job] = []
+        self._current: Job | None = None
+
+    def use(self, spawner: Spawner | None) -> None:
+        """Later jobs start the tasks of ``spawner``'s cluster (None: no cluster)."""
+        self.spawner, self._current = spawner, None
+
+    def new(self, attempt: int = 1, supervised: bool = False) -> Job:
+        """A new job for ``attempt`` of the current cluster's tasks; it becomes the current."""
+        if self.spawner is None:
+            raise UsageError("no cluster is defined (%cluster N or define_cluster defines one)")
+        self._current = Job(self.spawner, self, attempt, supervised)
+        self.all.append(self._current)
+        return self._current
+
+    def current(self) -> Job:
+        """The job watches, signals and ends go through (attempt 1 when none was made yet)."""
+        return self._current if self._current is not None else self.new(1)
+
+    def for_launch(self) -> Job:
+        """The job that tasks launched one by one join: attempt 1, until a cluster is
+        defined again or a supervised run made its own."""
+        current = self._current
+        return current if current is not None and not current.supervised else self.new(1)
+
+    def of_cluster(self) -> list[TaskRun]:
+        """Every run of the current cluster, oldest first."""
+        return [r for j in self.all if j.spawner is self.spawner for r in j.runs]
+
+    def latest(self) -> dict[Task, TaskRun]:
+        """The latest run of each task of the current cluster."""
+        return {r.task: r for r in self.of_cluster()} if self.spawner is not None else {}
+
+    def history(self) -> list[TaskRun]:
+        """Every run, oldest first."""
+        return [r for j in self.all for r in j.runs]
+
+    def not_ready(self) -> list[tuple[Task, str]]:
+        """(task, reason) for each chief/worker task of the current cluster that never
+        became ready."""
+        if self.spawner is None:
+            return []
+        latest, out = self.latest(), []
+        for task in self.spawner.cluster.tasks:
+            if task.type not in TRAINING_JOBS:
+                continue
+            run = latest.get(task)
+            if run is None:
+                out.append((task, "never launched"))
+            elif run.ready_after is None and run.returncode != 0:
+                out.append((task, f"{run.outcome()} before its port opened" if not run.running
+                            else f"running, but port {run.port} never opened"))
+        return out

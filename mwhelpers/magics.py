@@ -193,7 +193,7 @@ class WorkerMagics(Magics):
     def rt(self) -> Runtime:
         rt = runtime()
         if self._session_name is not None:
-            rt.use_session_name(self._session_name)
+            rt.session_name = rt.session_name or self._session_name
             self._session_name = None
         return rt
 
@@ -269,7 +269,7 @@ class WorkerMagics(Magics):
         return cluster
 
     def _engines(self) -> Interactive:
-        engines = self.rt._interactive
+        engines = self.rt.engines
         if engines is None or engines.closed:
             raise UsageError("no interactive tasks: define the cluster with %cluster N "
                              "--interactive (or call rt.interactive()) first")
@@ -305,7 +305,7 @@ class WorkerMagics(Magics):
         if a is not None and a.tasks and a.targets:
             raise UsageError("give tasks (worker:1) or --targets (engine numbers), not both")
         if a is not None and a.tasks:
-            targets = [self.rt._resolve(t) for t in a.tasks]
+            targets = [engines.cluster.check_task(t) for t in a.tasks]
         elif a is not None and a.targets:
             targets = a.targets
         from .interactive import GRACE
@@ -342,7 +342,7 @@ class WorkerMagics(Magics):
         process sets its collectives up once, so after a failure all restart)."""
         a = _parse(self.pxrestart, line)
         engines = self._engines()
-        targets = [self.rt._resolve(t) for t in a.tasks] or None
+        targets = [engines.cluster.check_task(t) for t in a.tasks] or None
         engines.restart(targets, a.timeout)
         print("restarted " + ", ".join(f"{t} (engine {engines.engine_of[t]})"
                                        for t in engines.targets(targets)))
@@ -395,10 +395,7 @@ class WorkerMagics(Magics):
             tasks = None if task.lower() == "all" else [t for t in task.split(",") if t]
             runs = self.rt.launch_all(code=cell, script=script, args=args, tasks=tasks, **o)
         else:
-            from .taskrun import LaunchRequest
-
-            runs = [self.rt.start(LaunchRequest.parse(task, code=cell, script=script, args=args,
-                                                      **o))]
+            runs = [self.rt.launch(task or "worker:0", code=cell, script=script, args=args, **o)]
         if o.get("background") and self.in_kernel:
             for run in runs:
                 self.live.show(run)  # updates itself while the task runs
@@ -593,7 +590,7 @@ def load(ipython: InteractiveShell) -> None:
 def _verbose() -> bool:
     """The kernel's runtime's ``verbose``, if there is a runtime yet (none is made here)."""
     workers = sys.modules.get("mwhelpers.workers")
-    rt = getattr(workers, "_RUNTIME", None)
+    rt = workers.existing_runtime() if workers is not None else None
     return bool(rt is not None and rt.verbose)
 
 
@@ -619,7 +616,7 @@ def unload(ipython: InteractiveShell) -> None:
     if script_magics is not None and hasattr(script_magics, "killbgscripts"):
         table["line"]["killbgscripts"] = script_magics.killbgscripts
     workers = sys.modules.get("mwhelpers.workers")  # None: nothing was ever launched
-    running = workers.runtime().running_runs() if workers is not None else []
+    running = [r for r in workers.runtime().runs.values() if r.running] if workers else []
     if running:
         names = ", ".join(str(r.task) for r in running)
         print(f"mwhelpers unloaded; {len(running)} task(s) keep running: {names}. "

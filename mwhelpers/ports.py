@@ -40,7 +40,7 @@ def lock_dir() -> Path:
 
 def port_range() -> tuple[int, int]:
     """The (low, high) range ports are drawn from, both ends included."""
-    given = settings.get("MWHELPERS_PORT_RANGE")
+    given = settings.PORT_RANGE.read()
     if given is not None:
         return given
     low, high = DEFAULT_RANGE

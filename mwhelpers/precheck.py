@@ -24,12 +24,18 @@ from __future__ import annotations
 import ast
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .kerasfix import GRADIENTS_REDUCED_SINCE, major_minor
 from .kerasfix import TESTED as KERAS_FIX_TESTED
+from .packages import installed
 from .taskfacts import LEGACY_ENV, legacy_selected
+
+if TYPE_CHECKING:
+    from .taskrun import LaunchRequest
 
 _MWMS = re.compile(r"(^|\.)(MultiWorkerMirroredStrategy|CollectiveAllReduceStrategy)$")
 # Calls that run a TensorFlow operation (and so set up TensorFlow's context), by qualified
@@ -312,3 +318,42 @@ def check(source: str, path: str | os.PathLike[str], env: Mapping[str, str],
 def _keras3(keras_version: str | None, tf_version: str | None) -> bool:
     return bool(keras_version and tf_version) and major_minor(keras_version) >= (3, 0) \
         and major_minor(tf_version) >= (2, 16)
+
+
+class Lookout:
+    """The look before launch: :func:`check` on each launch's program, its warnings said
+    through ``echo`` once per program text (a runtime keeps one for its life)."""
+
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        self.echo = echo
+        self._said: set[tuple[int, str]] = set()  # (program text hash, warning)
+
+    def look(self, request: LaunchRequest, python: str, keras_fix: bool) -> list[str]:
+        """Warn, never refuse, about the mistakes that can be seen in ``request``'s program,
+        to be run by the Python ``python`` with the Keras fix on or off; returns every
+        warning (those said before too)."""
+        if request.code is not None:
+            source, path, folders = request.code, "cell.py", [os.getcwd()]
+        else:
+            assert request.script is not None  # a request holds code or a script
+            try:
+                source = request.script.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                return []
+            path, folders = str(request.script), [str(request.script.parent)]
+        same_python = python == sys.executable
+        keras_version, tf_version = ((installed("keras"), installed("tensorflow"))
+                                     if same_python else (None, None))
+        try:
+            warnings = check(source, path, {**os.environ, **request.env}, keras_version,
+                             tf_version, folders, cell=request.code is not None,
+                             keras_fix=keras_fix)
+        except Exception as e:  # a look that fails must not stop the launch
+            warnings = [f"the program could not be looked at before its launch "
+                        f"({type(e).__name__}: {e}); it runs all the same"]
+        for warning in warnings:
+            key = (hash(source), warning)
+            if key not in self._said:
+                self._said.add(key)
+                self.echo(f"[mwhelpers] warning: {warning}")
+        return warnings

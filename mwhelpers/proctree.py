@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Collection, Container, Iterable, Sequence
+from enum import Enum
 
 import psutil
 
@@ -120,6 +121,29 @@ ESCALATIONS: dict[str, Escalation] = {
     # stuck task once its stacks are dumped, everything when the runtime closes
     "now": ((signal.SIGKILL, 3.0),),
 }
+
+
+class Policy(str, Enum):
+    """How runs are ended: the name of an escalation of :data:`ESCALATIONS`.  A stuck task
+    has its stacks dumped first (:func:`mwhelpers.stacks.dump`), then is ended ``NOW``."""
+
+    NOW = "now"
+    INTERRUPT = "interrupt"
+    GENTLE = "gentle"
+
+    @property
+    def escalation(self) -> Escalation:
+        return ESCALATIONS[self.value]
+
+    @classmethod
+    def parse(cls, value: Policy | str) -> Policy:
+        """``value`` as a Policy; UsageError naming the policies when it is none."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise UsageError(f"policy {value!r}: one of {', '.join(p.value for p in cls)}") from None
+
+
 DEFAULT_ESCALATION = ESCALATIONS["gentle"]
 
 

@@ -2,8 +2,9 @@
 
 :data:`SETTINGS` holds the variables a user sets (each with its type, its
 default and what it means) and :data:`SET_BY_MWHELPERS` the ones mwhelpers sets
-in a task's environment for the task's own program to read.  :func:`get`
-reads a user setting, checked: a bad value is a
+in a task's environment for the task's own program to read.  Each setting is also a
+typed constant (``settings.KERAS_FIX.read()`` is a ``bool``); reading one checks it: a bad
+value is a
 :class:`~mwhelpers.errors.UsageError` that names the variable and says what to
 give.  The list in the guide, ``docs/guide/extension.md`` (its "Settings"), is
 :func:`markdown` (``python -m mwhelpers.settings`` prints it; a test keeps the
@@ -21,7 +22,7 @@ import os
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
 
 from .errors import UsageError
 
@@ -71,19 +72,23 @@ def port(text: str) -> int:
     return value
 
 
+T = TypeVar("T", covariant=True)
+
+
 @dataclass(frozen=True)
-class Setting:
+class Setting(Generic[T]):
     """One environment variable: ``parse`` turns its text into the value (raising
     ValueError when it cannot), ``default`` is used when it is unset or blank."""
 
     name: str
-    parse: Callable[[str], Any]
-    default: Any
+    parse: Callable[[str], T]
+    default: T
     shown_default: str
     meaning: str
     give: str  # what to give, said when the value is bad
 
-    def read(self, environ: Mapping[str, str] | None = None) -> Any:
+    def read(self, environ: Mapping[str, str] | None = None) -> T:
+        """Its value in ``environ`` (default: this process's), checked."""
         text = (os.environ if environ is None else environ).get(self.name, "").strip()
         if not text:
             return self.default
@@ -93,46 +98,59 @@ class Setting:
             raise UsageError(f"{self.name}={text!r}: give {self.give}") from None
 
 
-SETTINGS: tuple[Setting, ...] = (
-    Setting("MWHELPERS_LOG_DIR", str, None, "`./worker_logs`",
-            "the folder under which each kernel's task logs go (one subfolder per notebook and "
-            "kernel)", "a folder"),
-    Setting("MWHELPERS_PORT_RANGE", port_range_text, None,
-            "20000 to just below the ephemeral range",
-            "the ports a local cluster's tasks get (reserved across notebooks with file locks)",
-            "LOW-HIGH with 1024 <= LOW <= HIGH <= 65535, for example 20000-30000"),
-    Setting("MWHELPERS_SSH", command, ["ssh"], "`ssh`",
-            "the ssh command of the ssh backend, for example `ssh -F my_config` (its `ssh` "
-            "option wins)", "a command, for example 'ssh -F my_config'"),
-    Setting("MWHELPERS_HEARTBEAT", seconds_or_off, 10.0, "10",
-            "seconds of silence after which a task on another host counts as lost and its "
-            "agent ends it; 0 turns the heartbeat off (the ssh and slurm backends' `heartbeat` "
-            "option wins)",
-            "the seconds of silence after which a remote task counts as lost (1 or more; 0 "
-            "turns the heartbeat off)"),
-    Setting("MWHELPERS_STALL_FIX", switch, True, "on",
-            "`0` turns off, for the kernel's launches, the end-of-fit stall fix (tf.data "
-            "autotuning off in MultiWorkerMirroredStrategy workers); `--no-stall-fix` per launch",
-            "1 or 0"),
-    Setting("MWHELPERS_KERAS_FIX", switch, True, "on",
-            "`0` turns off the Keras 3 multi-worker fix (keras-team/keras#20585), also an "
-            "explicit `fix_keras_multi_worker()` call; `--no-keras-fix` per launch", "1 or 0"),
-    Setting("MWHELPERS_LAZY_PYPLOT", switch, True, "on",
-            "`0` lets Keras import `matplotlib.pyplot` when a task imports Keras (by default "
-            "the import waits until a plot needs it: about 0.4 s less CPU at every start)",
-            "1 or 0"),
-    Setting("MWHELPERS_WARM_START", switch, True, "on",
-            "`0` starts every local task in a fresh interpreter; by default a task whose "
-            "program imports TensorFlow or Keras is forked from a process that imported "
-            "TensorFlow once (less CPU per task: benchmarks/bench_warmstart.py)", "1 or 0"),
-    Setting("MWHELPERS_RECONNECT_MS", milliseconds, 50, "50",
-            "gRPC's first reconnect back-off in every task (added to `TF_GRPC_DEFAULT_OPTIONS` "
-            "as `grpc.initial_reconnect_backoff_ms` unless that names it): a task that dials a "
-            "peer not yet up tries again after this, not after gRPC's 1 s; `0` leaves gRPC's own",
-            "whole milliseconds, 0 or more"),
-    Setting("MWHELPERS_PORT_BASE", port, None, "from the Slurm job id",
-            "in a batch script from `write_sbatch`: the first of the ports its tasks use",
-            "a port number between 1024 and 65535"),
+LOG_DIR: Setting[str | None] = Setting(
+    "MWHELPERS_LOG_DIR", str, None, "`./worker_logs`",
+    "the folder under which each kernel's task logs go (one subfolder per notebook and "
+    "kernel)", "a folder")
+PORT_RANGE: Setting[tuple[int, int] | None] = Setting(
+    "MWHELPERS_PORT_RANGE", port_range_text, None,
+    "20000 to just below the ephemeral range",
+    "the ports a local cluster's tasks get (reserved across notebooks with file locks)",
+    "LOW-HIGH with 1024 <= LOW <= HIGH <= 65535, for example 20000-30000")
+SSH: Setting[list[str]] = Setting(
+    "MWHELPERS_SSH", command, ["ssh"], "`ssh`",
+    "the ssh command of the ssh backend, for example `ssh -F my_config` (its `ssh` "
+    "option wins)", "a command, for example 'ssh -F my_config'")
+HEARTBEAT: Setting[float] = Setting(
+    "MWHELPERS_HEARTBEAT", seconds_or_off, 10.0, "10",
+    "seconds of silence after which a task on another host counts as lost and its "
+    "agent ends it; 0 turns the heartbeat off (the ssh and slurm backends' `heartbeat` "
+    "option wins)",
+    "the seconds of silence after which a remote task counts as lost (1 or more; 0 "
+    "turns the heartbeat off)")
+STALL_FIX: Setting[bool] = Setting(
+    "MWHELPERS_STALL_FIX", switch, True, "on",
+    "`0` turns off, for the kernel's launches, the end-of-fit stall fix (tf.data "
+    "autotuning off in MultiWorkerMirroredStrategy workers); `--no-stall-fix` per launch",
+    "1 or 0")
+KERAS_FIX: Setting[bool] = Setting(
+    "MWHELPERS_KERAS_FIX", switch, True, "on",
+    "`0` turns off the Keras 3 multi-worker fix (keras-team/keras#20585), also an "
+    "explicit `fix_keras_multi_worker()` call; `--no-keras-fix` per launch", "1 or 0")
+LAZY_PYPLOT: Setting[bool] = Setting(
+    "MWHELPERS_LAZY_PYPLOT", switch, True, "on",
+    "`0` lets Keras import `matplotlib.pyplot` when a task imports Keras (by default "
+    "the import waits until a plot needs it: about 0.4 s less CPU at every start)",
+    "1 or 0")
+WARM_START: Setting[bool] = Setting(
+    "MWHELPERS_WARM_START", switch, True, "on",
+    "`0` starts every local task in a fresh interpreter; by default a task whose "
+    "program imports TensorFlow or Keras is forked from a process that imported "
+    "TensorFlow once (less CPU per task: benchmarks/bench_warmstart.py)", "1 or 0")
+RECONNECT_MS: Setting[int] = Setting(
+    "MWHELPERS_RECONNECT_MS", milliseconds, 50, "50",
+    "gRPC's first reconnect back-off in every task (added to `TF_GRPC_DEFAULT_OPTIONS` "
+    "as `grpc.initial_reconnect_backoff_ms` unless that names it): a task that dials a "
+    "peer not yet up tries again after this, not after gRPC's 1 s; `0` leaves gRPC's own",
+    "whole milliseconds, 0 or more")
+PORT_BASE: Setting[int | None] = Setting(
+    "MWHELPERS_PORT_BASE", port, None, "from the Slurm job id",
+    "in a batch script from `write_sbatch`: the first of the ports its tasks use",
+    "a port number between 1024 and 65535")
+
+SETTINGS: tuple[Setting[object], ...] = (
+    LOG_DIR, PORT_RANGE, SSH, HEARTBEAT, STALL_FIX, KERAS_FIX, LAZY_PYPLOT, WARM_START,
+    RECONNECT_MS, PORT_BASE,
 )
 
 # What mwhelpers puts in a task's environment (not settings: read them, do not set them).
@@ -152,11 +170,6 @@ SET_BY_MWHELPERS: tuple[tuple[str, str], ...] = (
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}
-
-
-def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
-    """The value of the setting ``name``, from ``environ`` (default: this process's)."""
-    return BY_NAME[name].read(environ)
 
 
 def markdown() -> str:

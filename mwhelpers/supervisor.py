@@ -10,7 +10,8 @@ not, because it would fail the same way again.
 
 Each attempt's tasks get ``MWHELPERS_ATTEMPT`` (1, 2, ...) in their
 environment, and each failed attempt writes its root cause as JSON to
-``attempt-N.root-cause.json`` in the runtime's log folder.
+``attempt-N.root-cause.json`` in the runtime's log folder.  :func:`supervise` returns one
+:class:`Attempt` per attempt.
 """
 
 from __future__ import annotations
@@ -19,22 +20,58 @@ import os
 import re
 import signal
 import time
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from . import taskfacts
 from .cluster import Task
 from .errors import UsageError, WorkerFailed
 from .failures import Failure, explained, report
-from .job import Job, JobHost
+from .job import Job, Jobs, diagnose_root
 from .proctree import parse_signal
 from .taskrun import LaunchRequest, Standby, TaskRun, parse_timeout
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
 
 # A fault to inject: (task, regex) or (task, regex, signal); see :func:`supervise`.
 Fault = tuple[str | int | Task, str] | tuple[str | int | Task, str, int | str | signal.Signals]
 # A fault once checked: its task, its regex compiled, its signal.
 _Checked = tuple[Task, re.Pattern[str], signal.Signals]
+
+
+class Host(Protocol):
+    """What supervision uses of the runtime it runs under (its public API)."""
+
+    echo: Callable[[str], None]
+    jobs: Jobs
+    cluster: Cluster | None
+
+    @property
+    def log_dir(self) -> Path: ...
+
+    def define_cluster(self) -> Cluster: ...
+
+
+@dataclass
+class Attempt:
+    """One attempt of a supervised job: its ``runs``, the faults injected (``events``), the
+    tasks that failed with their outcomes in the order they died (``failed``), the
+    ``root_cause`` (the first failure, or None) with its ``diagnosis`` (what it means and
+    what to do, when recognised: :mod:`mwhelpers.diagnosis`) and ``root_cause_file``, and
+    whether it was ``restarted`` and ``why``."""
+
+    attempt: int
+    runs: list[TaskRun]
+    events: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    root_cause: Failure | None = None
+    diagnosis: list[dict[str, str]] = field(default_factory=list)
+    restarted: bool = False
+    why: str = ""
+    root_cause_file: Path | None = None
 
 
 def _start(job: Job, requests: Sequence[LaunchRequest],
@@ -44,14 +81,14 @@ def _start(job: Job, requests: Sequence[LaunchRequest],
     try:
         runs = job.start(requests, look=job.attempt == 1, standbys=standbys)
     except BaseException:
-        job.host.echo(f"[mwhelpers] attempt {job.attempt} could not start every task; the ones "
+        job.console.echo(f"[mwhelpers] attempt {job.attempt} could not start every task; the ones "
                       "started were ended")
         raise
     finally:
         released = {r.process for r in job.runs}
         for standby in standbys.values():
             if standby.process not in released:
-                job.host.discard_standby(standby)
+                job.spawner.discard_standby(standby)
         standbys.clear()
     for run in runs:  # ready once started: a task's peers find it through TF's own retries
         run.mark_ready()
@@ -59,17 +96,17 @@ def _start(job: Job, requests: Sequence[LaunchRequest],
         how = ("started" if since is None else
                f"released from its standby (started {run.process.started - since:.1f} s "
                "before to import TensorFlow)")
-        job.host.echo(f"[{run.task}] {how} in the background (pid {run.pid}); log: "
+        job.console.echo(f"[{run.task}] {how} in the background (pid {run.pid}); log: "
                       f"{run.log_path}")
     return runs
 
 
-def _start_standbys(rt: JobHost, requests: Sequence[LaunchRequest], tasks: Sequence[Task],
-                    attempt: int, standbys: dict[Task, Standby]) -> None:
+def _start_standbys(rt: Host, job: Job, requests: Sequence[LaunchRequest],
+                    tasks: Sequence[Task], attempt: int, standbys: dict[Task, Standby]) -> None:
     """The processes of ``attempt`` started ahead, one per task (where the backend can)."""
     for task, request in zip(tasks, requests, strict=True):
         try:
-            standby = rt.spawn_standby(task, request, attempt)
+            standby = job.spawner.spawn_standby(task, request, attempt)
         except Exception as e:  # the attempt goes on; a restart would start this task anew
             rt.echo(f"[mwhelpers] standby: could not start {task}'s ahead ({type(e).__name__}: "
                     f"{e}); a restart starts it then")
@@ -84,18 +121,17 @@ def _start_standbys(rt: JobHost, requests: Sequence[LaunchRequest], tasks: Seque
                 "a restart starts them then")
 
 
-def _root_cause_path(rt: JobHost, attempt: int) -> Path:
+def _root_cause_path(rt: Host, attempt: int) -> Path:
     return rt.log_dir / f"attempt-{attempt}.root-cause.json"
 
 
-def _explain(rt: JobHost, record: dict[str, Any], failed: list[Failure],
-             runs: list[TaskRun]) -> None:
+def _explain(rt: Host, record: Attempt, failed: list[Failure], runs: list[TaskRun]) -> None:
     """The failed attempt ``record``'s diagnosis (on its root cause and in the record), its
     root-cause file, and the diagnosis said."""
     root = failed[0]
-    Job.diagnose(failed, runs)
-    record["diagnosis"] = root.diagnosis
-    record["root_cause_file"] = root.write(_root_cause_path(rt, record["attempt"]))
+    diagnose_root(failed, runs)
+    record.diagnosis = root.diagnosis
+    record.root_cause_file = root.write(_root_cause_path(rt, record.attempt))
     for line in explained(root.diagnosis):
         rt.echo(f"[mwhelpers] {line}")
 
@@ -113,14 +149,14 @@ def _let_peers_finish(runs: Sequence[TaskRun], codes: Container[int], grace: flo
             r.wait(max(0.0, deadline - time.monotonic()))
 
 
-def supervise(rt: JobHost, script: str | os.PathLike[str] | None = None, *,
+def supervise(rt: Host, script: str | os.PathLike[str] | None = None, *,
               code: str | None = None, args: Sequence[str] = (),
               tasks: Iterable[str | int | Task] | None = None, max_restarts: int = 3,
               timeout: float | str | None = None,
               env: Mapping[str, str] | Sequence[str] | None = None, inject: Iterable[Fault] = (),
               stream: bool = True, restartable_exit_codes: Iterable[int] = (),
               peer_grace: float = 10.0, stall_fix: bool | None = None,
-              keras_fix: bool | None = None, standby: bool = False) -> list[dict[str, Any]]:
+              keras_fix: bool | None = None, standby: bool = False) -> list[Attempt]:
     """Run ``rt``'s cluster tasks together; after a fault, end all and restart all.
 
     ``tasks`` defaults to every task of the cluster.  ``inject`` is a list of
@@ -144,13 +180,7 @@ def supervise(rt: JobHost, script: str | os.PathLike[str] | None = None, *,
     restart: set them in ``env`` instead.  Standbys not needed are ended when supervision
     ends.  Every restarted task's log says it came from a standby.
 
-    Returns the list of attempts, each a dict: ``attempt`` (1, 2...),
-    ``runs``, ``events`` (faults injected), ``failed`` ((task, outcome)
-    pairs in the order the tasks died), ``root_cause`` (a Failure or None),
-    ``diagnosis`` (what the root cause means and what to do, when recognised:
-    see :mod:`mwhelpers.diagnosis`),
-    ``restarted`` and ``why`` (the decision and its reason), and
-    ``root_cause_file``.  Raises WorkerFailed when the root cause is a
+    Returns the list of attempts, each an :class:`Attempt`.  Raises WorkerFailed when the root cause is a
     program error or ``max_restarts`` restarts were not enough.
     """
     if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
@@ -163,7 +193,7 @@ def supervise(rt: JobHost, script: str | os.PathLike[str] | None = None, *,
     if not isinstance(standby, bool):
         raise UsageError(f"standby must be True or False, got {standby!r}")
     attempt_timeout = parse_timeout(timeout)
-    cluster = rt.ensure_cluster()
+    cluster = rt.cluster or rt.define_cluster()
     checked = [cluster.check_task(t) for t in (tasks or cluster.tasks)]
     faults: list[_Checked] = []
     for fault in inject:
@@ -183,22 +213,23 @@ def supervise(rt: JobHost, script: str | os.PathLike[str] | None = None, *,
         return _supervise(rt, requests, checked, faults, max_restarts, attempt_timeout, stream,
                           codes, peer_grace, standby, standbys)
     finally:
-        for s in standbys.values():
-            rt.discard_standby(s)
+        if rt.jobs.spawner is not None:
+            for s in standbys.values():
+                rt.jobs.spawner.discard_standby(s)
 
 
-def _supervise(rt: JobHost, requests: Sequence[LaunchRequest], tasks: Sequence[Task],
+def _supervise(rt: Host, requests: Sequence[LaunchRequest], tasks: Sequence[Task],
                faults: Sequence[_Checked], max_restarts: int, attempt_timeout: float | None,
                stream: bool, codes: tuple[int, ...], peer_grace: float, standby: bool,
-               standbys: dict[Task, Standby]) -> list[dict[str, Any]]:
+               standbys: dict[Task, Standby]) -> list[Attempt]:
     """:func:`supervise`'s attempts, its arguments checked (``standbys``: those started ahead,
     which it fills and empties, and the caller ends)."""
-    attempts: list[dict[str, Any]] = []
+    attempts: list[Attempt] = []
     # The failed attempt a restart was decided for: its diagnosis and root-cause file are made
     # once the next attempt is launched (they read whole logs: the restart does not wait).
-    explain_later: tuple[dict[str, Any], list[Failure], list[TaskRun]] | None = None
+    explain_later: tuple[Attempt, list[Failure], list[TaskRun]] | None = None
     for attempt in range(1, max_restarts + 2):
-        job = rt.new_job(attempt, supervised=True)
+        job = rt.jobs.new(attempt, supervised=True)
         try:
             runs = _start(job, requests, standbys)
         finally:  # launched, or it could not be: the last failure is explained either way
@@ -217,7 +248,7 @@ def _supervise(rt: JobHost, requests: Sequence[LaunchRequest], tasks: Sequence[T
             if run.task in importing and taskfacts.parse([line]) is not None:
                 importing.discard(run.task)
                 if not importing:
-                    _start_standbys(rt, requests, tasks, attempt + 1, standbys)
+                    _start_standbys(rt, job, requests, tasks, attempt + 1, standbys)
             for fault in list(pending):
                 if fault[0] == run.task and fault[1].search(line) and run.running:
                     pending.remove(fault)
@@ -233,34 +264,31 @@ def _supervise(rt: JobHost, requests: Sequence[LaunchRequest], tasks: Sequence[T
 
         job.watch(runs, attempt_timeout, stream=stream, on_line=on_line, until=attempt_over)
         _let_peers_finish(runs, codes, peer_grace)
-        ended = job.end(runs, "now", "ended by the supervisor")
+        ended = job.end(runs, "ended by the supervisor")
         failed = job.failures(runs, codes, diagnose=False)
-        record: dict[str, Any] = {
-            "attempt": attempt, "runs": runs, "events": events,
-            "failed": [(f.task, f.outcome) for f in failed],
-            "root_cause": failed[0] if failed else None, "diagnosis": [],
-            "restarted": False, "why": "", "root_cause_file": None}
+        record = Attempt(attempt, runs, events, [(f.task, f.outcome) for f in failed],
+                         failed[0] if failed else None)
         attempts.append(record)
         if not failed:
-            record["why"] = "every task finished"
+            record.why = "every task finished"
             rt.echo(f"[mwhelpers] attempt {attempt}: every task finished")
             return attempts
         root = failed[0]
         head = f"[mwhelpers] attempt {attempt}: {root.task} {root.outcome} first; {root.reason}"
         if not root.is_fault or attempt == max_restarts + 1:
             if not root.is_fault:
-                record["why"] = f"not restarted: {root.reason}"
+                record.why = f"not restarted: {root.reason}"
                 said = f"not restarted after attempt {attempt}: {root.reason}"
                 decided = f"not restarting (root cause in {_root_cause_path(rt, attempt)})"
             else:
-                record["why"] = f"not restarted: no restarts left ({max_restarts} used)"
+                record.why = f"not restarted: no restarts left ({max_restarts} used)"
                 said = f"gave up after {attempt} attempts ({max_restarts} restarts)"
                 decided = f"no restarts left ({max_restarts} used)"
             rt.echo(f"{head}; {decided}")
             _explain(rt, record, failed, runs)
             raise WorkerFailed(f"{said}\n" + report(failed), failed)
-        record["restarted"] = True
-        record["why"] = f"restarted: {root.reason}"
+        record.restarted = True
+        record.why = f"restarted: {root.reason}"
         others = "ended the other tasks" if ended else "the other tasks had exited by themselves"
         rt.echo(f"{head}; {others}; restarting all {len(tasks)} tasks "
                 f"(restart {attempt} of {max_restarts})")

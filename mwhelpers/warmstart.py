@@ -85,7 +85,7 @@ GPU_BUILD_ONLY = frozenset({"CUDA_VISIBLE_DEVICES"})
 def cold_reason(source: str, env: Mapping[str, str], gpu_build: bool = True) -> str | None:
     """Why a task whose program is ``source`` starts cold in ``env`` (None: it can be forked
     from a server whose TensorFlow is ``gpu_build``, built for GPUs or not)."""
-    if not settings.get(ENV, env):
+    if not settings.WARM_START.read(env):
         return f"{ENV}=0"
     if not sys.platform.startswith("linux"):
         return "warm starts need Linux"

@@ -72,7 +72,7 @@ def redone(attempts):
     minus the step the next attempt resumed after (both taken over its tasks)."""
     out = []
     for before, after in itertools.pairwise(attempts):
-        last = max((s for r in before["runs"] for s, _ in steps_of(r)), default=0)
-        first = min(steps_of(r)[0][0] for r in after["runs"])
+        last = max((s for r in before.runs for s, _ in steps_of(r)), default=0)
+        first = min(steps_of(r)[0][0] for r in after.runs)
         out.append(last - (first - 1))
     return out

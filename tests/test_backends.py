@@ -308,19 +308,19 @@ def test_supervise_restarts_every_task_after_a_fault(brt, backend, tmp_path):
     name, kwargs, hosts = backend
     brt.define_cluster(2, **kwargs)
     attempts = brt.supervise(code=FAULTY, env={MARK: ME}, max_restarts=2, timeout=60)
-    assert [a["attempt"] for a in attempts] == [1, 2]
+    assert [a.attempt for a in attempts] == [1, 2]
     first, second = attempts
-    assert first["failed"][0] == ("worker:1", "killed by SIGKILL")
-    assert first["restarted"] and first["why"].startswith("restarted: killed by SIGKILL: a fault")
-    assert str(first["root_cause"].task) == "worker:1" and first["root_cause_file"].exists()
+    assert first.failed[0] == ("worker:1", "killed by SIGKILL")
+    assert first.restarted and first.why.startswith("restarted: killed by SIGKILL: a fault")
+    assert str(first.root_cause.task) == "worker:1" and first.root_cause_file.exists()
     said = [ln for ln in brt.echo_lines if "restarting" in ln]
     assert len(said) == 1 and said[0].startswith("[mwhelpers] attempt 1: worker:1 killed by SIGKILL first")
     assert said[0].endswith("; ended the other tasks; restarting all 2 tasks (restart 1 of 2)")
     assert sorted(p.name for p in tmp_path.glob("started *")) == [  # every task, once an attempt
         "started worker:0 attempt 1", "started worker:0 attempt 2",
         "started worker:1 attempt 1", "started worker:1 attempt 2"]
-    assert not second["restarted"] and second["failed"] == [] and second["why"] == "every task finished"
-    for r in second["runs"]:
+    assert not second.restarted and second.failed == [] and second.why == "every task finished"
+    for r in second.runs:
         assert r.attempt == 2 and r.returncode == 0 and "finished attempt 2" in r.lines()
     assert "[worker:0] finished attempt 2" in brt.echo_lines
 
@@ -338,11 +338,11 @@ def test_a_restart_releases_the_standbys_and_unused_ones_are_ended(brt, backend,
     (tmp_path / "go").touch()
     attempts = brt.supervise(code=STANDING_BY, env={MARK: ME}, max_restarts=2, timeout=120,
                              stream=False, standby=True, inject=[("worker:1", "^READY")])
-    assert [a["attempt"] for a in attempts] == [1, 2] and attempts[1]["why"] == "every task finished"
+    assert [a.attempt for a in attempts] == [1, 2] and attempts[1].why == "every task finished"
     said = "\n".join(brt.echo_lines)
     assert "[mwhelpers] standby: attempt 2's processes started ahead (worker:0, worker:1)" in said
     assert "[mwhelpers] standby: attempt 3's processes started ahead" in said  # then ended
-    for r in attempts[1]["runs"]:
+    for r in attempts[1].runs:
         assert r.process.standby_since is not None and r.process.standby_since < r.started
         assert r.lines()[-1] == "finished attempt 2"
         assert any("started ahead as a standby" in ln for ln in r.lines()), r.lines()
@@ -378,7 +378,7 @@ def test_a_standby_that_died_is_replaced_by_a_cold_start(rt, tmp_path):
     attempts = rt.supervise(code=STANDING_BY, env={MARK: ME}, max_restarts=1, timeout=120,
                             stream=False, standby=True, inject=[("worker:1", "^READY")])
     killer.join(5)
-    w0, w1 = attempts[1]["runs"]
+    w0, w1 = attempts[1].runs
     assert w0.process.standby_since is None and w1.process.standby_since is not None
     assert w0.log_path.name == "worker-0.run2.log" and w0.lines()[-1] == "finished attempt 2"
     assert w1.lines()[-1] == "finished attempt 2"

@@ -132,8 +132,8 @@ def test_a_stuck_job_names_the_task_behind_and_where(ip, rt):
     env = "--env STEPS_0=6 STEPS_1=6 SLOW_AT=2"
     launch_both(ip, LOOP, env, env)
     deadline = time.monotonic() + 60  # worker:1 logs step 1, then stops in next_batch(2)
-    while not any(ln.startswith("step 1 ") for ln in rt.log_lines("worker:1")):
-        assert time.monotonic() < deadline, rt.log_lines("worker:1")
+    while not any(ln.startswith("step 1 ") for ln in rt.get_run("worker:1").lines()):
+        assert time.monotonic() < deadline, rt.get_run("worker:1").lines()
         time.sleep(0.05)
     with pytest.raises(WorkerTimeout) as err:
         ip.run_line_magic("waitworkers", "--timeout 4")

@@ -42,7 +42,7 @@ def test_two_flooding_tasks_show_their_first_and_last_lines_and_how_many_were_le
             for i in range(2)]
     rt.echo_lines.clear()
     t0 = time.monotonic()
-    assert rt.watch(runs, 60, stream=True) == "ended"
+    assert rt.jobs.current().watch(runs, 60, stream=True) == "ended"
     took = time.monotonic() - t0
     for i, run in enumerate(runs):
         shown = [ln for ln in rt.echo_lines if ln.startswith(f"[worker:{i}] ")]
@@ -105,7 +105,7 @@ def test_an_interrupted_watch_still_shows_the_last_lines_and_the_count(rt):
         return False
 
     with pytest.raises(KeyboardInterrupt):
-        rt.watch([run], 30, stream=True, until=interrupt,
+        rt.jobs.current().watch([run], 30, stream=True, until=interrupt,
                  on_line=lambda r, ln: seen.append(ln) if ln.startswith("w0 line ") else None)
     assert not run.running
     head, tail = watcher.cell_limits.head, watcher.cell_limits.tail

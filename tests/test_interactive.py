@@ -66,7 +66,7 @@ loss = float(step(x, tf.ones((8, 1))))
 
 
 def engines_of(rt):
-    return [rt.runs[t] for t in rt._interactive.tasks]
+    return [rt.runs[t] for t in rt.engines.tasks]
 
 
 def controller_pids(eng):
@@ -233,7 +233,7 @@ def test_output_streams_by_task_values_come_back_and_timeouts_say_where(rt):
     run0 = rt.runs[eng.tasks[0]]
     pids = controller_pids(eng) + [run0.pid]
     rt.end_all()  # %killbgscripts: the engines and the controller
-    assert eng.closed and rt._interactive is None and not any(pid_alive(p) for p in pids)
+    assert eng.closed and rt.engines is None and not any(pid_alive(p) for p in pids)
 
 
 def test_the_controller_is_private_to_this_user_and_loopback(rt, tmp_path):
@@ -314,7 +314,7 @@ def test_the_magics_in_a_kernel_and_a_killed_kernel_leaves_no_engine_and_no_cont
         status, out = kernel.run("%%px\nprint('still here')")
         assert status == "ok" and out.count("still here") == 2, out
         status, out = kernel.run(
-            "rt = __import__('mwhelpers').runtime(); eng = rt._interactive\n"
+            "rt = __import__('mwhelpers').runtime(); eng = rt.engines\n"
             "print('PIDS', *[r.pid for r in rt.runs.values()], "
             "*[p.pid for p in eng.controller.process.processes()])")
         pids = [int(p) for p in out.split("PIDS", 1)[1].split()]

@@ -355,7 +355,7 @@ def test_loading_the_extension_imports_only_what_registering_the_magics_needs():
             assert ip.find_line_magic(name), name
         assert ip.find_cell_magic("worker")
         import mwhelpers.magics, mwhelpers.workers
-        assert mwhelpers.magics.BG_ENV == mwhelpers.workers.BG_ENV
+        assert mwhelpers.magics.BG_ENV == mwhelpers.session.BG_ENV
         print(ip.run_line_magic("cluster", "1").tasks)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

@@ -290,9 +290,9 @@ def test_supervise_restarts_a_task_lost_in_a_partition(remote_rt, env, monkeypat
     cutter.join(30)
     assert len(cut) == 2 and cut[1] - cut[0] < 6, cut  # noticed within the 2 s heartbeat
     first = attempts[0]
-    assert first["restarted"] and first["root_cause"].task == "worker:0"
-    assert f"lost: {h1} stopped answering for 2 s" in first["failed"][0][1]
-    assert [r.returncode for r in attempts[1]["runs"]] == [0, 0]
+    assert first.restarted and first.root_cause.task == "worker:0"
+    assert f"lost: {h1} stopped answering for 2 s" in first.failed[0][1]
+    assert [r.returncode for r in attempts[1].runs] == [0, 0]
 
 
 SAVE_FREQ = 4
@@ -317,18 +317,18 @@ def supervise_under_chaos(rt, tmp_path, kills, seed):
         monkey.join(5)
     assert len(monkey.kills) == kills and len(attempts) == kills + 1, (monkey.kills, attempts)
     for record, (attempt, task, _, _) in zip(attempts, monkey.kills, strict=False):
-        assert record["attempt"] == attempt and str(record["root_cause"].task) == task
-        assert record["restarted"], record
+        assert record.attempt == attempt and str(record.root_cause.task) == task
+        assert record.restarted, record
     total, per_epoch = 3 * 15, 15
     (final,) = {r["iterations"] for r in results(rt).values()}  # the same on both workers
     assert total <= final < total + kills * per_epoch, final
-    done = {s for a in attempts for r in a["runs"] for s, _ in steps_of(r)}
+    done = {s for a in attempts for r in a.runs for s, _ in steps_of(r)}
     assert done == set(range(1, final + 1))  # no step skipped
     again = redone(attempts)
     assert all(0 <= n <= SAVE_FREQ for n in again), again  # resumed from the newest backup
     for r in results(rt).values():
         assert r["epochs_run"][-1] == 2
-    spread = max(max(r.launched_wall for r in a["runs"]) - min(r.launched_wall for r in a["runs"])
+    spread = max(max(r.launched_wall for r in a.runs) - min(r.launched_wall for r in a.runs)
                  for a in attempts)
     print(f"{kills} kills {[(k[1], k[3]) for k in monkey.kills]}; steps done twice per restart: "
           f"{again}; the tasks of an attempt were launched within {spread:.3f} s")

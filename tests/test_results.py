@@ -62,7 +62,7 @@ def test_the_cell_hides_result_lines_the_log_keeps_them_and_rt_reads_them(ip, rt
     streamed = [ln for ln in rt.echo_lines if ln.startswith("[worker:1] ")]
     assert "[worker:1] STEP 2 loss=0.3333" in streamed and "[worker:1] done" in streamed
     assert not any("RESULT" in ln for ln in streamed)
-    assert any(ln.startswith("RESULT {") for ln in rt.log_lines("worker:1"))
+    assert any(ln.startswith("RESULT {") for ln in rt.get_run("worker:1").lines())
 
     results = rt.results()
     assert results == {"worker:0": {"index": 0, "losses": [1.0, 0.5, 0.3333]},

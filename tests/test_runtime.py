@@ -9,6 +9,7 @@ import pytest
 from conftest import LISTENER, STUBBORN, pid_alive, squatting
 
 from mwhelpers.errors import UsageError, WorkerFailed, WorkerTimeout
+from mwhelpers.session import escaped_orphans
 
 
 def test_foreground_streams_prefixed_output_with_tf_config_and_the_kernel_env(rt, monkeypatch):
@@ -41,7 +42,7 @@ def test_tasks_get_a_short_first_grpc_reconnect_back_off(rt, monkeypatch):
     monkeypatch.setenv("TF_GRPC_DEFAULT_OPTIONS", "grpc.initial_reconnect_backoff_ms=300")
     assert rt.launch(code=show).lines() == ["grpc.initial_reconnect_backoff_ms=300"]
     monkeypatch.delenv("TF_GRPC_DEFAULT_OPTIONS")
-    rt.reconnect_ms = 0  # MWHELPERS_RECONNECT_MS=0: gRPC's own
+    rt.defaults.reconnect_ms = 0  # MWHELPERS_RECONNECT_MS=0: gRPC's own
     assert rt.launch(code=show).lines() == ["None"]
 
 
@@ -174,7 +175,7 @@ def test_end_all_finds_orphans_that_escaped_the_tree(rt):
     run = rt.launch("worker:0", code=code)
     daemon = int(run.tail(1)[0].split()[1])
     assert pid_alive(daemon)
-    assert daemon in [p.pid for p in rt.escaped_orphans()]
+    assert daemon in [p.pid for p in escaped_orphans(rt.session)]
     report = rt.end_all()
     assert not pid_alive(daemon)
     assert any(str(daemon) in ln for ln in report)
@@ -326,9 +327,9 @@ def test_supervise_injects_a_sigterm_preemption_and_restarts_on_its_exit_code(rt
                             peer_grace=0.5)  # worker 0 here never exits by itself
     assert any("fault injected: sent SIGTERM to worker:1 after it logged 'step 3'" in ln
                for ln in rt.echo_lines)
-    assert attempts[0]["failed"][0] == ("worker:1", "exit code 42 (fault injected by the supervisor)")
-    assert "saved on SIGTERM" in attempts[0]["runs"][1].lines()
-    assert attempts[0]["restarted"] and attempts[1]["failed"] == []
+    assert attempts[0].failed[0] == ("worker:1", "exit code 42 (fault injected by the supervisor)")
+    assert "saved on SIGTERM" in attempts[0].runs[1].lines()
+    assert attempts[0].restarted and attempts[1].failed == []
 
 
 def test_supervise_lets_the_peers_of_a_preempted_task_finish_their_save(rt):
@@ -344,12 +345,12 @@ def test_supervise_lets_the_peers_of_a_preempted_task_finish_their_save(rt):
             "    print('step', i, flush=True)\n    time.sleep(0.05)\n")
     attempts = rt.supervise(code=code, max_restarts=1, restartable_exit_codes=(42,), timeout=60,
                             inject=[("worker:1", r"step 3\b", "TERM")], stream=False)
-    assert attempts[0]["failed"] == [("worker:1", "exit code 42 (fault injected by the supervisor)"),
+    assert attempts[0].failed == [("worker:1", "exit code 42 (fault injected by the supervisor)"),
                                      ("worker:0", "exit code 42")]
-    assert "saved" in attempts[0]["runs"][0].lines()
+    assert "saved" in attempts[0].runs[0].lines()
     assert any("the other tasks had exited by themselves; restarting all 2 tasks" in ln
                for ln in rt.echo_lines)
-    assert attempts[0]["restarted"] and attempts[1]["failed"] == []
+    assert attempts[0].restarted and attempts[1].failed == []
 
 
 def test_supervise_rejects_bad_arguments(rt):
@@ -370,7 +371,7 @@ def test_a_child_process_takes_its_own_session_mark(rt):
     """A kernel started by a process that uses mwhelpers must not share its mark,
     or its %killbgscripts would end the parent's other processes."""
     code = ("import os\nprint('inherited', os.environ['MWHELPERS_SESSION'])\n"
-            "from mwhelpers.workers import claim_session\nprint('own', claim_session())\n")
+            "from mwhelpers.session import claim_session\nprint('own', claim_session())\n")
     run = rt.launch("worker:0", code=code)
     inherited, own = (ln.split()[1] for ln in run.tail(2))
     assert inherited == rt.session
@@ -394,7 +395,7 @@ def test_tail_0_is_the_whole_log_however_long(rt):
     assert run.log_path.stat().st_size > 1024 * 1024
     lines = run.tail(0)
     assert len(lines) == 40000 and lines[0].startswith("line 000000")
-    assert rt.log_lines("worker:0") == lines and run.lines() == lines
+    assert rt.get_run("worker:0").lines() == lines and run.lines() == lines
     assert run.tail(3)[-1].startswith("line 039999")
 
 
@@ -405,7 +406,7 @@ def test_close_ends_tasks_and_releases_the_guard_pipe_and_ports(tmp_path):
         run = rt.launch("worker:0", code=LISTENER, background=True)
         fds = (rt.launcher._guard_r, rt.launcher._guard_w)
         cluster = rt.cluster
-    assert rt.closed and not run.running and not pid_alive(run.pid)
+    assert rt.launcher is None and not run.running and not pid_alive(run.pid)
     assert run.outcome() == "killed by SIGKILL (ended when the runtime was closed)"
     assert cluster.closed
     for fd in fds:

@@ -37,7 +37,7 @@ def test_every_variable_the_package_reads_is_in_the_table():
     ("MWHELPERS_LOG_DIR", "/tmp/logs", "/tmp/logs"), ("MWHELPERS_PORT_BASE", "24000", 24000),
 ])
 def test_values_are_read_as_their_type(name, text, value):
-    assert settings.get(name, {name: text}) == value
+    assert settings.BY_NAME[name].read({name: text}) == value
 
 
 @pytest.mark.parametrize("name, text, says", [
@@ -50,7 +50,7 @@ def test_values_are_read_as_their_type(name, text, value):
 ])
 def test_a_bad_value_names_the_variable_and_what_to_give(name, text, says):
     with pytest.raises(UsageError, match=rf"^{name}={re.escape(repr(text))}: give .*{re.escape(says)}"):
-        settings.get(name, {name: text})
+        settings.BY_NAME[name].read({name: text})
 
 
 def test_the_readers_use_the_table(monkeypatch):
@@ -66,6 +66,6 @@ def test_the_switches_read_inside_workers_agree_with_the_table(text):
     """tfdata.py and kerasfix.py run in workers without the package: they read the switch
     the kernel passed on the same way."""
     env = {"MWHELPERS_STALL_FIX": text, "MWHELPERS_KERAS_FIX": text, "MWHELPERS_LAZY_PYPLOT": text}
-    assert tfdata.stall_fix_wanted(env) == settings.get("MWHELPERS_STALL_FIX", env)
-    assert kerasfix.fix_wanted(env) == settings.get("MWHELPERS_KERAS_FIX", env)
-    assert tfdata.switched_on(env, lazyplot.ENV) == settings.get("MWHELPERS_LAZY_PYPLOT", env)
+    assert tfdata.stall_fix_wanted(env) == settings.STALL_FIX.read(env)
+    assert kerasfix.fix_wanted(env) == settings.KERAS_FIX.read(env)
+    assert tfdata.switched_on(env, lazyplot.ENV) == settings.LAZY_PYPLOT.read(env)

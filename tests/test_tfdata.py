@@ -92,7 +92,7 @@ def test_the_stall_fix_can_be_turned_off(rt, monkeypatch, how):
     if how == "per launch":
         result, lines = probe_run(rt, stall_fix=False)
     else:
-        rt.stall_fix = False
+        rt.defaults.stall_fix = False
         result, lines = probe_run(rt)
     assert result == {"user": [None], "per_device": [None], "from_function": [None]}
     assert not any(ln.startswith(NOTICE) for ln in lines)

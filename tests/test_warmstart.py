@@ -50,7 +50,7 @@ def looked(run):
 
 
 def servers(rt):
-    return rt._launcher.warm.pids
+    return rt.launcher.warm.pids
 
 
 @pytest.mark.tf
@@ -161,7 +161,7 @@ def test_a_server_that_cannot_import_tensorflow_leaves_the_task_to_say_so(rt, tm
     run = rt.get_run("worker:0")
     assert not run.process.warm and servers(rt) == []
     assert "this TensorFlow is broken on purpose" in run.log_path.read_text()
-    assert "could not import TensorFlow" in rt._launcher.warm.last_cold_reason
+    assert "could not import TensorFlow" in rt.launcher.warm.last_cold_reason
     with pytest.raises(WorkerFailed):  # the key is remembered: no second try at a server
         rt.launch("worker:0", code="import tensorflow\n", env=env)
 
@@ -175,7 +175,7 @@ def test_server_and_tasks_end_when_the_kernel_dies(tmp_path):
         rt = Runtime(log_dir={str(tmp_path / 'logs')!r})
         run = rt.launch("worker:0", code="import tensorflow, time\\ntime.sleep(600)",
                         background=True, ready="start")
-        print("PIDS", run.pid, rt._launcher.warm.pids[0], run.process.warm, flush=True)
+        print("PIDS", run.pid, rt.launcher.warm.pids[0], run.process.warm, flush=True)
         time.sleep(600)
         """)], stdout=subprocess.PIPE, text=True, cwd=tmp_path, start_new_session=True)
     try:

@@ -50,7 +50,7 @@ SSH_DROPPED = ("kex_exchange_identification", "Connection reset by peer",
 TAG = "@mwhelpers"
 def heartbeat_seconds(environ: Mapping[str, str] | None = None) -> float:
     """The heartbeat limit from ``$MWHELPERS_HEARTBEAT`` (default 10 s; 0: off)."""
-    return settings.get("MWHELPERS_HEARTBEAT", environ)
+    return settings.HEARTBEAT.read(environ)
 
 
 FORWARD_PREFIXES = ("TF_", "KERAS_", "PYTHON", "CUDA_", "OMP_", "MKL_", "XLA_", "MWHELPERS_")

@@ -66,7 +66,7 @@ class SSHLauncher(AgentLauncher):
                  cwd: str | None = None, ssh: str | Sequence[str] | None = None,
                  heartbeat: float | None = None) -> None:
         super().__init__(python, cwd, heartbeat, hosts=hosts)
-        self.ssh: list[str] = settings.get("MWHELPERS_SSH") if ssh is None else list(ssh)
+        self.ssh: list[str] = settings.SSH.read() if ssh is None else list(ssh)
 
     def transport(self, host: str, argv: list[str]) -> list[str]:
         return [*self.ssh, *self.OPTIONS, host, shlex.join(argv)]

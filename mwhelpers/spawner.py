@@ -1,0 +1,273 @@
+"""What makes the processes of one cluster's tasks: the checks of a launch, each task's spec,
+environment and log, its start through the backend, and the run that records it.
+
+A :class:`Spawner` is made with its cluster (by :class:`~mwhelpers.workers.Runtime` when it
+defines one) and given to every :class:`~mwhelpers.job.Job` of that cluster; the job is the
+only caller.  Its public surface:
+
+* :meth:`Spawner.check`: the tasks of some launch requests, each in the cluster, not running,
+  its port free, given once; each program looked at once (:class:`~mwhelpers.precheck.Lookout`);
+* :meth:`Spawner.spawn`: one task's process started (or a standby released) and its
+  :class:`~mwhelpers.taskrun.TaskRun`;
+* :meth:`Spawner.spawn_standby` and :meth:`Spawner.discard_standby`: a process started
+  ahead for a restart, and one no restart needed;
+* :meth:`Spawner.probe`: whether a run's server accepts connections.
+
+What every task gets from the runtime's settings is a :class:`TaskDefaults`, shared with the
+runtime (``rt.defaults``), read at each spawn; log names come from :class:`LogNames`, which
+outlives clusters so that a task's logs are never overwritten within a runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import proctree, settings
+from .errors import UsageError
+from .kerasfix import KERAS_FIX_ENV
+from .ports import holder_of, port_in_use
+from .precheck import Lookout
+from .taskrun import LaunchRequest, Standby, TaskRun
+from .tfdata import STALL_FIX_ENV
+from .watcher import SERVER_JOBS
+
+if TYPE_CHECKING:
+    from .backends.base import Launcher, LaunchSpec, Process
+    from .cluster import Cluster, Task
+
+GRPC_OPTIONS_ENV = "TF_GRPC_DEFAULT_OPTIONS"  # read by TensorFlow's gRPC channels
+RECONNECT_OPTION = "grpc.initial_reconnect_backoff_ms"
+
+
+def port_accepts(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a TCP connection to ``host:port`` is accepted within half a second."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def fast_reconnect(env: Mapping[str, str], ms: int) -> dict[str, str]:
+    """``TF_GRPC_DEFAULT_OPTIONS`` for a task with gRPC's first reconnect back-off at ``ms``.
+
+    A task that dials a peer whose server is not up yet (its TensorFlow import took longer)
+    waits out gRPC's first back-off, 1 s by default, before it tries again: about half of
+    all starts and restarts of a two-task job formed its cluster 0.7 to 1.2 s late
+    (``benchmarks/bench_restart.py``).  TensorFlow reads ``name=value`` pairs, separated by
+    commas, from that variable for its channels; the option is added to what is there,
+    unless the task's environment names it already, or ``ms`` is 0
+    (``MWHELPERS_RECONNECT_MS=0``)."""
+    given = env.get(GRPC_OPTIONS_ENV, "")
+    if not ms or RECONNECT_OPTION in given:
+        return {}
+    return {GRPC_OPTIONS_ENV: ",".join(filter(None, [given, f"{RECONNECT_OPTION}={ms}"]))}
+
+
+@dataclass
+class TaskDefaults:
+    """What every task gets unless its launch says otherwise; set on the runtime as
+    ``rt.defaults`` (read at each launch)."""
+
+    # The end-of-fit stall fix in every worker (tfdata.py); per launch: stall_fix=.
+    stall_fix: bool = field(default_factory=lambda: settings.STALL_FIX.read())
+    # Keras 3 fit under multi-worker MWMS mended in every worker (kerasfix.py); per launch:
+    # keras_fix=.
+    keras_fix: bool = field(default_factory=lambda: settings.KERAS_FIX.read())
+    # gRPC's first reconnect back-off in every task, in ms (0: gRPC's own, 1 s); see
+    # fast_reconnect.
+    reconnect_ms: int = field(default_factory=lambda: settings.RECONNECT_MS.read())
+
+
+class LogNames:
+    """Each launch's log path in ``folder()``: ``worker_0.log``, then ``worker_0.run2.log``...
+    A launch number given back (a standby no restart needed) goes to the task's next launch."""
+
+    def __init__(self, folder: Callable[[], Path]) -> None:
+        self.folder = folder
+        self._counts: dict[Task, int] = {}
+
+    def next(self, task: Task) -> tuple[Path, int]:
+        """The next log path of ``task`` and its launch number."""
+        n = self._counts.get(task, 0) + 1
+        self._counts[task] = n
+        return self.folder() / f"{task.slug}{'' if n == 1 else f'.run{n}'}.log", n
+
+    def give_back(self, task: Task, number: int) -> None:
+        """Launch ``number`` of ``task`` was not used (when it is still the last given)."""
+        if self._counts.get(task) == number:
+            self._counts[task] = number - 1
+
+    def reuse(self, task: Task, number: int) -> None:
+        """The next launch of ``task`` gets ``number`` again (a standby that died waiting)."""
+        self._counts[task] = number - 1
+
+
+class Spawner:
+    """Starts the tasks of ``cluster`` through ``launcher`` (see the module's text)."""
+
+    def __init__(self, cluster: Cluster, launcher: Launcher, defaults: TaskDefaults,
+                 names: LogNames, lookout: Lookout,
+                 on_run: Callable[[TaskRun], object] = lambda run: None) -> None:
+        self.cluster = cluster
+        self.launcher = launcher
+        self.defaults = defaults
+        self.names = names
+        self.lookout = lookout
+        self.on_run = on_run  # told of each new run (the timeline's marks follow it)
+
+    # -- checks ------------------------------------------------------------------------
+    def check(self, requests: Sequence[LaunchRequest], latest: Mapping[Task, TaskRun],
+              look: bool = True) -> list[Task]:
+        """The tasks of ``requests``, once each is known to be in the cluster, not running
+        (``latest``: the latest run of each task), (here) its port free, and given once; with
+        ``look``, each program looked at before its launch (warnings only)."""
+        tasks = [self.cluster.check_task(r.task) for r in requests]
+        twice = sorted({str(t) for t in tasks if tasks.count(t) > 1})
+        if twice:
+            raise UsageError(f"{', '.join(twice)} given more than once; start each task once")
+        for task in tasks:
+            run = latest.get(task)
+            if run is not None and run.running:
+                raise UsageError(
+                    f"{task} is already running (pid {run.pid}, for {run.uptime:.0f} s); "
+                    f"wait for it (%waitworkers) or end it (%killworker {task}) first")
+            if task.type in SERVER_JOBS and not self.cluster.remote:
+                port = self.cluster.port(task)
+                if port_in_use(port):
+                    raise UsageError(
+                        f"port {port} of {task} is already taken by {holder_of(port)}; end "
+                        "that process, or define the cluster again (%cluster) to get new ports")
+        if look:
+            for request in requests:
+                self.lookout.look(request, self.launcher.python, self.keras_fix(request))
+        return tasks
+
+    # -- starting ----------------------------------------------------------------------
+    def spawn(self, task: Task, request: LaunchRequest, attempt: int,
+              standby: Standby | None = None) -> TaskRun:
+        """Start one task's process and make its run: ``standby``'s process, released, when it
+        was started ahead for this and still runs; a new one otherwise."""
+        if standby is not None and standby.process.running:
+            try:
+                standby.process.release()
+            except OSError:  # it died at this very moment: as below
+                pass
+            else:
+                return self._run(task, standby.process, standby.spec, standby.ready, attempt)
+        if standby is not None:  # it died waiting: a cold start, under the number it had
+            self.names.reuse(task, standby.number)
+            standby.replaced = True
+        spec, ready, _ = self._spec(task, request, attempt)
+        return self._run(task, self.launcher.start(spec), spec, ready, attempt)
+
+    def spawn_standby(self, task: Task, request: LaunchRequest, attempt: int) -> Standby | None:
+        """Start ``task``'s process for ``attempt`` ahead (None where the backend cannot):
+        TensorFlow imported, it waits until :meth:`spawn` releases it.  Not a run until then;
+        :meth:`discard_standby` ends one that is not needed."""
+        if not self.launcher.standby or request.log:  # a log of its own would be truncated
+            return None
+        spec, ready, number = self._spec(task, request, attempt, standby=True)
+        try:
+            process = self.launcher.start(spec)
+        except BaseException:  # its launch number goes back to the task's next launch
+            self.names.give_back(task, number)
+            raise
+        return Standby(task, process, spec, ready, attempt, number)
+
+    def discard_standby(self, standby: Standby) -> None:
+        """End a standby that no restart needed, remove its log, and give its launch number
+        back (the next launch of its task gets it); one a cold start replaced keeps both."""
+        if standby.process.running:
+            standby.process.end(proctree.Policy.NOW.escalation, str(standby.task))
+        if standby.replaced:
+            return
+        self.names.give_back(standby.task, standby.number)
+        standby.spec.log_path.unlink(missing_ok=True)  # the kernel writes every task's log
+
+    def probe(self, run: TaskRun) -> bool:
+        """True once ``run``'s server accepts connections where TF_CONFIG says it is."""
+        return port_accepts(run.port, self.cluster.connect_address(run.task))
+
+    # -- what a task gets --------------------------------------------------------------
+    def environment(self, task: Task, request: LaunchRequest, attempt: int,
+                    base: Mapping[str, str]) -> dict[str, str]:
+        """The environment ``task``'s program gets: ``base`` (what the backend passes on),
+        TF_CONFIG and mwhelpers' variables, then the request's own; and gRPC's first
+        reconnect back-off (see :func:`fast_reconnect`)."""
+        env = dict(base)
+        # The kernel's inline plotting backend means nothing in a worker.
+        if "inline" in os.environ.get("MPLBACKEND", ""):
+            env["MPLBACKEND"] = "Agg"
+        env["TF_CONFIG"] = self.cluster.tf_config(task)
+        if self.cluster.gpus is not None:  # its own GPUs (a --env given at launch still wins)
+            # (none for a task that the cluster's GPU map leaves out, as its table says)
+            env["CUDA_VISIBLE_DEVICES"] = self.cluster.gpus_of(task) or ""
+        env["MWHELPERS_TASK"] = str(task)
+        env["MWHELPERS_ATTEMPT"] = str(attempt)
+        stall_fix = self.defaults.stall_fix if request.stall_fix is None else request.stall_fix
+        env[STALL_FIX_ENV] = "1" if stall_fix else "0"
+        env[KERAS_FIX_ENV] = "1" if self.keras_fix(request) else "0"
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(request.env)
+        env.update(fast_reconnect(env, self.defaults.reconnect_ms))
+        return env
+
+    def keras_fix(self, request: LaunchRequest) -> bool:
+        """Whether ``request``'s task mends Keras 3 (:mod:`mwhelpers.kerasfix`): its own
+        ``env`` decides when it names the switch, then its ``keras_fix``, then the default."""
+        if KERAS_FIX_ENV in request.env:
+            return settings.KERAS_FIX.read(request.env)
+        return self.defaults.keras_fix if request.keras_fix is None else request.keras_fix
+
+    def _spec(self, task: Task, request: LaunchRequest, attempt: int,
+              standby: bool = False) -> tuple[LaunchSpec, str, int]:
+        """What starts ``task`` for ``request`` in ``attempt``, its readiness mode and its
+        launch number."""
+        from .backends.base import LaunchSpec
+
+        if request.log:
+            log_path, number = request.log, 0
+        else:
+            log_path, number = self.names.next(task)
+        if request.code is not None:
+            script = self.names.folder() / f"{task.slug}_cell.py"
+            # Written beside and renamed over: a run of the task that reads its earlier copy
+            # now (a standby released a moment ago) gets all of one or all of the other.
+            partial = script.with_name(f".{script.name}.{os.getpid()}.{threading.get_ident()}")
+            partial.write_text(request.code)
+            os.replace(partial, script)
+        else:
+            assert request.script is not None  # a request holds code or a script
+            script = request.script
+        ready = request.ready
+        if ready == "auto":
+            ready = "port" if task.type in SERVER_JOBS else "start"
+        # The backend says what a task's environment starts from (another machine gets the
+        # variables that matter, not the kernel's whole environment) and fills in its folder.
+        base = self.launcher.task_env(os.environ)
+        spec = LaunchSpec(script=str(Path(script).resolve()), args=list(request.args),
+                          env=self.environment(task, request, attempt, base),
+                          log_path=Path(log_path), cell=request.code is not None,
+                          host=self.cluster.host_of(task), port=self.cluster.port(task),
+                          standby=standby)
+        return spec, ready, number
+
+    def _run(self, task: Task, process: Process, spec: LaunchSpec, ready: str,
+             attempt: int) -> TaskRun:
+        """The run of ``process``, started from ``spec``."""
+        cluster = self.cluster
+        run = TaskRun(task, process, spec.log_path, cluster.port(task), cluster.address(task),
+                      ready, spec.script, attempt=attempt, cwd=spec.cwd, host=spec.host,
+                      cell=spec.cell)
+        if cluster.gpus is not None:
+            run.gpus = spec.env.get("CUDA_VISIBLE_DEVICES", "")
+        run.keras_fix = settings.KERAS_FIX.read(spec.env)
+        self.on_run(run)
+        return run
