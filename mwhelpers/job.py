@@ -20,6 +20,7 @@ the runtime reads its ``runs`` and ``history`` from it.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -154,6 +155,24 @@ class Job:
             raise timeout_error(stuck, timeout, what, list(self.book.latest().values()),
                                 self.book.not_ready())
         return "ended" if how == "ended" else "until"
+
+    def wait_for_line(self, run: TaskRun, regex: re.Pattern[str],
+                      timeout: float | None) -> str:
+        """The first line of ``run``'s log that ``regex`` matches (one there already counts),
+        once it is written; the run goes on.  UsageError when it ended without one;
+        WorkerTimeout (the run ended) when none came within ``timeout`` s."""
+        found = [ln for ln in run.lines() if regex.search(ln)][:1]
+        if not found and run.running:
+            def on_line(r: TaskRun, line: str) -> None:
+                if not found and regex.search(line):
+                    found.append(line)
+
+            self.watch([run], timeout, on_line=on_line, until=lambda: bool(found),
+                       what=f"never logged {regex.pattern!r}")
+        if not found:
+            raise UsageError(f"{run.task} ended ({run.outcome()}) without logging "
+                             f"{regex.pattern!r}")
+        return found[0]
 
     def wait(self, timeout: float | str | None = None,
              grace_after_failure: float = 30.0, runs: Iterable[TaskRun] | None = None,

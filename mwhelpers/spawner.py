@@ -29,9 +29,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import proctree, settings
+from .backends import create_backend, pick_backend
+from .cluster import Cluster, job_tasks
 from .errors import UsageError
+from .gpus import assign, check_per_task
 from .kerasfix import KERAS_FIX_ENV
-from .ports import holder_of, port_in_use
+from .ports import holder_of, port_in_use, port_range
 from .precheck import Lookout
 from .taskrun import LaunchRequest, Standby, TaskRun
 from .tfdata import STALL_FIX_ENV
@@ -39,7 +42,7 @@ from .watcher import SERVER_JOBS
 
 if TYPE_CHECKING:
     from .backends.base import Launcher, LaunchSpec, Process
-    from .cluster import Cluster, Task
+    from .cluster import Task
 
 GRPC_OPTIONS_ENV = "TF_GRPC_DEFAULT_OPTIONS"  # read by TensorFlow's gRPC channels
 RECONNECT_OPTION = "grpc.initial_reconnect_backoff_ms"
@@ -68,6 +71,32 @@ def fast_reconnect(env: Mapping[str, str], ms: int) -> dict[str, str]:
     if not ms or RECONNECT_OPTION in given:
         return {}
     return {GRPC_OPTIONS_ENV: ",".join(filter(None, [given, f"{RECONNECT_OPTION}={ms}"]))}
+
+
+def open_cluster(workers: int, chief: bool, ps: int, evaluator: bool,
+                 gpus_per_task: int | None, backend: str | None,
+                 options: Mapping[str, object]) -> tuple[Cluster, Launcher]:
+    """A new cluster of these tasks, placed by its backend (``backend``, or the one that
+    takes every option: :func:`~mwhelpers.backends.pick_backend`), and that backend; with
+    ``gpus_per_task``, the GPUs of each task.  Nothing is left held when it fails."""
+    check_per_task(gpus_per_task)
+    name = backend or pick_backend(options)
+    tasks = job_tasks(workers, chief, ps, evaluator)
+    launcher = create_backend(name, options)
+    cluster = None
+    try:
+        cluster = Cluster(workers=workers, chief=chief, ps=ps, evaluator=evaluator,
+                          placement=launcher.place(tasks, port_range()), kind=name,
+                          remote=launcher.remote)
+        if gpus_per_task:
+            cluster.gpus = assign({t: cluster.host_of(t) for t in tasks}, launcher.host_gpus(),
+                                  gpus_per_task)
+    except BaseException:
+        if cluster is not None:
+            cluster.close()  # gives back the ports the backend held for it
+        launcher.close()
+        raise
+    return cluster, launcher
 
 
 @dataclass

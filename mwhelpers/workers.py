@@ -29,19 +29,16 @@ from typing import TYPE_CHECKING
 import psutil
 
 from . import proctree, results, settings, supervisor
-from .backends import create_backend, pick_backend
 from .backends.base import Launcher
-from .cluster import Cluster, Task, job_tasks, parse_task
+from .cluster import Cluster, Task, parse_task
 from .errors import UsageError
-from .gpus import assign, check_per_task
 from .job import Jobs, end_runs
 from .launchoptions import LaunchOptions
-from .logs import LogFollower
-from .ports import port_range
+from .logs import LogFollower, excerpt
 from .precheck import Lookout
 from .proctree import Policy
 from .session import claim_session, escaped_orphans
-from .spawner import LogNames, Spawner, TaskDefaults, port_accepts
+from .spawner import LogNames, Spawner, TaskDefaults, open_cluster, port_accepts
 from .status import StatusTable
 from .taskrun import LaunchRequest, TaskRun, parse_timeout
 from .timeline import LogMarks, Timeline
@@ -158,9 +155,6 @@ class Runtime:
         too few.  A host that cannot be used raises
         :class:`~mwhelpers.errors.InfrastructureError`.
         """
-        check_per_task(gpus_per_task)
-        name = backend or pick_backend(options)
-        tasks = job_tasks(workers, chief, ps, evaluator)
         with self._lock:
             if _close(self.engines):
                 self.echo("ended the interactive tasks of the previous cluster")
@@ -170,22 +164,9 @@ class Runtime:
                 raise UsageError(
                     "tasks of the current cluster are still running ("
                     + ", ".join(str(r.task) for r in busy)
-                    + "); end them first (%killbgscripts or %waitworkers)"
-                )
-            launcher = create_backend(name, options)
-            new = None
-            try:
-                new = Cluster(workers=workers, chief=chief, ps=ps, evaluator=evaluator,
-                              placement=launcher.place(tasks, port_range()), kind=name,
-                              remote=launcher.remote)
-                if gpus_per_task:
-                    new.gpus = assign({t: new.host_of(t) for t in tasks}, launcher.host_gpus(),
-                                      gpus_per_task)
-            except BaseException:
-                if new is not None:
-                    new.close()  # gives back the ports the backend held for it
-                launcher.close()
-                raise
+                    + "); end them first (%killbgscripts or %waitworkers)")
+            new, launcher = open_cluster(workers, chief, ps, evaluator, gpus_per_task, backend,
+                                         options)
             self._drop_cluster()
             self.cluster, self.launcher = new, launcher
             self._launchers.append(launcher)
@@ -236,22 +217,19 @@ class Runtime:
                **options: Unpack[LaunchOptions]) -> TaskRun:
         """Run a task's program: ``code`` (a string) or ``script`` (a .py file).
 
-        Foreground (default): follow its output into the caller, each line
-        prefixed with the task, until it ends; raise :class:`WorkerFailed`
-        on a non-zero exit and :class:`WorkerTimeout` after ``timeout`` s.
+        Foreground (default): follow its output into the caller, each line prefixed with the
+        task, until it ends; raise :class:`WorkerFailed` on a non-zero exit and
+        :class:`WorkerTimeout` after ``timeout`` s.  ``background=True``: return once the
+        task is ready (its port accepts connections; ``ready='start'``: once it is started)
+        or has ended; ``timeout`` then bounds the wait for readiness.
 
-        ``background=True``: return once the task is ready (its port accepts
-        connections; ``ready='start'``: once it is started) or has ended.
-        ``timeout`` then bounds the wait for readiness.
-
-        The other options (:data:`~mwhelpers.launchoptions.LAUNCH_OPTIONS`): ``log``, a log
-        file of its own; ``env``, variables on top of the kernel's; ``stall_fix=False`` keeps
-        tf.data autotuning in a MultiWorkerMirroredStrategy worker (see
-        :mod:`mwhelpers.tfdata`); ``keras_fix=False`` runs Keras 3 unmended under
-        multi-worker MWMS (see :mod:`mwhelpers.kerasfix`, keras-team/keras#20585); the
-        defaults of both are ``self.defaults``; ``verbose=True`` streams every line of the
-        output, TensorFlow's informational C++ lines included (the default,
-        ``self.verbose``, hides them from the caller; the log file keeps everything).
+        The other options (:data:`~mwhelpers.launchoptions.LAUNCH_OPTIONS`): ``log``, a file
+        of its own; ``env``, variables on top of the kernel's; ``stall_fix=False`` keeps
+        tf.data autotuning in a MultiWorkerMirroredStrategy worker (:mod:`mwhelpers.tfdata`);
+        ``keras_fix=False`` runs Keras 3 unmended (:mod:`mwhelpers.kerasfix`,
+        keras-team/keras#20585), both by default as ``self.defaults`` says; ``verbose=True``
+        streams every line, TensorFlow's informational C++ lines too (by default, as
+        ``self.verbose`` says, a cell leaves them out; the log keeps everything).
         """
         return self._launch([task], code, script, args, options)[0]
 
@@ -313,12 +291,9 @@ class Runtime:
     # -- faults, waiting and ending ---------------------------------------------
     def kill(self, task: TaskSpec, sig: int | str = signal.SIGKILL, wait: bool = True,
              why: str | None = None) -> TaskRun:
-        """Send ``sig`` to a task's whole process tree (fault injection).
-
-        Returns the TaskRun.  With SIGKILL and ``wait``, returns once every process of the
-        tree is gone.  ``why`` is recorded in the task's outcome (default: "<SIG> sent on
-        request").
-        """
+        """Send ``sig`` to a task's whole process tree (fault injection); returns its run.
+        With SIGKILL and ``wait``, returns once every process of the tree is gone.  ``why`` is
+        noted in the task's outcome (default: "<SIG> sent on request")."""
         sig = proctree.parse_signal(sig)
         with self._lock:
             if self.cluster is None:
@@ -339,30 +314,14 @@ class Runtime:
             regex = re.compile(pattern)
         except re.error as e:
             raise UsageError(f"{pattern!r} is not a valid regular expression: {e}") from None
-        run = self.get_run(task)
-        found = [ln for ln in run.lines() if regex.search(ln)][:1]
-        if found:
-            return found[0]
-        if not run.running:
-            raise UsageError(f"{run.task} ended ({run.outcome()}) without logging {pattern!r}")
-
-        def on_line(r: TaskRun, line: str) -> None:
-            if not found and regex.search(line):
-                found.append(line)
-
-        self.jobs.current().watch([run], parse_timeout(timeout), on_line=on_line,
-                                  until=lambda: bool(found), what=f"never logged {pattern!r}")
-        if not found:
-            raise UsageError(f"{run.task} ended ({run.outcome()}) before logging {pattern!r}")
-        return found[0]
+        return self.jobs.current().wait_for_line(self.get_run(task), regex,
+                                                 parse_timeout(timeout))
 
     def kill_when(self, task: TaskSpec, pattern: str, sig: int | str = signal.SIGKILL,
                   timeout: float = 300.0) -> str:
-        """Wait until ``task``'s log has a line matching ``pattern``, then kill it.
-
-        Deterministic fault injection: kill worker 1 right after it logs,
-        say, ``Epoch 2/``.  Returns the matching line.
-        """
+        """Wait until ``task``'s log has a line matching ``pattern``, then kill it (fault
+        injection at a known point: worker 1 right after it logs ``Epoch 2/``, say).  Returns
+        the matching line."""
         sig = proctree.parse_signal(sig)
         run = self.get_run(task)
         if not run.running:
@@ -373,15 +332,11 @@ class Runtime:
 
     def wait(self, timeout: float | str | None = None,
              grace_after_failure: float = 30.0) -> list[TaskRun]:
-        """Wait for every background task to end.
-
-        Parameter servers never end by themselves and are not waited for.
-        When a task fails, the others get ``grace_after_failure`` s to end
-        by themselves (a synchronous job's workers follow their failed peer)
-        and are then ended.  Raises WorkerFailed naming the first task to
-        die (the root cause) and the rest in the order they died, or
-        WorkerTimeout.
-        """
+        """Wait for every background task but the parameter servers (they never end by
+        themselves) to end.  When a task fails, the others get ``grace_after_failure`` s to
+        follow it (a synchronous job's workers do) and are then ended.  Raises WorkerFailed
+        naming the first task to die (the root cause) and the rest in the order they died, or
+        WorkerTimeout."""
         if any(r.task.type != "ps" and r.running for r in self.runs.values()):
             for t, why in self.jobs.not_ready():
                 if why == "never launched":
@@ -437,22 +392,10 @@ class Runtime:
         """The last ``n`` lines of one task's log, or of all, prefixed with the task;
         with ``grep``, the last ``n`` lines that match that regular expression."""
         if task is None or task == "":
-            runs = list(self.runs.values())
-            if not runs:
+            if not self.runs:
                 raise UsageError("no task has been launched yet, so there is no log")
-        else:
-            runs = [self.get_run(task)]
-        if grep is None:
-            return [f"[{r.task}] {ln}" for r in runs for ln in r.tail(n)]
-        try:
-            pattern = re.compile(grep)
-        except re.error as err:
-            raise UsageError(f"--grep {grep!r} is not a regular expression: {err}") from None
-        out: list[str] = []
-        for r in runs:
-            matching = [ln for ln in r.lines() if pattern.search(ln)]
-            out += [f"[{r.task}] {ln}" for ln in (matching[-n:] if n else matching)]
-        return out
+            return excerpt(self.runs.values(), n, grep)
+        return excerpt([self.get_run(task)], n, grep)
 
     def follow(self, task: TaskSpec, timeout: float | str | None = None) -> TaskRun:
         """Stream one task's log into the caller until it ends (or ``timeout`` s passed,

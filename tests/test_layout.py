@@ -70,3 +70,53 @@ def test_no_import_cycle():
         if m not in state:
             visit(m, [m])
     assert "mwhelpers.workers" not in imports(top_level_only=False)["mwhelpers.supervisor"]
+
+
+def _classes(tree):
+    return [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+
+
+def test_runtime_only_orchestrates():
+    """The user's API and nothing else: what builds, starts, watches and ends tasks has
+    objects of its own (spawner, job, supervisor), so the hall stays small."""
+    tree = ast.parse((PACKAGE / "workers.py").read_text())
+    runtime = next(c for c in _classes(tree) if c.name == "Runtime")
+    methods = [f.name for f in runtime.body if isinstance(f, ast.FunctionDef)]
+    assert runtime.end_lineno - runtime.lineno + 1 <= 350
+    assert len(methods) <= 25, methods
+    big = {_module(p): n for p in PACKAGE.rglob("*.py")
+           if (n := len(p.read_text().splitlines())) > 600}
+    assert not big, big
+
+
+def _private_names(tree):
+    """The private names a module defines: its own attributes (``self._x = ...``), methods and
+    class attributes, and module-level names."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def test_no_module_touches_another_modules_private_members():
+    """``x._name`` outside ``self``/``cls`` only where ``_name`` is the module's own: no module
+    reaches into another's privates (a third-party library's are not ours to judge here)."""
+    trees = {_module(p): ast.parse(p.read_text()) for p in PACKAGE.rglob("*.py")}
+    own = {m: _private_names(t) for m, t in trees.items()}
+    ours = set().union(*own.values())
+    wrong = []
+    for m, tree in trees.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if node.attr in ours and node.attr not in own[m]:
+                wrong.append(f"{m}:{node.lineno}: {ast.unparse(node)}")
+    assert not wrong, wrong
