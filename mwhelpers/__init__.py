@@ -24,7 +24,7 @@ _LAZY = {
     "WorkerFailed": "errors", "WorkerTimeout": "errors", "InfrastructureError": "errors",
     "CellFailed": "errors", "TaskValues": "interactive",
     "register_backend": "backends", "available_backends": "backends", "Launcher": "backends",
-    "AgentLauncher": "backends", "Option": "backends", "Process": "backends",
+    "AgentLauncher": "backends", "BackendOptions": "backends", "Process": "backends",
     "Placement": "backends", "LaunchSpec": "backends", "write_sbatch": "backends.slurm",
     "versions": "packages", "tensorflow_distributions": "packages",
     "Results": "results", "read_results": "results",
@@ -35,9 +35,9 @@ _LAZY = {
 # checking (a user's `from mwhelpers import Runtime` is typed, not Any).
 if _typing.TYPE_CHECKING:
     from .backends import AgentLauncher as AgentLauncher
+    from .backends import BackendOptions as BackendOptions
     from .backends import Launcher as Launcher
     from .backends import LaunchSpec as LaunchSpec
-    from .backends import Option as Option
     from .backends import Placement as Placement
     from .backends import Process as Process
     from .backends import available_backends as available_backends

@@ -11,7 +11,8 @@ Protocol:
   command, where ``{dir}`` stands for a private temporary folder), ``env``
   (variables to set), ``cwd``, ``files`` (name -> text, written into that
   folder: the worker bootstrap, a cell's code) and ``port`` (checked free
-  before starting, or null) and ``heartbeat`` (seconds, or null: see below);
+  before starting, or null), ``heartbeat`` (seconds, or null: see below) and
+  ``escalation`` (``SIG:SECONDS,...``: how the agent ends the task by itself, below);
 * standard input, then: one command per line, ``signal N`` (to the task's
   process group), ``dump`` (SIGUSR1 to the task: Python stacks into the log),
   ``end SIG:SECONDS,...`` (escalate through those signals until the group is
@@ -19,12 +20,14 @@ Protocol:
   ``standby`` true in the header, waiting on the pipe ``MWHELPERS_STANDBY_FD`` after
   importing TensorFlow, runs its program: its port is checked then, not at the start,
   since the attempt it stands by for still holds it).  End of file means the
-  kernel or the connection is gone: the group is killed at once.  SIGHUP,
-  SIGTERM and SIGINT to the agent mean the same;
+  kernel or the connection is gone: the group is ended through the header's
+  ``escalation``.  SIGHUP, SIGTERM and SIGINT to the agent mean the same, but
+  the group is sent SIGKILL at once (no waiting in a signal handler);
 * heartbeat: the kernel pings several times per ``heartbeat`` seconds.  A
   network that goes silent (a cable, a switch, a paused VM: no FIN, no RST)
   never ends standard input, so when the agent has heard nothing for
-  ``heartbeat`` seconds it kills the group by itself and says why in the log;
+  ``heartbeat`` seconds it ends the group through the header's ``escalation``
+  by itself and says why in the log;
 * the task's output (stdout and stderr together) is the agent's standard
   output, so it reaches the kernel's log file as it is written;
 * the agent's own reports go to standard error, one per line, each starting
@@ -77,6 +80,16 @@ def group_alive(pgid: int) -> bool:
         return True
 
 
+def parse_steps(text: str) -> list[tuple[int, float]]:
+    """``"9:3,15:1"`` -> ``[(9, 3.0), (15, 1.0)]``: an escalation, as the kernel writes it;
+    ValueError when it is not one."""
+    steps = [(int(sig), float(grace)) for sig, _, grace in
+             (step.partition(":") for step in text.split(","))]
+    if not steps:
+        raise ValueError(f"no steps in {text!r}")
+    return steps
+
+
 def kill_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -107,6 +120,8 @@ def port_taken(port: int) -> bool:
 class Agent:
     def __init__(self, header: dict[str, Any]) -> None:
         self.header = header
+        # how it ends the task by itself (the kernel gone or silent): the kernel's escalation
+        self.lost_steps = parse_steps(header["escalation"])
         self.child: subprocess.Popen[bytes] | None = None
         self.lock = threading.Lock()  # one ending at a time; the exit report waits for it
         self.exited = threading.Event()
@@ -204,13 +219,12 @@ class Agent:
                 elif words[0] == "release":
                     self.release()
                 elif words[0] == "end":
-                    steps = [(int(s.split(":")[0]), float(s.split(":")[1]))
-                             for s in words[1].split(",")]
-                    threading.Thread(target=self.end, args=(steps,), daemon=True).start()
+                    threading.Thread(target=self.end, args=(parse_steps(words[1]),),
+                                     daemon=True).start()
             except (OSError, ValueError, IndexError):
                 pass
         # End of input: the kernel, or the connection to it, is gone.
-        self.end([(signal.SIGKILL, 5.0)])
+        self.end(self.lost_steps)
 
     def watch_heartbeat(self, limit: float) -> None:
         """Kill the group once the kernel has been silent for ``limit`` seconds."""
@@ -219,7 +233,7 @@ class Agent:
             if silent > limit:
                 say(f"no word from the kernel for {silent:.0f} s (its machine or the network "
                     "between stopped answering): ending the task here")
-                self.end([(signal.SIGKILL, 5.0)])
+                self.end(self.lost_steps)
                 return
 
     def run(self) -> int:
@@ -244,11 +258,10 @@ class Agent:
 def main() -> int:
     line = sys.stdin.readline()
     try:
-        header = json.loads(line)
-    except ValueError:
+        agent = Agent(json.loads(line))
+    except (ValueError, KeyError, TypeError, AttributeError):
         sys.stderr.write(f"{TAG} bad header {line[:200]!r}\n")
         return 2
-    agent = Agent(header)
 
     # the same as end of input, without waiting in a handler
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -33,7 +33,7 @@ from .launchoptions import LAUNCH_OPTIONS, launch_help, launch_usage
 if TYPE_CHECKING:  # for the annotations only: loading the extension imports none of these
     from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
 
-    from .backends.base import Option
+    from .backends.options import OptionSpec
     from .cluster import Cluster
     from .interactive import Interactive, TaskValues
     from .live import LiveViews
@@ -55,7 +55,7 @@ def runtime() -> Runtime:
 class _Parser(argparse.ArgumentParser):
     """argparse, raising our UsageError (what was wrong, and the usage) instead of exiting."""
 
-    backend_options: tuple[Option, ...] = ()
+    backend_options: tuple[OptionSpec, ...] = ()
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}\n{self.format_usage().strip()}")
@@ -64,7 +64,7 @@ class _Parser(argparse.ArgumentParser):
 def cluster_parser(line: str) -> tuple[_Parser, str]:
     """The parser of ``%cluster`` for the backend ``line`` names, and that name: the
     general flags, then the backend's own options as flags (``--hosts``, ``--job``...)."""
-    from .backends import available_backends, backend_class, options_of
+    from .backends import available_backends, options_of
 
     words = line.split()
     backend = None
@@ -100,7 +100,7 @@ def cluster_parser(line: str) -> tuple[_Parser, str]:
     p.add_argument("-h", "--help", action="store_true", help="show this help and the backend's "
                    "options (with --backend NAME: that backend's)")
     own = p.add_argument_group(f"options of the {name} backend")
-    p.backend_options = tuple(options_of(backend_class(name)).values())
+    p.backend_options = tuple(options_of(name).values())
     for option in p.backend_options:
         own.add_argument(option.flag, dest=option.name, default=None, metavar=option.metavar,
                          help=option.help)

@@ -68,6 +68,17 @@ def group_members(pgid: int) -> list[psutil.Process]:
     return found
 
 
+def group(leader: int, leader_running: bool = True) -> list[psutil.Process]:
+    """The live processes of the process group that ``leader`` leads (a process started in a
+    session of its own): ``leader`` and its descendants while it runs (``leader_running``:
+    once it is reaped its pid may be another process's), and every other member of its group
+    (descendants re-parented when their parent died); never this process."""
+    procs = tree(leader) if leader_running else []
+    seen = {p.pid for p in procs}
+    procs += [p for p in group_members(leader) if p.pid not in seen]
+    return [p for p in procs if p.pid != os.getpid()]
+
+
 def carrying(key: str, value: str, exclude: Container[int] = (),
              where: Callable[[dict[str, str]], bool] | None = None) -> list[psutil.Process]:
     """Live processes whose environment has ``key=value`` (and, with ``where``, for which

@@ -116,6 +116,9 @@ def _start_standbys(rt: Host, job: Job, requests: Sequence[LaunchRequest],
     if standbys:
         rt.echo(f"[mwhelpers] standby: attempt {attempt}'s processes started ahead "
                 f"({', '.join(str(t) for t in standbys)}), importing TensorFlow, for a restart")
+    elif job.spawner.cluster.kind == "local":
+        rt.echo("[mwhelpers] standby: the local backend starts no processes ahead; its warm "
+                "starts skip TensorFlow's import at a restart instead")
     else:
         rt.echo("[mwhelpers] standby: this cluster's backend cannot start processes ahead; "
                 "a restart starts them then")
@@ -170,7 +173,8 @@ def supervise(rt: Host, script: str | os.PathLike[str] | None = None, *,
     each attempt.  ``stall_fix`` and ``keras_fix`` are the launch options of the same names
     (see :meth:`Runtime.launch`).
 
-    ``standby=True`` makes restarts cost less than a start: once every task of an attempt
+    ``standby=True`` (the ssh and slurm backends; locally, warm starts do the same) makes
+    restarts cost less than a start: once every task of an attempt
     that may be followed by a restart has imported TensorFlow, the next attempt's processes
     are started ahead (TensorFlow imported, then waiting); a restart releases them instead
     of starting new ones, saving TensorFlow's import (about 2 s).  The price: one more

@@ -11,16 +11,19 @@ address.  It needs root, like ``ip netns exec``.
 
 Nothing in ``mwhelpers/`` names it: it is registered with
 ``mwhelpers.register_backend``, as a package of yours would be (or through an
-entry point in the group ``mwhelpers.backends``).
+entry point in the group ``mwhelpers.backends``).  Its options are the agent's
+(``hosts``, ``python``, ``cwd``, ``heartbeat``), declared once in a frozen
+dataclass: ``hosts`` again, for its own help.
 """
 
 import os
 import re
 import subprocess
+from dataclasses import dataclass
 
 from mwhelpers import register_backend
-from mwhelpers.backends import AgentLauncher, Option
-from mwhelpers.backends.agent import host_list
+from mwhelpers.backends import AgentLauncher, AgentOptions, option
+from mwhelpers.backends.agent import hosts_option
 from mwhelpers.errors import InfrastructureError, UsageError
 
 
@@ -36,18 +39,24 @@ def namespace_address(ns):
     return m.group(1)
 
 
+@dataclass(frozen=True)
+class NetnsOptions(AgentOptions):
+    """The agent's options, its hosts being namespaces."""
+
+    hosts: tuple[str, ...] | None = option(hosts_option, "the namespaces, a list or NS1,NS2",
+                                           metavar="H1,H2")
+
+
 class NetnsLauncher(AgentLauncher):
     """Tasks in named network namespaces on this machine (ip netns exec)."""
 
     name = "netns"
-    # the agent's options (hosts, python, cwd, heartbeat), its hosts being namespaces
-    options = (Option("hosts", host_list, None, "the namespaces, a list or NS1,NS2", "H1,H2"),
-               *AgentLauncher.options[1:])
+    options = NetnsOptions
 
-    def __init__(self, hosts=None, python=None, cwd=None, heartbeat=None):
+    def __init__(self, options: NetnsOptions):
         if os.geteuid() != 0:
             raise UsageError("the netns backend needs root (ip netns exec)")
-        super().__init__(python, cwd, heartbeat, hosts=hosts)
+        super().__init__(options)
 
     def transport(self, host, argv):
         return ["ip", "netns", "exec", host, *argv]

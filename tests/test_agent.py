@@ -9,7 +9,9 @@ import time
 
 import pytest
 
-from mwhelpers.backends.agent import AGENT_CODE
+from mwhelpers.backends.agent import AGENT_CODE, LOST_ESCALATION, steps
+
+LOST = steps(LOST_ESCALATION)  # what the launchers put in every header: SIGKILL, 3 s
 
 
 def run_agent(header, tmp_path, timeout=30):
@@ -19,7 +21,7 @@ def run_agent(header, tmp_path, timeout=30):
     with open(out, "w") as o, open(err, "w") as e:
         proc = subprocess.Popen([sys.executable, "-c", AGENT_CODE], stdin=subprocess.PIPE,
                                 stdout=o, stderr=e, text=True)
-        proc.stdin.write(json.dumps(header) + "\n")
+        proc.stdin.write(json.dumps({"escalation": LOST, **header}) + "\n")
         proc.stdin.flush()
         try:
             code = proc.wait(timeout)
@@ -31,9 +33,32 @@ def run_agent(header, tmp_path, timeout=30):
 def test_closing_the_lifeline_ends_the_task_at_once(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", AGENT_CODE], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    header = {"argv": [sys.executable, "-c", "import time; time.sleep(60)"], "cwd": str(tmp_path)}
+    header = {"argv": [sys.executable, "-c", "import time; time.sleep(60)"], "cwd": str(tmp_path),
+              "escalation": LOST}
     out, err = proc.communicate(json.dumps(header) + "\n", timeout=15)  # EOF right after
     assert "@mwhelpers ended SIGKILL" in err and err.splitlines()[-1] == "@mwhelpers exit -9"
+
+
+def test_the_agent_ends_its_task_through_the_escalation_its_header_gives(tmp_path):
+    """The steps come from the kernel (proctree's table), not from the agent: with SIGTERM
+    first, a task that exits on SIGTERM ends with it when the lifeline closes."""
+    task = "import time; print('up', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", AGENT_CODE], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    header = {"argv": [sys.executable, "-c", task], "cwd": str(tmp_path), "escalation": "15:3,9:3"}
+    proc.stdin.write(json.dumps(header) + "\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline() == "up\n"
+    out, err = proc.communicate(timeout=15)  # EOF: the lifeline closed
+    assert "@mwhelpers ended SIGTERM" in err and err.splitlines()[-1] == "@mwhelpers exit -15", err
+
+
+def test_a_header_without_an_escalation_is_refused(tmp_path):
+    header = {"argv": [sys.executable, "-c", "print('ran')"], "cwd": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", AGENT_CODE], input=json.dumps(header) + "\n",
+                          capture_output=True, text=True, timeout=15)
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    assert done.stderr.startswith("@mwhelpers bad header")
 
 
 def test_the_agent_runs_the_task_and_reports_its_exit(tmp_path):
@@ -84,7 +109,7 @@ def test_pings_keep_the_task_alive_and_are_answered(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", AGENT_CODE], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc.stdin.write(json.dumps({"argv": [sys.executable, "-c", task], "cwd": str(tmp_path),
-                                 "heartbeat": 1}) + "\n")
+                                 "heartbeat": 1, "escalation": LOST}) + "\n")
     proc.stdin.flush()
     sent, deadline = 0, time.monotonic() + 10
     try:
@@ -107,15 +132,15 @@ def test_pings_keep_the_task_alive_and_are_answered(tmp_path):
 
 
 def test_a_bad_heartbeat_setting_is_refused_with_what_to_give(monkeypatch):
-    from mwhelpers.backends.ssh import SSHLauncher
+    from mwhelpers.backends.ssh import SSHLauncher, SSHOptions
     from mwhelpers.errors import UsageError
 
     for bad in ("ten", "-1", "0.5"):
         monkeypatch.setenv("MWHELPERS_HEARTBEAT", bad)
         with pytest.raises(UsageError, match=rf"MWHELPERS_HEARTBEAT='{re.escape(bad)}': give the "
                                              "seconds of silence .* 0 turns the heartbeat off"):
-            SSHLauncher(hosts=["node1"])
+            SSHLauncher(SSHOptions(hosts=("node1",)))
     monkeypatch.setenv("MWHELPERS_HEARTBEAT", "0")
-    assert SSHLauncher(hosts=["node1"]).heartbeat == 0
+    assert SSHLauncher(SSHOptions(hosts=("node1",))).heartbeat == 0
     monkeypatch.delenv("MWHELPERS_HEARTBEAT")
-    assert SSHLauncher(hosts=["node1"]).heartbeat == 10
+    assert SSHLauncher(SSHOptions(hosts=("node1",))).heartbeat == 10

@@ -326,13 +326,12 @@ def test_supervise_restarts_every_task_after_a_fault(brt, backend, tmp_path):
 
 
 @pytest.mark.tf
-@pytest.mark.parametrize("backend", ["local", pytest.param("ssh", marks=ON_HOSTS)],
-                         indirect=True)
+@pytest.mark.parametrize("backend", [pytest.param("ssh", marks=ON_HOSTS)], indirect=True)
 def test_a_restart_releases_the_standbys_and_unused_ones_are_ended(brt, backend, tmp_path):
     """supervise(standby=True): once both tasks imported TensorFlow, the next attempt's
     processes start ahead; the restart after a fault releases them (no new processes), and
     the standbys for a third attempt that no fault needed are ended, their logs removed.
-    Locally and through the agent (ssh; slurm and netns carry the same agent's commands)."""
+    Through the agent (ssh; slurm and netns carry the same agent's commands)."""
     name, kwargs, hosts = backend
     brt.define_cluster(2, **kwargs)
     (tmp_path / "go").touch()
@@ -355,12 +354,15 @@ def test_a_restart_releases_the_standbys_and_unused_ones_are_ended(brt, backend,
 
 
 @pytest.mark.tf
-def test_a_standby_that_died_is_replaced_by_a_cold_start(rt, tmp_path):
+@pytest.mark.parametrize("backend", [pytest.param("ssh", marks=ON_HOSTS)], indirect=True)
+def test_a_standby_that_died_is_replaced_by_a_cold_start(brt, backend, tmp_path):
     """A restart whose standby for one task died meanwhile starts that task as usual, under
-    the same log name; the other task's standby is released."""
+    the same log name; the other task's standby is released.  (The test hosts are network
+    namespaces of this machine: the standby is found and killed here.)"""
     import threading
 
-    rt.define_cluster(2)
+    rt = brt
+    rt.define_cluster(2, **backend[1])
 
     def kill_worker0s_standby():
         deadline = time.monotonic() + 60
@@ -383,6 +385,24 @@ def test_a_standby_that_died_is_replaced_by_a_cold_start(rt, tmp_path):
     assert w0.log_path.name == "worker-0.run2.log" and w0.lines()[-1] == "finished attempt 2"
     assert w1.lines()[-1] == "finished attempt 2"
     assert "[worker:0] started in the background" in "\n".join(rt.echo_lines)
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("backend", ["local"], indirect=True)
+def test_the_local_backend_restarts_warm_instead_of_from_standbys(brt, backend, tmp_path):
+    """supervise(standby=True) on the local backend says in one line that its warm starts
+    skip TensorFlow's import at a restart instead, and the restart is forked warm."""
+    brt.define_cluster(2)
+    (tmp_path / "go").touch()
+    attempts = brt.supervise(code=STANDING_BY, env={MARK: ME}, max_restarts=1, timeout=120,
+                             stream=False, standby=True, inject=[("worker:1", "^READY")])
+    assert [a["attempt"] for a in attempts] == [1, 2] and attempts[1]["why"] == "every task finished"
+    said = [ln for ln in brt.echo_lines if ln.startswith("[mwhelpers] standby:")]
+    assert said == ["[mwhelpers] standby: the local backend starts no processes ahead; its warm "
+                    "starts skip TensorFlow's import at a restart instead"], said
+    for r in attempts[1]["runs"]:
+        assert r.process.standby_since is None and r.process.warm, r.lines()
+        assert r.lines()[-1] == "finished attempt 2"
 
 
 class _ChattyLauncher(AgentLauncher):
@@ -425,16 +445,23 @@ def test_a_backend_declared_as_an_entry_point_is_found_and_runs_tasks(rt, tmp_pa
     (site / "mwh_demo-1.0.dist-info" / "entry_points.txt").write_text(
         "[mwhelpers.backends]\ndemo = mwh_demo:Demo\nbroken = mwh_demo:Missing\n")
     (site / "mwh_demo.py").write_text(textwrap.dedent("""
+        from dataclasses import dataclass
+
+        from mwhelpers.backends import BackendOptions, option, text
         from mwhelpers.backends.local import LocalLauncher
+
+        @dataclass(frozen=True)
+        class DemoOptions(BackendOptions):
+            greeting: str = option(text, "what each task gets in DEMO", default="hello")
 
         class Demo(LocalLauncher):
             '''This machine, with every task told it ran under the demo backend.'''
             name = "demo"
-            options = {"greeting": "what each task gets in DEMO"}
+            options = DemoOptions
 
-            def __init__(self, greeting="hello"):
+            def __init__(self, options=DemoOptions()):
                 super().__init__()
-                self.greeting = greeting
+                self.greeting = options.greeting
 
             def task_env(self, environ):
                 return {**environ, "DEMO": self.greeting}
@@ -482,3 +509,60 @@ def test_backend_names_and_registrations_are_checked(rt):
     with pytest.raises(UsageError, match=r"the netns backend's option hosts cannot be ''"):
         rt.define_cluster(2, backend="netns", hosts="")
     assert rt.cluster is None
+
+
+def test_a_backend_declares_its_options_once_as_a_frozen_dataclass(rt):
+    """The constructor gets one instance of the declared dataclass, converted and with its
+    defaults; a declaration of another shape is refused when the backend is registered."""
+    from dataclasses import dataclass, field
+
+    from mwhelpers.backends import BackendOptions, option, options_of, seconds, text
+    from mwhelpers.backends.local import LocalLauncher
+
+    @dataclass(frozen=True)
+    class PoliteOptions(BackendOptions):
+        greeting: str = option(text, "what each task is told", default="hello", metavar="WORDS")
+        pause: float | None = option(seconds, "seconds to wait first", metavar="S")
+
+    got = []
+
+    class Polite(LocalLauncher):
+        name = "polite"
+        options = PoliteOptions
+
+        def __init__(self, options: PoliteOptions):
+            got.append(options)
+            super().__init__()
+
+    register_backend("polite", Polite)
+    assert [(o.flag, o.metavar, o.default) for o in options_of("polite").values()] == \
+        [("--greeting", "WORDS", "hello"), ("--pause", "S", None)]
+    rt.define_cluster(1, backend="polite", pause="1.5")
+    assert got == [PoliteOptions(greeting="hello", pause=1.5)]
+    with pytest.raises(UsageError, match=r"the polite backend's option pause cannot be 'soon' "
+                                         r"\(could not convert .*\): it is seconds to wait first"):
+        rt.define_cluster(1, backend="polite", pause="soon")
+
+    class Old(LocalLauncher):
+        options = {"greeting": "a dict of help, as development versions took"}
+
+    with pytest.raises(UsageError, match=r"backend 'old' \(.*Old\) declares its options as "
+                                         r"\{'greeting'.*a frozen dataclass subclassing "
+                                         r"mwhelpers.backends.BackendOptions"):
+        register_backend("old", Old)
+
+    class NotADataclass(PoliteOptions):
+        colour: str = "blue"
+
+    @dataclass(frozen=True)
+    class PlainField(BackendOptions):
+        colour: str = field(default="blue")
+
+    for bad, why in ((NotADataclass, r"NotADataclass is not a dataclass: decorate it with "
+                                     r"@dataclass\(frozen=True\)"),
+                     (PlainField, "PlainField.colour is not an option: declare it with "
+                                  "mwhelpers.backends.option")):
+        Old.options = bad
+        with pytest.raises(UsageError, match=rf"backend 'old' \(.*Old\): .*{why}"):
+            register_backend("old", Old)
+    assert "old" not in available_backends()

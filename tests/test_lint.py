@@ -42,16 +42,19 @@ def test_the_plugin_interface_has_hints_that_resolve():
     import inspect
     import typing
 
-    from mwhelpers.backends import agent, base, slurm
+    from mwhelpers.backends import agent, base, local, options, slurm, ssh
 
-    functions = [base.end_local, base.end_together, base.text, base.seconds, slurm.write_sbatch,
-                 agent.host_list, agent.forwarded_env]
-    for cls in (base.Launcher, base.Process, agent.AgentLauncher, agent.AgentProcess, base.Option):
+    functions = [base.end_local, base.end_together, options.text, options.seconds,
+                 options.option, slurm.write_sbatch, agent.host_list, agent.forwarded_env]
+    for cls in (base.Launcher, base.Process, agent.AgentLauncher, agent.AgentProcess,
+                options.OptionSpec, options.BackendOptions):
         for name, f in vars(cls).items():
             f = f.fget if isinstance(f, property) else f
+            f = f.__func__ if isinstance(f, classmethod) else f
             if inspect.isfunction(f) and (not name.startswith("_") or name == "__init__"):
                 functions.append(f)
-    for cls in (base.LaunchSpec, base.Placement, base.Option):
+    for cls in (base.LaunchSpec, base.Placement, options.OptionSpec, local.LocalOptions,
+                agent.AgentOptions, ssh.SSHOptions, slurm.SlurmOptions):
         assert typing.get_type_hints(cls)
     for fn in functions:
         hints = typing.get_type_hints(fn)  # raises if an annotation does not resolve

@@ -1,12 +1,15 @@
 """Backends: the ways of starting a cluster's tasks, found by name.
 
-A backend is a :class:`Launcher` subclass with a ``name`` and the
-:class:`Option` s its constructor takes.  ``define_cluster(2, backend="ssh",
-hosts=["node1", "node2"])`` looks the name up here, checks and converts the
-other keyword arguments against the backend's options, makes one instance for
-that cluster, asks it where each task goes (``place``) and then has it start
-every task; the runtime never asks which backend it holds.  ``%cluster`` builds
-its flags from the same options (``%cluster --backend ssh --help`` lists them).
+A backend is a :class:`Launcher` subclass with a ``name`` and its ``options``: a
+frozen dataclass of :class:`BackendOptions` whose fields, made by :func:`option`,
+are the options (their types, defaults, converters and help, declared once; see
+:mod:`.options`).  ``define_cluster(2, backend="ssh", hosts=["node1", "node2"])``
+looks the name up here, makes the backend's options from the other keyword
+arguments (checked and converted), makes one instance for that cluster from them
+(``SSHLauncher(SSHOptions(hosts=("node1", "node2")))``), asks it where each task
+goes (``place``) and then has it start every task; the runtime never asks which
+backend it holds.  ``%cluster`` builds its flags and its help from the same
+fields (``%cluster --backend ssh --help`` lists them).
 
 Built in, one module each: ``local`` (:mod:`.local`, this machine), ``ssh``
 (:mod:`.ssh`, SSH hosts) and ``slurm`` (:mod:`.slurm`, the nodes of a Slurm
@@ -37,14 +40,16 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
-from .base import Launcher, LaunchSpec, Option, Placement, Process
+from .base import Launcher, LaunchSpec, Placement, Process
+from .options import BackendOptions, OptionSpec, option, seconds, text
 
 if TYPE_CHECKING:
-    from .agent import AgentLauncher
+    from .agent import AgentLauncher, AgentOptions
 
-__all__ = ["AgentLauncher", "LaunchSpec", "Launcher", "Option", "Placement", "Process",
-           "available_backends", "backend_class", "create_backend", "pick_backend",
-           "register_backend"]
+__all__ = ["AgentLauncher", "AgentOptions", "BackendOptions", "LaunchSpec", "Launcher",
+           "OptionSpec", "Placement", "Process", "available_backends", "backend_class",
+           "create_backend", "option", "options_of", "pick_backend", "register_backend",
+           "seconds", "text"]
 
 ENTRY_POINT_GROUP = "mwhelpers.backends"
 BUILT_IN = {name: EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in (
@@ -54,10 +59,10 @@ _REGISTERED: dict[str, type[Launcher]] = {}  # name -> class, from register_back
 
 
 def __getattr__(name: str) -> Any:
-    if name == "AgentLauncher":  # imported on demand: the local backend does not need it
-        from .agent import AgentLauncher
+    if name in ("AgentLauncher", "AgentOptions"):  # on demand: the local backend needs neither
+        from . import agent
 
-        return AgentLauncher
+        return getattr(agent, name)
     raise AttributeError(f"module 'mwhelpers.backends' has no attribute {name!r}")
 
 
@@ -75,6 +80,7 @@ def register_backend(name: str, cls: type[Launcher]) -> None:
     if not (isinstance(cls, type) and issubclass(cls, Launcher)):
         raise UsageError(f"backend {name!r}: {cls!r} is not a subclass of "
                          "mwhelpers.backends.Launcher")
+    _options_class(name, cls)  # a bad declaration is refused now, not at its first use
     _REGISTERED[name] = cls
 
 
@@ -101,26 +107,33 @@ def backend_class(name: str) -> type[Launcher]:
                          f"loaded: {type(e).__name__}: {e}") from None
 
 
-def options_of(cls: type[Launcher]) -> dict[str, Option]:
-    """The options ``cls`` declares, by name.  A backend written for mwhelpers 0.2 declared
-    a dict of name -> help; its values are then passed on as given."""
-    declared: Any = cls.options
-    if isinstance(declared, Mapping):
-        return {k: Option(k, _as_given, None, str(v)) for k, v in declared.items()}
-    return {o.name: o for o in declared}
+def _options_class(name: str, cls: type[Launcher]) -> type[BackendOptions]:
+    """``cls.options``, checked: a UsageError naming the backend when it is not a dataclass
+    of :class:`BackendOptions` whose fields are options."""
+    given: object = cls.options
+    if not (isinstance(given, type) and issubclass(given, BackendOptions)):
+        raise UsageError(f"backend {name!r} ({cls.__qualname__}) declares its options as "
+                         f"{given!r}; a backend's options are a frozen dataclass subclassing "
+                         "mwhelpers.backends.BackendOptions (see mwhelpers.backends.options)")
+    try:
+        given.declared()
+    except TypeError as e:
+        raise UsageError(f"backend {name!r} ({cls.__qualname__}): {e}") from None
+    return given
 
 
-def _as_given(value: Any) -> Any:
-    return value
+def options_of(name: str) -> dict[str, OptionSpec]:
+    """The options backend ``name`` declares, by name, in the order of its fields."""
+    return _options_class(name, backend_class(name)).declared()
 
 
-def pick_backend(options: Mapping[str, Any]) -> str:
+def pick_backend(options: Mapping[str, object]) -> str:
     """The backend that ``define_cluster`` uses when none is named: ``local`` when it takes
     every option given (none given, too); otherwise the one built-in backend that does
     (``hosts=`` means ``ssh``, ``job=`` means ``slurm``).  A backend a package added is only
     ever used by its name, so that installing one never changes what a call means."""
     given = {k for k, v in options.items() if v is not None}
-    takers = [name for name in BUILT_IN if given <= set(options_of(backend_class(name)))]
+    takers = [name for name in BUILT_IN if given <= set(options_of(name))]
     if "local" in takers:
         return "local"
     if len(takers) == 1:
@@ -133,19 +146,9 @@ def pick_backend(options: Mapping[str, Any]) -> str:
     raise UsageError(f"{', '.join(sorted(takers))} all take {what}: name one with backend=NAME")
 
 
-def create_backend(name: str, options: Mapping[str, Any]) -> Launcher:
-    """A new instance of backend ``name`` for one cluster, with ``options`` (None: not
-    given) checked against the ones it declares and converted by their types."""
+def create_backend(name: str, options: Mapping[str, object]) -> Launcher:
+    """A new instance of backend ``name`` for one cluster, made from its options: those
+    given in ``options`` (None: not given), checked against the ones it declares and
+    converted (:meth:`BackendOptions.from_given`), the rest their defaults."""
     cls = backend_class(name)
-    declared = options_of(cls)
-    given = {k: v for k, v in options.items() if v is not None}
-    unknown = sorted(set(given) - set(declared))
-    if unknown:
-        takes = ", ".join(declared) or "no options"
-        raise UsageError(f"the {name} backend does not take {', '.join(unknown)}; it takes "
-                         f"{takes} (%cluster --backend {name} --help says what each means)")
-    values = {k: declared[k].convert(v, name) for k, v in given.items()}
-    for k, option in declared.items():
-        if k not in values and option.default is not None:
-            values[k] = option.default
-    return cls(**values)
+    return cls(_options_class(name, cls).from_given(name, options))

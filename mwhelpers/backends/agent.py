@@ -20,15 +20,15 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 import psutil
 
@@ -38,7 +38,8 @@ from ..errors import InfrastructureError, UsageError
 from ..failures import describe_exit
 from ..gpus import visible_gpus
 from ..proctree import Escalation
-from .base import BOOTSTRAP, Launcher, LaunchSpec, Option, Placement, Process, open_log, seconds, text
+from .base import BOOTSTRAP, Launcher, LaunchSpec, Placement, Process, open_log
+from .options import BackendOptions, option, seconds, text
 
 AGENT_CODE = (Path(__file__).parents[1] / "_agent.py").read_text()
 # The files the worker start-up loads beside itself, sent with it to every host.
@@ -48,6 +49,16 @@ PROBE_TRIES = 3
 SSH_DROPPED = ("kex_exchange_identification", "Connection reset by peer",
                "Connection closed by remote host")
 TAG = "@mwhelpers"
+# How an agent ends its task by itself, when the kernel or the connection is gone (end of its
+# input, silence past the heartbeat): sent to it in its header.
+LOST_ESCALATION = proctree.ESCALATIONS["now"]
+
+
+def steps(escalation: Escalation) -> str:
+    """``escalation`` as the agent reads it: ``SIGNAL:SECONDS,...`` (``9:3``)."""
+    return ",".join(f"{int(sig)}:{grace:g}" for sig, grace in escalation)
+
+
 def heartbeat_seconds(environ: Mapping[str, str] | None = None) -> float:
     """The heartbeat limit from ``$MWHELPERS_HEARTBEAT`` (default 10 s; 0: off)."""
     return settings.HEARTBEAT.read(environ)
@@ -132,11 +143,14 @@ class AgentProcess(Process):
                 self.lost = (f"lost: {self.host} stopped answering for {limit:g} s; "
                              "its agent ends the task there by itself")
                 self._mark_in_log(self.lost)
-                try:
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                except OSError:
-                    pass
+                self._cut()
                 return
+
+    def _cut(self) -> None:
+        """End the transport (ssh, srun: its whole process group) here, at once; the agent
+        on the other side then ends the task by itself (end of its input, or silence)."""
+        proctree.end_processes(proctree.group(self.popen.pid, self.running),
+                               proctree.ESCALATIONS["now"])
 
     def _mark_in_log(self, text: str) -> None:
         with open(self._log_path, "a") as f:
@@ -199,8 +213,7 @@ class AgentProcess(Process):
 
     def request_end(self, escalation: Escalation) -> None:
         """Ask the agent to escalate through ``escalation``; returns at once."""
-        steps = ",".join(f"{int(s)}:{t:g}" for s, t in escalation)
-        if not self._command(f"end {steps}"):
+        if not self._command(f"end {steps(escalation)}"):
             self._close_stdin()
 
     def disconnect(self) -> None:
@@ -220,10 +233,7 @@ class AgentProcess(Process):
             self.disconnect()
             self.wait(3)
         if self.running:
-            try:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            except OSError:
-                pass
+            self._cut()
             self.wait(2)
             return [f"could NOT end {name} ({self.describe()}): its agent did not answer; its "
                     "connection was cut, and the agent ends the task when it notices"]
@@ -259,34 +269,61 @@ def heartbeat_option(value: object) -> float:
     return number
 
 
-# What every agent backend takes; a subclass adds its own (``AgentLauncher.options + (...)``).
-AGENT_OPTIONS: tuple[Option, ...] = (
-    Option("hosts", host_list, None, "the machines to run on, a list or H1,H2", "H1,H2"),
-    Option("python", text, None, "the tasks' interpreter there (default: the kernel's)", "PATH"),
-    Option("cwd", text, None, "the folder tasks start in there (default: the kernel's)", "DIR"),
-    Option("heartbeat", heartbeat_option, None, "seconds of silence after which a task counts "
-           "as lost and is ended (default: $MWHELPERS_HEARTBEAT or 10; 0: never)", "SECONDS"),
-)
+def hosts_option(value: object) -> tuple[str, ...]:
+    """Host names, ``"a,b"`` or a list; not empty."""
+    return tuple(host_list(value))  # type: ignore[arg-type]  # TypeError says why
+
+
+@dataclass(frozen=True)
+class _Hosts(BackendOptions):
+    hosts: tuple[str, ...] | None = option(hosts_option, "the machines to run on, a list or "
+                                           "H1,H2", metavar="H1,H2")
+
+
+@dataclass(frozen=True)
+class RemoteOptions(BackendOptions):
+    """What every agent backend takes about the Python on its hosts: ``python``, ``cwd``,
+    ``heartbeat``.  A backend that finds its hosts by itself (slurm) subclasses this."""
+
+    python: str | None = option(text, "the tasks' interpreter there (default: the kernel's)",
+                                metavar="PATH")
+    cwd: str | None = option(text, "the folder tasks start in there (default: the kernel's)",
+                             metavar="DIR")
+    heartbeat: float | None = option(
+        heartbeat_option, "seconds of silence after which a task counts as lost and is ended "
+        "(default: $MWHELPERS_HEARTBEAT or 10; 0: never)", metavar="SECONDS")
+
+
+@dataclass(frozen=True)
+class AgentOptions(RemoteOptions, _Hosts):
+    """The options of an agent backend that is given its hosts: ``hosts`` (first: the bases
+    give their fields in reverse order), then :class:`RemoteOptions`'.  A backend whose hosts
+    are other things redeclares ``hosts`` with its own help."""
 
 
 class AgentLauncher(Launcher):
     """Runs tasks through an agent on hosts reached by a transport command.
 
     A subclass gives :meth:`transport`, :meth:`address_of` and :meth:`explain`
-    (and ``name`` and ``options``, as every backend): it is a whole backend."""
+    (and ``name``, as every backend): it is a whole backend, taking
+    :class:`AgentOptions` (``hosts``, ``python``, ``cwd``, ``heartbeat``), or options of its
+    own that subclass them (or :class:`RemoteOptions`, giving the hosts to this constructor).
+    """
 
     remote = True
     standby = True
-    options = AGENT_OPTIONS
+    options: ClassVar[type[RemoteOptions]] = AgentOptions
     cwd: str  # the folder tasks start in on every host (default: the kernel's)
 
-    def __init__(self, python: str | None = None, cwd: str | None = None,
-                 heartbeat: float | None = None, hosts: str | Sequence[str] | None = None) -> None:
-        self.python = python or sys.executable
-        self.cwd = cwd or os.getcwd()
+    def __init__(self, options: RemoteOptions, hosts: Sequence[str] | None = None) -> None:
+        """``hosts``: where the tasks run (None: ``options.hosts``)."""
+        self.python = options.python or sys.executable
+        self.cwd = options.cwd or os.getcwd()
+        if hosts is None and isinstance(options, _Hosts):
+            hosts = options.hosts
         self.hosts = host_list(hosts)
         # seconds of silence before a task counts as lost, both ways (0: never)
-        self.heartbeat = heartbeat_seconds() if heartbeat is None else float(heartbeat)
+        self.heartbeat = heartbeat_seconds() if options.heartbeat is None else options.heartbeat
         self.started: list[AgentProcess] = []
         self.closed = False
         self.host_info: dict[str, dict[str, Any]] = {}  # {host: what its probe found}, by place()
@@ -397,7 +434,8 @@ class AgentLauncher(Launcher):
         spec.cwd = spec.cwd or self.cwd
         header: dict[str, object] = {"argv": argv, "env": spec.env, "cwd": spec.cwd,
                   "files": files, "port": spec.port, "heartbeat": self.heartbeat or None,
-                  "script": None if spec.cell else script, "standby": spec.standby}
+                  "script": None if spec.cell else script, "standby": spec.standby,
+                  "escalation": steps(LOST_ESCALATION)}
         logf = open_log(spec.log_path)
         try:
             popen = subprocess.Popen(

@@ -27,15 +27,15 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple
 
 import psutil
 
 from .. import proctree
 from ..cluster import Task
-from ..errors import UsageError
 from ..ports import PortHold
 from ..proctree import Escalation
+from .options import BackendOptions
 
 BOOTSTRAP = str(Path(__file__).parents[1] / "_bootstrap.py")
 
@@ -144,10 +144,8 @@ class Process:
 
     def dump_stacks(self) -> None:
         """Have the task's Python write every thread's stack to its log (SIGUSR1)."""
-        try:
-            os.kill(self.pid, signal.SIGUSR1)
-        except OSError:
-            pass
+        if self.running:  # (once reaped, its pid may be another process's)
+            proctree.send(proctree.tree(self.pid)[:1], signal.SIGUSR1)
 
     def end(self, escalation: Escalation = proctree.DEFAULT_ESCALATION, who: str = "") -> list[str]:
         """End it (its whole tree) through ``escalation``, a sequence of (signal, seconds
@@ -217,70 +215,27 @@ def end_together(jobs: Sequence[Callable[[], Iterable[str] | None]]) -> list[str
     return [line for lines in out if lines for line in lines]
 
 
-def text(value: object) -> str:
-    """A non-empty string."""
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError("a non-empty string")
-    return value.strip()
-
-
-def seconds(value: object) -> float:
-    """A number of seconds >= 0, or text that is one."""
-    if isinstance(value, bool):
-        raise ValueError("a number of seconds")
-    number = float(value)  # type: ignore[arg-type]  # ValueError/TypeError say why
-    if number < 0:
-        raise ValueError("a number of seconds, not below 0")
-    return number
-
-
-@dataclass(frozen=True)
-class Option:
-    """One option a backend takes: ``define_cluster(..., NAME=value)``, ``%cluster
-    --NAME value`` (underscores as dashes) and ``--option NAME=value``.
-
-    ``type`` turns what was given (a Python value, or the text of a flag) into the
-    value the backend's constructor gets, raising ValueError or TypeError when it
-    cannot; ``default`` is what the constructor gets when the option is not given
-    (``None``: the backend decides, as ``help`` says); ``metavar`` names the value in
-    the help."""
-
-    name: str
-    type: Callable[[Any], Any] = text
-    default: Any = None
-    help: str = ""
-    metavar: str = "VALUE"
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    def convert(self, value: Any, backend: str) -> Any:
-        try:
-            return self.type(value)
-        except (TypeError, ValueError) as e:
-            why = f" ({e})" if str(e) else ""
-            raise UsageError(f"the {backend} backend's option {self.name} cannot be {value!r}"
-                             f"{why}: it is {self.help}") from None
-
-
 class Launcher:
     """A backend: places a cluster's tasks and starts them (one instance per cluster).
 
-    A subclass gives ``name`` (how :mod:`mwhelpers.backends` finds it), ``options``
-    (the keyword arguments its constructor takes, each an :class:`Option`: checked and
-    converted before it is called), :meth:`place` and
-    :meth:`start`, and may give :meth:`task_env`, :meth:`host_gpus` and :meth:`close`.
+    A subclass gives ``name`` (how :mod:`mwhelpers.backends` finds it), ``options`` (its
+    options' frozen dataclass, a :class:`~mwhelpers.backends.options.BackendOptions`; its
+    constructor takes one instance of it, made from what the user gave, checked and
+    converted), :meth:`place` and :meth:`start`, and may give :meth:`task_env`,
+    :meth:`host_gpus` and :meth:`close`.
     The base :meth:`close` ends the processes listed in ``self.started`` that still run:
     a backend that keeps that list (the built-in ones do) gets it for free.
     """
 
     name: ClassVar[str | None] = None
     remote: ClassVar[bool] = False  # True: tasks run elsewhere (ports probed at their address)
-    options: ClassVar[tuple[Option, ...]] = ()  # the keyword arguments its constructor takes
+    options: ClassVar[type[BackendOptions]] = BackendOptions  # what its constructor takes
     python: str = sys.executable  # the tasks' interpreter
     standby: ClassVar[bool] = False  # True: it can start a LaunchSpec with standby=True
     cwd: str | None = None  # the folder tasks start in (None: the kernel's, when each starts)
+
+    def __init__(self, options: BackendOptions | None = None) -> None:
+        """A backend that takes no options needs no constructor of its own."""
 
     def place(self, tasks: Sequence[Task], port_range: tuple[int, int]) -> dict[Task, Placement]:
         """``{task: Placement}`` for the cluster's ``tasks`` (ports in ``port_range``)."""

@@ -26,14 +26,16 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import InfrastructureError, UsageError
 from ..kerasfix import KERAS_FIX_ENV
 from ..tfdata import STALL_FIX_ENV
-from .agent import AGENT_OPTIONS, AgentLauncher
-from .base import BOOTSTRAP, Option
+from .agent import AgentLauncher, RemoteOptions
+from .base import BOOTSTRAP
+from .options import BackendOptions, option
 
 
 def job_id(value: str | int) -> str:
@@ -42,6 +44,19 @@ def job_id(value: str | int) -> str:
     if isinstance(value, bool) or not re.fullmatch(r"\d+(_\d+)?", text):
         raise ValueError("a job id is a number, as squeue shows it")
     return text
+
+
+@dataclass(frozen=True)
+class _Job(BackendOptions):
+    job: str | None = option(job_id, "the allocation's job id (default: $SLURM_JOB_ID)",
+                             metavar="ID")
+
+
+@dataclass(frozen=True)
+class SlurmOptions(RemoteOptions, _Job):
+    """The slurm backend's options: ``job`` (first), then the agent's, less ``hosts`` (the
+    allocation's nodes are the hosts)."""
+
 
 HOW_TO_ALLOCATE = (
     "start the kernel inside an allocation (salloc -N 2 jupyter lab, or in an sbatch job), or "
@@ -92,15 +107,12 @@ class SlurmLauncher(AgentLauncher):
     """Tasks as one-task job steps of a Slurm allocation."""
 
     name = "slurm"
-    options = (Option("job", job_id, None, "the allocation's job id (default: $SLURM_JOB_ID)",
-                      "ID"),
-               *AGENT_OPTIONS[1:])
+    options = SlurmOptions
 
-    def __init__(self, job: str | int | None = None, python: str | None = None,
-                 cwd: str | None = None, heartbeat: float | None = None,
+    def __init__(self, options: SlurmOptions = SlurmOptions(),
                  environ: Mapping[str, str] | None = None) -> None:
         environ = os.environ if environ is None else environ
-        job = job if job not in (None, "") else environ.get("SLURM_JOB_ID")
+        job = options.job or environ.get("SLURM_JOB_ID")
         if not job:
             raise InfrastructureError("this kernel is not inside a Slurm allocation (SLURM_JOB_ID "
                                       f"is not set): {HOW_TO_ALLOCATE}")
@@ -109,7 +121,7 @@ class SlurmLauncher(AgentLauncher):
                                       "need Slurm's client commands where the kernel runs")
         self.job = str(job)
         self.nodes = job_nodes(self.job)
-        super().__init__(python, cwd, heartbeat, hosts=self.nodes)
+        super().__init__(options, self.nodes)
         self.addresses = node_addresses(self.nodes)
 
     def transport(self, host: str, argv: list[str]) -> list[str]:

@@ -4,20 +4,32 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .. import settings
 from ..errors import InfrastructureError
-from .agent import AGENT_OPTIONS, PROBE_TRIES, SSH_DROPPED, AgentLauncher, host_list
-from .base import Option
+from .agent import PROBE_TRIES, SSH_DROPPED, AgentLauncher, AgentOptions, hosts_option
+from .options import option
 
 
-def ssh_command(value: str | Sequence[str]) -> list[str]:
+def ssh_command(value: str | Sequence[str]) -> tuple[str, ...]:
     """``"ssh -F cfg"`` or ``["ssh", "-F", "cfg"]``; not empty."""
     words = shlex.split(value) if isinstance(value, str) else [str(w) for w in value]
     if not words:
         raise ValueError("an empty command")
-    return words
+    return tuple(words)
+
+
+@dataclass(frozen=True)
+class SSHOptions(AgentOptions):
+    """The ssh backend's options: the agent's, and the ssh command."""
+
+    hosts: tuple[str, ...] | None = option(
+        hosts_option, "the SSH hosts, a list or H1,H2 (alias, user@host, address), tasks "
+        "placed over them in turn", metavar="H1,H2")
+    ssh: tuple[str, ...] | None = option(ssh_command, "the ssh command (default: "
+                                         "$MWHELPERS_SSH or ssh)", metavar="COMMAND")
 
 
 def _ssh_words(text: str) -> str:
@@ -52,21 +64,13 @@ class SSHLauncher(AgentLauncher):
     """
 
     name = "ssh"
-    options = (
-        Option("hosts", host_list, None, "the SSH hosts, a list or H1,H2 (alias, user@host, "
-               "address), tasks placed over them in turn", "H1,H2"),
-        *AGENT_OPTIONS[1:],
-        Option("ssh", ssh_command, None, "the ssh command (default: $MWHELPERS_SSH or ssh)",
-               "COMMAND"),
-    )
+    options = SSHOptions
     OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
                "-o", "ServerAliveCountMax=3", "-T")
 
-    def __init__(self, hosts: str | Sequence[str] | None = None, python: str | None = None,
-                 cwd: str | None = None, ssh: str | Sequence[str] | None = None,
-                 heartbeat: float | None = None) -> None:
-        super().__init__(python, cwd, heartbeat, hosts=hosts)
-        self.ssh: list[str] = settings.SSH.read() if ssh is None else list(ssh)
+    def __init__(self, options: SSHOptions) -> None:
+        super().__init__(options)
+        self.ssh: list[str] = settings.SSH.read() if options.ssh is None else list(options.ssh)
 
     def transport(self, host: str, argv: list[str]) -> list[str]:
         return [*self.ssh, *self.OPTIONS, host, shlex.join(argv)]
