@@ -396,11 +396,11 @@ def test_the_local_backend_restarts_warm_instead_of_from_standbys(brt, backend, 
     (tmp_path / "go").touch()
     attempts = brt.supervise(code=STANDING_BY, env={MARK: ME}, max_restarts=1, timeout=120,
                              stream=False, standby=True, inject=[("worker:1", "^READY")])
-    assert [a["attempt"] for a in attempts] == [1, 2] and attempts[1]["why"] == "every task finished"
+    assert [a.attempt for a in attempts] == [1, 2] and attempts[1].why == "every task finished"
     said = [ln for ln in brt.echo_lines if ln.startswith("[mwhelpers] standby:")]
     assert said == ["[mwhelpers] standby: the local backend starts no processes ahead; its warm "
                     "starts skip TensorFlow's import at a restart instead"], said
-    for r in attempts[1]["runs"]:
+    for r in attempts[1].runs:
         assert r.process.standby_since is None and r.process.warm, r.lines()
         assert r.lines()[-1] == "finished attempt 2"
 
