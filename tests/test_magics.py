@@ -11,7 +11,7 @@ import pytest
 from conftest import LISTENER, ROOT, TREE, pid_alive
 
 from mwhelpers.errors import UsageError, WorkerFailed
-from mwhelpers.magics import parse_worker_line
+from mwhelpers.magicargs import parse_worker_line
 from mwhelpers.taskrun import LaunchRequest
 
 
@@ -363,5 +363,5 @@ def test_loading_the_extension_imports_only_what_registering_the_magics_needs():
     assert out.returncode == 0, out.stderr
     first, second = out.stdout.splitlines()[:2]
     assert first == str(["mwhelpers", "mwhelpers.errors", "mwhelpers.launchoptions",
-                         "mwhelpers.magics", "mwhelpers.quietimport"])  # stdlib only, until TF
+                         "mwhelpers.magicargs", "mwhelpers.magics", "mwhelpers.quietimport"])  # stdlib only, until TF
     assert second == "[Task('worker', 0)]"
