@@ -42,6 +42,7 @@ from .diagnosis import explain_stuck
 from .errors import CellFailed, InfrastructureError, UsageError
 from .job import end_runs
 from .logs import QuietFilter, shown, tail_lines
+from .proctree import Policy
 
 if TYPE_CHECKING:
     from .launchoptions import ReadyMode
@@ -146,7 +147,7 @@ class Controller:
 
     def close(self) -> None:
         """End the controller and its schedulers, and remove its folder (files and key)."""
-        self.process.end(((signal.SIGKILL, 3.0),), "ipyparallel's controller")
+        self.process.end(Policy.NOW.escalation, "ipyparallel's controller")
         self._launcher.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 

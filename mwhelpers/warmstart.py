@@ -32,10 +32,8 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
-import os
 import re
 import select
-import signal
 import socket
 import subprocess
 import sys
@@ -234,11 +232,9 @@ class _Server:
         if kill:
             try:
                 self.popen.wait(1)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                except OSError:
-                    pass
+            except subprocess.TimeoutExpired:  # its group only: each task has a session of its own
+                proctree.end_processes(proctree.group_members(self.popen.pid),
+                                       proctree.Policy.NOW.escalation)
                 self.popen.wait()
 
 

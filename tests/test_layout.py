@@ -120,3 +120,34 @@ def test_no_module_touches_another_modules_private_members():
             if node.attr in ours and node.attr not in own[m]:
                 wrong.append(f"{m}:{node.lineno}: {ast.unparse(node)}")
     assert not wrong, wrong
+
+
+# The ending primitive: proctree sends the signals (proctree.send, end_processes) that every
+# backend's Process.end and job.end_runs go through.
+def _signals(call):
+    """Whether ``call`` signals a process itself: ``os.kill``, ``os.killpg``, ``x.send_signal``,
+    ``x.terminate()`` or ``x.kill()`` (psutil's and subprocess's)."""
+    func = call.func
+    if not isinstance(func, ast.Attribute):
+        return False
+    if isinstance(func.value, ast.Name) and func.value.id == "os":
+        return func.attr in ("kill", "killpg")
+    return func.attr in ("send_signal", "terminate") or (func.attr == "kill" and not call.args)
+
+
+def test_processes_are_signalled_only_by_the_ending_primitive():
+    """On the kernel side, only proctree calls ``os.kill``, ``os.killpg``, ``send_signal``,
+    ``kill()`` or ``terminate()``; the worker side (mwhelpers.taskside and the programs run
+    inside tasks or on other hosts) and the workshop's test tooling are outside the rule."""
+    wrong = []
+    for path in PACKAGE.rglob("*.py"):
+        name = _module(path)
+        if name == "mwhelpers.proctree" or name.startswith(("mwhelpers.workshop",
+                                                            "mwhelpers.taskside")):
+            continue
+        if path.name in ("_bootstrap.py", "_agent.py", "_forkserver.py"):
+            continue  # the worker side, until it has a folder of its own
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and _signals(node):
+                wrong.append(f"{name}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert not wrong, wrong
