@@ -6,7 +6,7 @@ what it means and one on what to do.  Each rule recognises one mistake that
 people make with multi-worker TensorFlow from evidence that leaves no doubt:
 a message in a task's log, an exit status, who exited first, the stacks a
 stuck task wrote, the TensorFlow and Keras each task says it ran
-(:mod:`mwhelpers.taskfacts`).  A failure no rule recognises gets no finding:
+(:mod:`mwhelpers.taskside.taskfacts`).  A failure no rule recognises gets no finding:
 its report stays as it was, never a guess.
 
 :func:`explain_failure` reads failed jobs, :func:`explain_stuck` jobs that
@@ -24,8 +24,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import stacks, taskfacts
+from . import stacks
 from .failures import PEER_LOST, explained, last_exception, signal_of
+from .taskside import taskfacts
 
 if TYPE_CHECKING:
     from .cluster import Task

@@ -10,7 +10,7 @@ give.  The list in the guide, ``docs/guide/extension.md`` (its "Settings"), is
 page equal to it).
 
 Two switches are also read inside workers by code that runs without this
-package (:mod:`mwhelpers.tfdata` and :mod:`mwhelpers.kerasfix` are loaded by
+package (:mod:`mwhelpers.taskside.tfdata` and :mod:`mwhelpers.taskside.kerasfix` are loaded by
 path in a task's start-up): they read the value the kernel passed on as
 :func:`switch` does here, and a test holds them to it.
 """

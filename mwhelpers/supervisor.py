@@ -23,13 +23,13 @@ from collections.abc import Container, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import taskfacts
 from .cluster import Task
 from .errors import UsageError, WorkerFailed
 from .failures import Failure, explained, report
 from .job import Job, JobHost
 from .proctree import parse_signal
 from .taskrun import LaunchRequest, Standby, TaskRun, parse_timeout
+from .taskside import taskfacts
 
 # A fault to inject: (task, regex) or (task, regex, signal); see :func:`supervise`.
 Fault = tuple[str | int | Task, str] | tuple[str | int | Task, str, int | str | signal.Signals]

@@ -132,7 +132,7 @@ def key_of(env: Mapping[str, str], cwd: str) -> tuple[str, tuple[tuple[str, str]
 def _installed() -> tuple[tuple[str, int, int], ...]:
     """The files a server's import ran, as installed now (path, size, mtime): after an upgrade
     of TensorFlow (``%pip install``) or an edit of the start-up's hooks, tasks get a new server."""
-    here = Path(__file__).parent
+    here = Path(__file__).parent / "taskside"
     paths = [here / f"{name}.py" for name in
              ("_bootstrap", "_forkserver", "tfdata", "kerasfix", "taskfacts", "lazyplot")]
     try:

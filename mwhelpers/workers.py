@@ -37,14 +37,14 @@ from .errors import UsageError
 from .failures import Failure
 from .gpus import assign, check_per_task
 from .job import Job
-from .kerasfix import KERAS_FIX_ENV
 from .logs import LogFollower
 from .packages import installed
 from .ports import holder_of, port_in_use, port_range
 from .precheck import check
 from .status import StatusTable
 from .taskrun import LaunchRequest, Standby, TaskRun, parse_timeout
-from .tfdata import STALL_FIX_ENV
+from .taskside.kerasfix import KERAS_FIX_ENV
+from .taskside.tfdata import STALL_FIX_ENV
 from .timeline import LogMarks, Timeline
 from .timeouts import not_ready_error
 from .watcher import SERVER_JOBS, CellLimits, await_ready, cell_limits
@@ -320,10 +320,10 @@ class Runtime:
         ``timeout`` then bounds the wait for readiness.
 
         ``stall_fix=False`` keeps tf.data autotuning in a MultiWorkerMirroredStrategy
-        worker (see :mod:`mwhelpers.tfdata`); the default is ``self.stall_fix``.
+        worker (see :mod:`mwhelpers.taskside.tfdata`); the default is ``self.stall_fix``.
 
         ``keras_fix=False`` runs Keras 3 unmended under multi-worker
-        MultiWorkerMirroredStrategy (see :mod:`mwhelpers.kerasfix`,
+        MultiWorkerMirroredStrategy (see :mod:`mwhelpers.taskside.kerasfix`,
         keras-team/keras#20585); the default is ``self.keras_fix``.
 
         ``verbose=True`` streams every line of the output, TensorFlow's

@@ -40,7 +40,7 @@ from ..gpus import visible_gpus
 from ..proctree import Escalation
 from .base import BOOTSTRAP, Launcher, LaunchSpec, Option, Placement, Process, open_log, seconds, text
 
-AGENT_CODE = (Path(__file__).parents[1] / "_agent.py").read_text()
+AGENT_CODE = (Path(__file__).parents[1] / "taskside" / "_agent.py").read_text()
 # The files the worker start-up loads beside itself, sent with it to every host.
 BOOTSTRAP_FILES = ("tfdata.py", "taskfacts.py", "kerasfix.py", "lazyplot.py")
 # A probe whose SSH connection sshd dropped before its greeting is tried this many times.

@@ -37,7 +37,7 @@ from ..errors import UsageError
 from ..ports import PortHold
 from ..proctree import Escalation
 
-BOOTSTRAP = str(Path(__file__).parents[1] / "_bootstrap.py")
+BOOTSTRAP = str(Path(__file__).parents[1] / "taskside" / "_bootstrap.py")
 
 
 @dataclass
