@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from . import proctree, results, settings, supervisor
+from . import exitrecord, proctree, results, settings, supervisor
 from .backends import create_backend, pick_backend
 from .backends.base import Launcher, LaunchSpec, Process
 from .cluster import Cluster, Task, job_tasks, parse_task
@@ -611,6 +611,7 @@ class Runtime:
                                              request.keras_fix),
                           log_path=Path(log_path), cell=request.code is not None,
                           host=cluster.host_of(task), port=cluster.port(task), standby=standby)
+        spec.env[exitrecord.EXIT_RECORD_ENV] = str(exitrecord.path_for(log_path))  # its end
         return spec, ready
 
     def _record(self, task: Task, process: Process, spec: LaunchSpec, ready: str,
