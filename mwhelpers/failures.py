@@ -199,14 +199,14 @@ def explained(diagnosis: Iterable[Mapping[str, str]]) -> list[str]:
 
 
 def report(failures: Sequence[Failure]) -> str:
-    """The message of a failure: root cause, then the others in exit order, then the
-    exception it raised (from its exit record), then what it means and what to do (when
-    recognised), then the root cause's log."""
+    """The message of a failure: root cause, then the others in exit order, then what it
+    means and what to do (when recognised), then the exception it raised (from its exit
+    record), then the root cause's log."""
     first = failures[0]
     msg = f"{first.task} failed: {first.outcome}"
     if len(failures) > 1:
         msg += "; then " + ", ".join(f"{f.task} ({f.outcome})" for f in failures[1:])
     raised = [f"{first.task} raised {first.exception[:300]}"] if first.exception else []
-    lines = [msg, *raised, *explained(first.diagnosis),
+    lines = [msg, *explained(first.diagnosis), *raised,
              tail_text(first.task, first.log_path, first.tail)]
     return "\n".join(lines)
