@@ -132,7 +132,7 @@ class _After:
             except Exception as e:  # the probe never stops the program
                 _say(f"probe-failed-{name}:{type(e).__name__}")
 
-        from mwhelpers.tfdata import wrapped_spec  # the start-up's own import-hook helper
+        from mwhelpers.taskside.tfdata import wrapped_spec  # the start-up's own import-hook helper
 
         return wrapped_spec(self, name, path, target, around)
 

@@ -17,8 +17,8 @@ __version__ = "0.2.0"
 _LAZY = {
     "Cluster": "cluster", "Task": "cluster", "parse_task": "cluster",
     "Runtime": "workers", "runtime": "workers", "TaskRun": "workers",
-    "avoid_teardown_stall": "tfdata",
-    "fix_keras_multi_worker": "kerasfix",
+    "avoid_teardown_stall": "taskside.tfdata",
+    "fix_keras_multi_worker": "taskside.kerasfix",
     "Failure": "failures", "LaunchRequest": "taskrun",
     "MWHelpersError": "errors", "UsageError": "errors", "WorkerError": "errors",
     "WorkerFailed": "errors", "WorkerTimeout": "errors", "InfrastructureError": "errors",
@@ -55,13 +55,13 @@ if _typing.TYPE_CHECKING:
     from .errors import WorkerTimeout as WorkerTimeout
     from .failures import Failure as Failure
     from .interactive import TaskValues as TaskValues
-    from .kerasfix import fix_keras_multi_worker as fix_keras_multi_worker
     from .packages import tensorflow_distributions as tensorflow_distributions
     from .packages import versions as versions
     from .results import Results as Results
     from .results import read_results as read_results
     from .taskrun import LaunchRequest as LaunchRequest
-    from .tfdata import avoid_teardown_stall as avoid_teardown_stall
+    from .taskside.kerasfix import fix_keras_multi_worker as fix_keras_multi_worker
+    from .taskside.tfdata import avoid_teardown_stall as avoid_teardown_stall
     from .workers import Runtime as Runtime
     from .workers import TaskRun as TaskRun
     from .workers import runtime as runtime

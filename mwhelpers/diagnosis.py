@@ -4,9 +4,11 @@ The failure reports name the first task to die, its exit and its log tail.
 This module adds, after that root cause, a :class:`Finding`: one line on
 what it means and one on what to do.  Each rule recognises one mistake that
 people make with multi-worker TensorFlow from evidence that leaves no doubt:
-a message in a task's log, an exit status, who exited first, the stacks a
+the exception a task wrote down as it ended (its exit record,
+:mod:`mwhelpers.exitrecord`; the log's last traceback only where it wrote none), a message
+in a task's log, an exit status, who exited first, the stacks a
 stuck task wrote, the TensorFlow and Keras each task says it ran
-(:mod:`mwhelpers.taskfacts`).  A failure no rule recognises gets no finding:
+(:mod:`mwhelpers.taskside.taskfacts`).  A failure no rule recognises gets no finding:
 its report stays as it was, never a guess.
 
 :func:`explain_failure` reads failed jobs, :func:`explain_stuck` jobs that
@@ -24,8 +26,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import stacks, taskfacts
+from . import stacks
 from .failures import PEER_LOST, explained, last_exception, signal_of
+from .taskside import taskfacts
 
 if TYPE_CHECKING:
     from .cluster import Task
@@ -115,6 +118,23 @@ class _Job:
             run = self.run_of(f)
             yield f, run, self.lines(run) if run else f.tail
 
+    @staticmethod
+    def raised(failure: Failure, lines: Sequence[str]) -> str:
+        """The exception that ended the failed task, 'Type: message': its exit record's,
+        else (no record, or ``sys.exit``) the last traceback's in ``lines``."""
+        record = failure.exit_record
+        if record is not None and not record.exited:
+            return f"{record.type}: {record.message}"
+        return last_exception(lines)
+
+    @staticmethod
+    def traceback(failure: Failure, lines: list[str]) -> list[str]:
+        """Where to look for what the program raised: its exit record's traceback (chained
+        exceptions included), else (no record, or ``sys.exit``) its log's ``lines``."""
+        record = failure.exit_record
+        return record.traceback.splitlines() if record is not None and not record.exited \
+            else lines
+
     def run_of(self, failure: Failure) -> TaskRun | None:
         return next((r for r in self.runs if str(r.task) == failure.task and r.pid == failure.pid),
                     None)
@@ -168,7 +188,7 @@ def _settings_differ(job: _Job, failures: Sequence[Failure]) -> Finding | None:
 
 def _keras3_fit(job: _Job, failures: Sequence[Failure]) -> Finding | None:
     for f, run, lines in job.failed_logs(failures):
-        if not any(_KERAS3_FIT in ln for ln in lines):
+        if not any(_KERAS3_FIT in ln for ln in job.traceback(f, lines)):
             continue
         facts = taskfacts.parse(lines)
         if facts and not facts["keras"].startswith("Keras 3"):
@@ -196,8 +216,9 @@ def _keras3_fit(job: _Job, failures: Sequence[Failure]) -> Finding | None:
 
 def _steps_per_execution(job: _Job, failures: Sequence[Failure]) -> Finding | None:
     for f, _, lines in job.failed_logs(failures):
-        if not any(_MULTI_STEP.search(ln) for ln in lines) or \
-                not any(_MULTI_STEP_WHERE in ln for ln in lines):
+        raised = job.traceback(f, lines)
+        if not any(_MULTI_STEP.search(ln) for ln in raised) or \
+                not any(_MULTI_STEP_WHERE in ln for ln in raised):
             continue
         return Finding(
             "steps-per-execution",
@@ -304,7 +325,7 @@ _COLLECTIVE_MEMBERS = ((_SHAPE_DIFFERS, _shape_differs), (_TYPE_DIFFERS, _type_d
 
 def _op_before_strategy(job: _Job, failures: Sequence[Failure]) -> Finding | None:
     for f, _, lines in job.failed_logs(failures):
-        if _OP_FIRST in last_exception(lines):
+        if _OP_FIRST in job.raised(f, lines):
             return Finding(
                 "op-before-strategy",
                 f"{f.task} ran a TensorFlow operation (a tensor, a variable, a dataset, a model, "
@@ -320,7 +341,7 @@ def _module_missing(job: _Job, failures: Sequence[Failure]) -> Finding | None:
     run = job.run_of(root)
     if run is None:
         return None
-    m = _NO_MODULE.match(last_exception(job.lines(run)))
+    m = _NO_MODULE.match(job.raised(root, job.lines(run)))
     if not m:
         return None
     name = m.group(1).split(".")[0]
@@ -368,7 +389,7 @@ def _peer_finished_first(job: _Job, failures: Sequence[Failure]) -> Finding | No
     root = failures[0]
     root_run = job.run_of(root)
     lines = job.lines(root_run) if root_run else root.tail
-    if not PEER_LOST.search(last_exception(lines) or "\n".join(lines[-5:])):
+    if not PEER_LOST.search(job.raised(root, lines) or "\n".join(lines[-5:])):
         return None
     done = [(ended, r) for r in job.runs if r.returncode == 0
             and (ended := r.ended_wall) is not None and ended <= root.ended_at]

@@ -2,7 +2,8 @@
 
 A :class:`Failure` is built once, when a failed task is reported, from its
 run: task, pid, exit code or signal, when it exited (stamped by the
-launcher's wait thread), its log file and the log's last lines.
+launcher's wait thread), the record of how its program ended that the task
+wrote itself (:mod:`mwhelpers.exitrecord`), its log file and the log's last lines.
 :func:`report` is the one place that renders them, root cause first.
 
 :func:`classify` decides what kind of failure the root cause is.  A *fault*
@@ -11,7 +12,9 @@ preemption, ``%killworker``; or a lost peer: TensorFlow's
 ``UnavailableError`` and friends): running the same program again can
 succeed, so the supervisor restarts.  A *program error* (an uncaught
 ``ValueError``, a ``sys.exit(3)``) would fail the same way again: the
-supervisor stops and says why.
+supervisor stops and says why.  The exception comes from the task's exit record; the
+log's last traceback is read only where there is no record (a program that mwhelpers did
+not start, one that ended by ``os._exit``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .exitrecord import ExitRecord
 from .logs import TAIL, tail_lines
 
 if TYPE_CHECKING:
@@ -79,11 +83,15 @@ def last_exception(lines: Sequence[str]) -> str:
 
 
 def classify(returncode: int, log_lines: Sequence[str], note: str = "",
-             restartable_exit_codes: Container[int] = ()) -> tuple[str, str]:
+             restartable_exit_codes: Container[int] = (),
+             record: ExitRecord | None = None) -> tuple[str, str]:
     """``(kind, reason)`` for a task that ended with ``returncode``.
 
     ``kind`` is :data:`FAULT` or :data:`PROGRAM_ERROR`; ``reason`` says why,
-    in words a user can act on.
+    in words a user can act on.  ``record``: how the program ended, as the task wrote it;
+    when it names an exception that gave this exit code, that exception is the one read, not
+    the log's text (after ``sys.exit``, what the program printed before is: the record cannot
+    know it).
     """
     sig = signal_of(returncode)
     if sig is not None:
@@ -92,8 +100,11 @@ def classify(returncode: int, log_lines: Sequence[str], note: str = "",
         return FAULT, f"{how}{why}: a fault from outside the program, a restart can succeed"
     if returncode in restartable_exit_codes:
         return FAULT, f"exit code {returncode} is listed as restartable"
-    exc = last_exception(log_lines)
-    if exc and PEER_LOST.search(exc):
+    if record is not None and record.exit_code == returncode and not record.exited:
+        exc, said = record.summary, f"{record.type}: {record.message}"
+    else:
+        exc = said = last_exception(log_lines)
+    if exc and PEER_LOST.search(said):
         return FAULT, f"it lost a peer ({exc[:160]}): a restart can succeed"
     if exc:
         return PROGRAM_ERROR, (f"the program raised {exc[:160]}: a program error, "
@@ -124,6 +135,8 @@ class Failure:
     # On the root cause: what the job's failure means and what to do, when recognised
     # ({'key', 'cause', 'advice'} dicts, see mwhelpers.diagnosis).
     diagnosis: list[dict[str, str]] = field(default_factory=list)
+    # How its program ended, as the task wrote it (None: it wrote none; mwhelpers.exitrecord).
+    exit_record: ExitRecord | None = None
 
     @classmethod
     def of(cls, run: TaskRun, restartable_exit_codes: Container[int] = ()) -> Failure:
@@ -132,16 +145,24 @@ class Failure:
         if code is None:
             raise ValueError(f"{run.task} is still running: only a run that ended has a record")
         lines = tail_lines(run.log_path, 200)
-        kind, reason = classify(code, lines, run.note, restartable_exit_codes)
+        record = run.exit_record
+        kind, reason = classify(code, lines, run.note, restartable_exit_codes, record)
         return cls(task=str(run.task), pid=run.pid, returncode=code,
                    exit=describe_exit(code), note=run.note,
                    ended_at=run.ended_wall or time.time(), uptime=run.uptime,
                    log_path=str(run.log_path), tail=lines[-TAIL:], attempt=run.attempt,
-                   kind=kind, reason=reason)
+                   kind=kind, reason=reason, exit_record=record)
 
     @property
     def outcome(self) -> str:
         return f"{self.exit} ({self.note})" if self.note else self.exit
+
+    @property
+    def exception(self) -> str:
+        """The exception its program raised, from its exit record: 'ValueError: bad shapes'
+        ('' when it wrote none, or ended by ``sys.exit``)."""
+        record = self.exit_record
+        return record.summary if record is not None and not record.exited else ""
 
     @property
     def is_fault(self) -> bool:
@@ -179,10 +200,13 @@ def explained(diagnosis: Iterable[Mapping[str, str]]) -> list[str]:
 
 def report(failures: Sequence[Failure]) -> str:
     """The message of a failure: root cause, then the others in exit order, then what it
-    means and what to do (when recognised), then the root cause's log."""
+    means and what to do (when recognised), then the exception it raised (from its exit
+    record), then the root cause's log."""
     first = failures[0]
     msg = f"{first.task} failed: {first.outcome}"
     if len(failures) > 1:
         msg += "; then " + ", ".join(f"{f.task} ({f.outcome})" for f in failures[1:])
-    lines = [msg, *explained(first.diagnosis), tail_text(first.task, first.log_path, first.tail)]
+    raised = [f"{first.task} raised {first.exception[:300]}"] if first.exception else []
+    lines = [msg, *explained(first.diagnosis), *raised,
+             tail_text(first.task, first.log_path, first.tail)]
     return "\n".join(lines)

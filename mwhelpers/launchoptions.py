@@ -66,9 +66,9 @@ LAUNCH_OPTIONS = (
     LaunchOption("env", "--env", "K=V", "variables for the task, on top of the kernel's",
            repeat=True),
     LaunchOption("stall_fix", "--no-stall-fix", None, "keep tf.data autotuning in MWMS workers "
-           "(see mwhelpers.tfdata)", value=False),
+           "(see mwhelpers.taskside.tfdata)", value=False),
     LaunchOption("keras_fix", "--no-keras-fix", None, "run Keras 3 unmended in MWMS workers "
-           "(see mwhelpers.kerasfix, keras-team/keras#20585)", value=False),
+           "(see mwhelpers.taskside.kerasfix, keras-team/keras#20585)", value=False),
     LaunchOption("verbose", "--verbose", None, "stream every line, TensorFlow's informational "
            "C++ lines too"),
 )

@@ -57,7 +57,7 @@ def installed(name: str) -> str | None:
     except PackageNotFoundError:
         pass
     if name in ("keras", "tf_keras"):  # keras-nightly, tf-keras-nightly: read the module's files
-        from .taskfacts import module_version
+        from .taskside.taskfacts import module_version
 
         return module_version(name)
     return None

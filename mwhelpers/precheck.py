@@ -29,10 +29,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .kerasfix import GRADIENTS_REDUCED_SINCE, major_minor
-from .kerasfix import TESTED as KERAS_FIX_TESTED
 from .packages import installed
-from .taskfacts import LEGACY_ENV, legacy_selected
+from .taskside.kerasfix import GRADIENTS_REDUCED_SINCE, major_minor
+from .taskside.kerasfix import TESTED as KERAS_FIX_TESTED
+from .taskside.taskfacts import LEGACY_ENV, legacy_selected
 
 if TYPE_CHECKING:
     from .taskrun import LaunchRequest
@@ -257,7 +257,7 @@ def check(source: str, path: str | os.PathLike[str], env: Mapping[str, str],
     notebook cell's code) run with the environment ``env``.  ``keras_version`` and
     ``tf_version``: what the task's Python has installed (None: unknown, the Keras checks
     are skipped).  ``keras_fix``: whether the task's start-up mends Keras 3's multi-worker
-    fit (:mod:`mwhelpers.kerasfix`).  ``folders``: where modules
+    fit (:mod:`mwhelpers.taskside.kerasfix`).  ``folders``: where modules
     beside the program are looked for.  A program that does not parse gets no warnings
     (running it will say what is wrong)."""
     try:

@@ -11,7 +11,7 @@ give.  The list in the guide, ``docs/guide/extension.md`` (its "Settings"), is
 page equal to it).
 
 Two switches are also read inside workers by code that runs without this
-package (:mod:`mwhelpers.tfdata` and :mod:`mwhelpers.kerasfix` are loaded by
+package (:mod:`mwhelpers.taskside.tfdata` and :mod:`mwhelpers.taskside.kerasfix` are loaded by
 path in a task's start-up): they read the value the kernel passed on as
 :func:`switch` does here, and a test holds them to it.
 """
@@ -167,6 +167,9 @@ SET_BY_MWHELPERS: tuple[tuple[str, str], ...] = (
                              "releases it (`supervise(standby=True)`)"),
     ("MWHELPERS_WARM_ROOM", "blank room in a warm-start server's environment, where each task "
                             "it forks writes its own variables for `/proc/PID/environ` to show"),
+    ("MWHELPERS_EXIT_RECORD", "where the task's start-up writes how the program ended when it "
+                              "raised (the file beside its log, `mwhelpers.exitrecord`); taken "
+                              "out of the environment before the program runs"),
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}

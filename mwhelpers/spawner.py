@@ -28,16 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import proctree, settings
+from . import exitrecord, proctree, settings
 from .backends import create_backend, pick_backend
 from .cluster import Cluster, job_tasks
 from .errors import UsageError
 from .gpus import assign, check_per_task
-from .kerasfix import KERAS_FIX_ENV
 from .ports import holder_of, port_in_use, port_range
 from .precheck import Lookout
 from .taskrun import LaunchRequest, Standby, TaskRun
-from .tfdata import STALL_FIX_ENV
+from .taskside.kerasfix import KERAS_FIX_ENV
+from .taskside.tfdata import STALL_FIX_ENV
 from .watcher import SERVER_JOBS
 
 if TYPE_CHECKING:
@@ -249,7 +249,7 @@ class Spawner:
         return env
 
     def keras_fix(self, request: LaunchRequest) -> bool:
-        """Whether ``request``'s task mends Keras 3 (:mod:`mwhelpers.kerasfix`): its own
+        """Whether ``request``'s task mends Keras 3 (:mod:`mwhelpers.taskside.kerasfix`): its own
         ``env`` decides when it names the switch, then its ``keras_fix``, then the default."""
         if KERAS_FIX_ENV in request.env:
             return settings.KERAS_FIX.read(request.env)
@@ -286,6 +286,7 @@ class Spawner:
                           log_path=Path(log_path), cell=request.code is not None,
                           host=self.cluster.host_of(task), port=self.cluster.port(task),
                           standby=standby)
+        spec.env[exitrecord.EXIT_RECORD_ENV] = str(exitrecord.path_for(spec.log_path))
         return spec, ready, number
 
     def _run(self, task: Task, process: Process, spec: LaunchSpec, ready: str,

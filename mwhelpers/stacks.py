@@ -7,7 +7,7 @@ plain text in the log::
     Current thread 0x00007f... (most recent call first):
       File "/home/me/main.py", line 10 in load_batch
       File "/home/me/main.py", line 12 in <module>
-      File ".../mwhelpers/_bootstrap.py", line 89 in main
+      File ".../mwhelpers/taskside/_bootstrap.py", line 89 in main
 
 :func:`main_stack` finds the program's own thread in the last dump (the one
 that runs the start-up's ``main``); :func:`where` says at which line of the

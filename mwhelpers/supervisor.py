@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from . import taskfacts
 from .cluster import Task
 from .errors import UsageError, WorkerFailed
 from .failures import Failure, explained, report
 from .job import Job, Jobs, diagnose_root
 from .proctree import parse_signal
 from .taskrun import LaunchRequest, Standby, TaskRun, parse_timeout
+from .taskside import taskfacts
 
 if TYPE_CHECKING:
     from .cluster import Cluster

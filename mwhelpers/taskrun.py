@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from . import results
 from .cluster import Task, parse_task
 from .errors import UsageError
+from .exitrecord import ExitRecord, path_for
 from .failures import describe_exit
 from .launchoptions import LAUNCH_OPTIONS
 from .logs import TAIL, tail_lines
@@ -261,6 +262,12 @@ class TaskRun:
     def outcome(self) -> str:
         text = describe_exit(self.returncode)
         return f"{text} ({self.note})" if self.note else text
+
+    @property
+    def exit_record(self) -> ExitRecord | None:
+        """How its program ended by an exception, as it wrote it beside its log
+        (:mod:`mwhelpers.exitrecord`); None while it runs and where it wrote none."""
+        return None if self.returncode is None else ExitRecord.read(path_for(self.log_path))
 
     # -- its log -------------------------------------------------------------------
     def tail(self, n: int = TAIL) -> list[str]:

@@ -2,7 +2,8 @@
 
 Every :class:`~mwhelpers.taskrun.TaskRun` keeps its events (``run.events``):
 launched, ready, the signals mwhelpers sent it and its exit are stamped when
-they happen; Keras' ``Epoch N/M`` lines and the lines that start with the word
+they happen (an exit shows the exception the program raised, from the record the task wrote
+of its end: :mod:`mwhelpers.exitrecord`); Keras' ``Epoch N/M`` lines and the lines that start with the word
 ``step`` (a custom loop's ``step 4 loss=...``) are stamped by a :class:`LogMarks`
 thread, which reads the logs of running tasks as they grow (a line's time is
 when it was read, within
@@ -147,7 +148,9 @@ class Timeline:
                 evs = self.events(run)
                 shown = [e for e in evs if e[1] != "step"]
                 steps = len(evs) - len(shown)
-                parts = [f"{t:.1f} s {_said(kind, text)}" for t, kind, text in shown]
+                raised = _raised(run)
+                parts = [f"{t:.1f} s {_said(kind, text)}{raised if kind == 'exit' else ''}"
+                         for t, kind, text in shown]
                 if steps:
                     parts.append(f"({steps} step lines)")
                 lines.append(f"{str(task):>12} attempt {run.attempt}: " + "; ".join(parts))
@@ -271,8 +274,19 @@ def _said(kind: str, text: str) -> str:
 
 
 def _short_exit(run: TaskRun) -> str:
-    """'exit 0', 'exit 3', 'SIGKILL', 'running' (the status table's exit column, labelled)."""
+    """'exit 0', 'exit 3', 'SIGKILL', 'running' (the status table's exit column, labelled),
+    with the exception's name where the program raised one: 'exit 1: ValueError'."""
     code = run.returncode
     if code is None:
         return "running"
-    return f"exit {code}" if code >= 0 else exit_text(code)
+    record = run.exit_record
+    raised = f": {record.name}" if record is not None and not record.exited else ""
+    return (f"exit {code}" if code >= 0 else exit_text(code)) + raised
+
+
+def _raised(run: TaskRun) -> str:
+    """', raised ValueError: bad shapes' where its exit record names an exception, else ''."""
+    record = run.exit_record
+    if record is None or record.exited:
+        return ""
+    return f", raised {record.summary[:120]}"

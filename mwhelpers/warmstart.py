@@ -52,7 +52,7 @@ ROOM_ENV = "MWHELPERS_WARM_ROOM"  # as _forkserver.ROOM_ENV
 ROOM = 32768  # bytes: TF_CONFIG of a cluster of some hundred tasks
 # What differs from one task to the next and is read after TensorFlow's import, never during it.
 PER_TASK = frozenset({"TF_CONFIG", "MWHELPERS_TASK", "MWHELPERS_ATTEMPT", "MWHELPERS_GUARD_FD",
-                      "MWHELPERS_STANDBY_FD", "MWHELPERS_ENGINE_ID"})
+                      "MWHELPERS_STANDBY_FD", "MWHELPERS_ENGINE_ID", "MWHELPERS_EXIT_RECORD"})
 MAX_SERVERS = 3  # per process; the oldest is retired (it ends once its tasks have)
 READY_TIMEOUT = 120.0  # seconds a server may take to import TensorFlow
 
@@ -130,7 +130,7 @@ def key_of(env: Mapping[str, str], cwd: str) -> tuple[str, tuple[tuple[str, str]
 def _installed() -> tuple[tuple[str, int, int], ...]:
     """The files a server's import ran, as installed now (path, size, mtime): after an upgrade
     of TensorFlow (``%pip install``) or an edit of the start-up's hooks, tasks get a new server."""
-    here = Path(__file__).parent
+    here = Path(__file__).parent / "taskside"
     paths = [here / f"{name}.py" for name in
              ("_bootstrap", "_forkserver", "tfdata", "kerasfix", "taskfacts", "lazyplot")]
     try:

@@ -225,8 +225,8 @@ class Runtime:
 
         The other options (:data:`~mwhelpers.launchoptions.LAUNCH_OPTIONS`): ``log``, a file
         of its own; ``env``, variables on top of the kernel's; ``stall_fix=False`` keeps
-        tf.data autotuning in a MultiWorkerMirroredStrategy worker (:mod:`mwhelpers.tfdata`);
-        ``keras_fix=False`` runs Keras 3 unmended (:mod:`mwhelpers.kerasfix`,
+        tf.data autotuning in an MWMS worker (:mod:`mwhelpers.taskside.tfdata`);
+        ``keras_fix=False`` runs Keras 3 unmended (:mod:`mwhelpers.taskside.kerasfix`,
         keras-team/keras#20585), both by default as ``self.defaults`` says; ``verbose=True``
         streams every line, TensorFlow's informational C++ lines too (by default, as
         ``self.verbose`` says, a cell leaves them out; the log keeps everything).

@@ -198,7 +198,9 @@ def test_an_unknown_failure_gets_no_guess(ip, rt, tmp_path):
         ip.run_cell_magic("worker", "0", "raise ValueError('bad shapes')\n")
     assert err.value.diagnosis == []
     assert "What this means" not in str(err.value)
-    assert str(err.value).splitlines()[1].startswith("Last lines of worker:0's log")
+    # the root cause, the exception its exit record names, its log
+    assert str(err.value).splitlines()[1] == "worker:0 raised ValueError: bad shapes"
+    assert str(err.value).splitlines()[2].startswith("Last lines of worker:0's log")
 
 
 def test_the_supervisor_records_and_writes_the_diagnosis(rt, write, tmp_path):

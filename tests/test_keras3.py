@@ -19,7 +19,7 @@ import types
 import pytest
 from conftest import ROOT, results
 
-from mwhelpers import kerasfix
+from mwhelpers.taskside import kerasfix
 
 PROGRAMS = ROOT / "tests" / "programs"
 NOTICE = "[mwhelpers] Keras 3.15.1: fit and evaluate mended for multi-worker"

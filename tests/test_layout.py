@@ -145,9 +145,54 @@ def test_processes_are_signalled_only_by_the_ending_primitive():
         if name == "mwhelpers.proctree" or name.startswith(("mwhelpers.workshop",
                                                             "mwhelpers.taskside")):
             continue
-        if path.name in ("_bootstrap.py", "_agent.py", "_forkserver.py"):
-            continue  # the worker side, until it has a folder of its own
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and _signals(node):
                 wrong.append(f"{name}:{node.lineno}: {ast.unparse(node)[:80]}")
     assert not wrong, wrong
+
+
+def taskside_imports_of_the_package(path):
+    """The imports in ``path`` (anywhere in it, inside functions too) that reach the mwhelpers
+    package or a folder above the module's own: ``import mwhelpers...``, ``from mwhelpers...``,
+    ``from .. import`` or ``from ..x import``, each as its line number and source text."""
+    tree = ast.parse(path.read_text(), str(path))
+    wrong = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] if node.level == 0 else []
+            if node.level > 1:
+                wrong.append(f"line {node.lineno}: {ast.unparse(node)}")
+                continue
+        else:
+            continue
+        if any(n == "mwhelpers" or n.startswith("mwhelpers.") for n in names):
+            wrong.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return wrong
+
+
+def test_the_worker_side_imports_nothing_of_the_kernel_side():
+    """mwhelpers/taskside/ runs in tasks (by path, forked, or sent as python -c to a host
+    without mwhelpers): its modules import only the standard library and each other."""
+    folder = PACKAGE / "taskside"
+    modules = sorted(folder.rglob("*.py"))
+    assert {p.name for p in modules} >= {"_bootstrap.py", "_agent.py", "_forkserver.py",
+                                         "tfdata.py", "kerasfix.py", "lazyplot.py", "taskfacts.py"}
+    wrong = {str(p.relative_to(PACKAGE.parent)): w for p in modules
+             if (w := taskside_imports_of_the_package(p))}
+    assert not wrong, f"the worker side imports the kernel side: {wrong}"
+
+
+def test_the_worker_side_check_finds_each_kind_of_import(tmp_path):
+    """The check above sees what it is for: absolute imports of the package, inside functions
+    too, and relative ones that climb out of the folder; not the standard library's or a
+    sibling's."""
+    module = tmp_path / "m.py"
+    module.write_text("import os\nfrom . import tfdata\nfrom .tfdata import after_import\n"
+                      "import mwhelpers.workers\nfrom mwhelpers import settings\n"
+                      "def f():\n    from .. import logs\n    from ..failures import Failure\n"
+                      "import mwhelpersx\n")
+    assert taskside_imports_of_the_package(module) == [
+        "line 4: import mwhelpers.workers", "line 5: from mwhelpers import settings",
+        "line 7: from .. import logs", "line 8: from ..failures import Failure"]

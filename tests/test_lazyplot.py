@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mwhelpers.lazyplot import NOTICE
+from mwhelpers.taskside.lazyplot import NOTICE
 
 pytestmark = pytest.mark.tf
 

@@ -362,6 +362,7 @@ def test_loading_the_extension_imports_only_what_registering_the_magics_needs():
                          cwd=ROOT)
     assert out.returncode == 0, out.stderr
     first, second = out.stdout.splitlines()[:2]
+    # stdlib only, until TF
     assert first == str(["mwhelpers", "mwhelpers.errors", "mwhelpers.launchoptions",
-                         "mwhelpers.magicargs", "mwhelpers.magics", "mwhelpers.quietimport"])  # stdlib only, until TF
+                         "mwhelpers.magicargs", "mwhelpers.magics", "mwhelpers.quietimport"])
     assert second == "[Task('worker', 0)]"

@@ -206,6 +206,26 @@ def test_a_dropped_connection_ends_the_remote_program(remote_rt, env):
     print(f"remote program gone {time.monotonic() - t:.2f} s after the drop was noticed")
 
 
+def test_a_remote_task_that_raises_leaves_its_exit_record_beside_the_log_here(remote_rt, env):
+    """Written on the host by the task's start-up, sent back by its agent, put beside the
+    kernel-side log, and read by the failure."""
+    from mwhelpers.errors import WorkerFailed
+    from mwhelpers.failures import PROGRAM_ERROR
+
+    remote_rt.define_cluster(1, backend="ssh", hosts=[env.names[1]])
+    with pytest.raises(WorkerFailed) as err:
+        remote_rt.launch("worker:0", code="import os\nwhere = os.readlink('/proc/self/ns/net')\n"
+                         "print(where)\nraise ValueError('raised in ' + where)\n")
+    run = remote_rt.get_run("worker:0")
+    where = run.lines()[0]  # the host's network namespace, not this one
+    record = run.exit_record
+    assert where != os.readlink("/proc/self/ns/net")
+    assert record.summary == f"ValueError: raised in {where}"
+    assert record.pid == run.process.remote_pid and record.exit_code == 1
+    assert err.value.root_cause.kind == PROGRAM_ERROR
+    assert f"worker:0 raised ValueError: raised in {where}" in str(err.value)
+
+
 @contextlib.contextmanager
 def link_down(hosts, name):
     """``name``'s network link taken down from outside, as a pulled cable: nothing is

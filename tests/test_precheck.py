@@ -153,7 +153,7 @@ def test_the_warning_reaches_the_cell_once_and_the_task_still_runs(ip, rt, capsy
 
 
 def test_legacy_keras_is_selected_by_the_values_tensorflow_reads_and_no_others():
-    from mwhelpers.taskfacts import legacy_selected
+    from mwhelpers.taskside.taskfacts import legacy_selected
 
     spec = importlib.util.find_spec("tensorflow")
     if spec is None or spec.origin is None:

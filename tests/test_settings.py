@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from mwhelpers import kerasfix, lazyplot, settings, tfdata
+from mwhelpers import settings
 from mwhelpers.errors import UsageError
 from mwhelpers.ports import port_range
+from mwhelpers.taskside import kerasfix, lazyplot, tfdata
 
 
 def test_the_extension_guide_lists_the_table():

@@ -16,7 +16,7 @@ PROBE = textwrap.dedent("""
     import tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from mwhelpers.tfdata import avoid_teardown_stall
+    from mwhelpers import avoid_teardown_stall
     from tensorflow.python.data.ops import multi_device_iterator_ops as mdi
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 

@@ -1,5 +1,5 @@
 """Warm starts: local tasks whose program imports TensorFlow are forked from a server that
-imported it once (mwhelpers/warmstart.py, mwhelpers/_forkserver.py).  Real servers, real
+imported it once (mwhelpers/warmstart.py, mwhelpers/taskside/_forkserver.py).  Real servers, real
 TensorFlow, real tasks: each must look to its program, to ps and to the kernel exactly like a
 cold start."""
 
@@ -80,7 +80,7 @@ def test_two_tasks_fork_from_one_server_and_each_looks_like_a_cold_start(rt, tmp
         assert s["extra"] == "given" and s["tf_added"] == "1"  # what TF's import set stays
         assert s["imported_before"] is True and s["sum"] == 10.0
         assert s["gpus"] == [] and s["cuda_visible"] == "-1"
-        assert s["cmdline"] == f"{sys.executable} -u {ROOT}/mwhelpers/_bootstrap.py " \
+        assert s["cmdline"] == f"{sys.executable} -u {ROOT}/mwhelpers/taskside/_bootstrap.py " \
                                f"{tmp_path}/look.py --steps {i}"
         # /proc/PID/environ (ps e, psutil) shows its own variables too.
         shown = s["environ"]
@@ -257,6 +257,6 @@ def test_the_key_has_the_installed_tensorflow_and_start_up_files():
     tf_init = os.path.realpath(importlib.util.find_spec("tensorflow").origin)
     assert tf_init in {os.path.realpath(p) for p in stamps}
     for name in ("_bootstrap", "_forkserver", "tfdata", "kerasfix", "taskfacts", "lazyplot"):
-        path = str(ROOT / "mwhelpers" / f"{name}.py")
+        path = str(ROOT / "mwhelpers" / "taskside" / f"{name}.py")
         st = os.stat(path)
         assert stamps[path] == (st.st_size, st.st_mtime_ns)

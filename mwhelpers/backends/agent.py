@@ -32,7 +32,7 @@ from typing import IO, Any, ClassVar
 
 import psutil
 
-from .. import proctree, settings
+from .. import exitrecord, proctree, settings
 from ..cluster import Task
 from ..errors import InfrastructureError, UsageError
 from ..failures import describe_exit
@@ -41,7 +41,7 @@ from ..proctree import Escalation
 from .base import BOOTSTRAP, Launcher, LaunchSpec, Placement, Process, open_log
 from .options import BackendOptions, option, seconds, text
 
-AGENT_CODE = (Path(__file__).parents[1] / "_agent.py").read_text()
+AGENT_CODE = (Path(__file__).parents[1] / "taskside" / "_agent.py").read_text()
 # The files the worker start-up loads beside itself, sent with it to every host.
 BOOTSTRAP_FILES = ("tfdata.py", "taskfacts.py", "kerasfix.py", "lazyplot.py")
 # A probe whose SSH connection sshd dropped before its greeting is tried this many times.
@@ -169,9 +169,22 @@ class AgentProcess(Process):
                     self.ended_by = words[2]
                 elif words[1] == "exit" and len(words) >= 3:
                     self._reported_exit = int(words[2])
+                elif words[1] == "record" and len(words) >= 3:
+                    self._keep_record(line.split(" ", 2)[2])
             elif line.strip():
                 with open(self._log_path, "a") as f:  # ssh's or srun's own words
                     f.write(f"[{self.host}] {line}\n")
+
+    def _keep_record(self, text: str) -> None:
+        """The task's exit record, written on its host and sent by its agent: put beside its
+        log here (written beside, renamed into place), where every task's is read."""
+        path = exitrecord.path_for(self._log_path)
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        try:
+            partial.write_text(text)
+            os.replace(partial, path)
+        except OSError:
+            pass
 
     def _wait_transport(self) -> int:
         code = self.popen.wait()
@@ -435,7 +448,9 @@ class AgentLauncher(Launcher):
         header: dict[str, object] = {"argv": argv, "env": spec.env, "cwd": spec.cwd,
                   "files": files, "port": spec.port, "heartbeat": self.heartbeat or None,
                   "script": None if spec.cell else script, "standby": spec.standby,
-                  "escalation": steps(LOST_ESCALATION)}
+                  "escalation": steps(LOST_ESCALATION),
+                  "exit_record": exitrecord.EXIT_RECORD_ENV
+                  if exitrecord.EXIT_RECORD_ENV in spec.env else None}
         logf = open_log(spec.log_path)
         try:
             popen = subprocess.Popen(

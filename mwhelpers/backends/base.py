@@ -31,13 +31,13 @@ from typing import ClassVar, NamedTuple
 
 import psutil
 
-from .. import proctree
+from .. import exitrecord, proctree
 from ..cluster import Task
 from ..ports import PortHold
 from ..proctree import Escalation
 from .options import BackendOptions
 
-BOOTSTRAP = str(Path(__file__).parents[1] / "_bootstrap.py")
+BOOTSTRAP = str(Path(__file__).parents[1] / "taskside" / "_bootstrap.py")
 
 
 @dataclass
@@ -177,9 +177,11 @@ class Process:
 def open_log(path: Path) -> int:
     """A new, empty log file for a task, opened for appending: the task's output and the lines
     the kernel adds itself (a transport's own words, a lost host) then all go to the file's end
-    instead of overwriting each other.  The caller closes the descriptor once the task's
-    process has it."""
+    instead of overwriting each other.  An earlier run's exit record beside it goes (see
+    :mod:`mwhelpers.exitrecord`).  The caller closes the descriptor once the task's process
+    has it."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    exitrecord.path_for(path).unlink(missing_ok=True)
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
 
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InfrastructureError, UsageError
-from ..kerasfix import KERAS_FIX_ENV
-from ..tfdata import STALL_FIX_ENV
+from ..taskside.kerasfix import KERAS_FIX_ENV
+from ..taskside.tfdata import STALL_FIX_ENV
 from .agent import AgentLauncher, RemoteOptions
 from .base import BOOTSTRAP
 from .options import BackendOptions, option
@@ -189,8 +189,8 @@ def write_sbatch(path: str | os.PathLike[str], script: str | os.PathLike[str], *
 
     Each task starts through mwhelpers' worker start-up (``_bootstrap.py`` of this
     installation, so ``python`` must see the same files): Keras 3 ``fit`` is mended for
-    multi-worker MWMS (``keras_fix=False`` runs it unmended; :mod:`mwhelpers.kerasfix`)
-    and the end-of-fit stall is avoided (``stall_fix=False``; :mod:`mwhelpers.tfdata`).
+    multi-worker MWMS (``keras_fix=False`` runs it unmended; :mod:`mwhelpers.taskside.kerasfix`)
+    and the end-of-fit stall is avoided (``stall_fix=False``; :mod:`mwhelpers.taskside.tfdata`).
     ``env``: variables to export first (``{"TF_USE_LEGACY_KERAS": "1"}``).
     Returns the path.  Submit with ``sbatch PATH``; watch with ``squeue``;
     cancel with ``scancel JOBID``.

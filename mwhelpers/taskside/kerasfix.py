@@ -517,7 +517,7 @@ def _safely(patch: Callable[[ModuleType], object]) -> Callable[[ModuleType], Non
 
 def install(after_import: Callable[[str, Callable[[ModuleType], object]], None]) -> None:
     """Mend Keras as soon as it loads its trainer and callbacks (now, where it already has);
-    ``after_import(name, callback)`` is :func:`mwhelpers.tfdata.after_import`."""
+    ``after_import(name, callback)`` is :func:`tfdata.after_import`."""
     after_import(TRAINER, _safely(patch_trainer))
     after_import(BACKUP, _safely(patch_callbacks))
     after_import(CHECKPOINT, _safely(patch_callbacks))
@@ -536,7 +536,7 @@ def fix_keras_multi_worker() -> bool:
     ``MWHELPERS_KERAS_FIX=0`` (or ``%%worker --no-keras-fix``) says off, which it then says
     in one line.
     """
-    from mwhelpers.tfdata import after_import
+    from .tfdata import after_import
 
     if not fix_wanted(os.environ):
         _say_once("off", OFF)

@@ -84,7 +84,7 @@ def avoid_teardown_stall(dataset: Any = None) -> Any:
     """
     if not _patch_device_datasets():
         warnings.warn(
-            "mwhelpers.tfdata.avoid_teardown_stall: this TensorFlow has no "
+            "mwhelpers.avoid_teardown_stall: this TensorFlow has no "
             "multi_device_iterator_ops._create_device_dataset; the strategy's per-device "
             "iterators keep autotuning, so fit may still stall at its end",
             RuntimeWarning, stacklevel=2,
@@ -200,7 +200,7 @@ def wrapped_spec(finder: object, fullname: str, path: Sequence[str] | None,
     """The spec that the finders on ``sys.meta_path`` other than ``finder`` give for
     ``fullname``, its loader's ``exec_module`` replaced by ``around(exec_module, module)``;
     None when none gives one whose loader can be wrapped (the import then goes on as usual).
-    Shared by the start-up's import hooks (also :mod:`mwhelpers.lazyplot`'s)."""
+    Shared by the start-up's import hooks (also :mod:`lazyplot`'s)."""
     for other in sys.meta_path:
         if other is finder or not hasattr(other, "find_spec"):
             continue

@@ -101,7 +101,7 @@ class _Around(importlib.abc.MetaPathFinder):
 
 def install(wrapped_spec: WrappedSpec) -> bool:
     """Defer Keras's matplotlib imports in this process; False when Keras has loaded its
-    visualization modules already.  ``wrapped_spec``: :func:`mwhelpers.tfdata.wrapped_spec`
+    visualization modules already.  ``wrapped_spec``: :func:`tfdata.wrapped_spec`
     (passed in: in a task's start-up both modules are loaded by path)."""
     if any(name in sys.modules for name in KERAS_MODULES):
         return False

@@ -11,8 +11,11 @@ Protocol:
   command, where ``{dir}`` stands for a private temporary folder), ``env``
   (variables to set), ``cwd``, ``files`` (name -> text, written into that
   folder: the worker bootstrap, a cell's code) and ``port`` (checked free
-  before starting, or null), ``heartbeat`` (seconds, or null: see below) and
-  ``escalation`` (``SIG:SECONDS,...``: how the agent ends the task by itself, below);
+  before starting, or null), ``heartbeat`` (seconds, or null: see below),
+  ``escalation`` (``SIG:SECONDS,...``: how the agent ends the task by itself, below) and
+  ``exit_record`` (the name of the variable that tells the worker bootstrap where to write
+  how the program ended, or null: the agent points it at a file in that folder and sends the
+  file back when the task has ended);
 * standard input, then: one command per line, ``signal N`` (to the task's
   process group), ``dump`` (SIGUSR1 to the task: Python stacks into the log),
   ``end SIG:SECONDS,...`` (escalate through those signals until the group is
@@ -32,6 +35,7 @@ Protocol:
   output, so it reaches the kernel's log file as it is written;
 * the agent's own reports go to standard error, one per line, each starting
   with ``@mwhelpers``: ``started PID HOSTNAME``, ``ended SIGNAME``, ``pong``,
+  ``record JSON`` (the exit record the task wrote, on one line, before its ``exit``),
   ``exit CODE`` (negative: killed by that signal, as ``subprocess`` says).
 
 When the task's leader exits, what is left of its process group is killed,
@@ -126,6 +130,7 @@ class Agent:
         self.lock = threading.Lock()  # one ending at a time; the exit report waits for it
         self.exited = threading.Event()
         self.heard = time.monotonic()  # when the kernel last said anything
+        self.record: str | None = None  # where the task writes its exit record (exit_record)
 
     def start(self) -> int | None:
         h = self.header
@@ -153,6 +158,8 @@ class Agent:
             say(f"the program {script} is not on this host; tasks run it by its path, so keep "
                 "it in a folder every host shares (a shared home) or copy it there first")
             return 127
+        if h.get("exit_record"):  # the start-up writes how the program ended here
+            self.record = env[h["exit_record"]] = os.path.join(folder, "exit.json")
         port = h.get("port")
         fds: tuple[int, ...] = ()
         self.release_fd: int | None = None
@@ -252,7 +259,19 @@ class Agent:
         with self.lock:
             if group_alive(child.pid):  # helpers left behind by the task
                 kill_group(child.pid, signal.SIGKILL)
+        self.send_record()
         return code
+
+    def send_record(self) -> None:
+        """The exit record the task wrote, if any, as one ``record`` report."""
+        if not self.record:
+            return
+        try:
+            with open(self.record) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            return
+        report("record", json.dumps(record))
 
 
 def main() -> int:

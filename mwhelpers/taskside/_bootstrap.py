@@ -30,7 +30,15 @@ extra process, and imports nothing heavy.  It:
 * runs SCRIPT as ``__main__`` with ``sys.argv`` and ``sys.path[0]`` set the way
   ``python SCRIPT ARGS`` would set them.  With ``--cell``, SCRIPT holds the
   code of a ``%%worker`` cell and ``sys.path[0]`` is the working directory,
-  as for ``python -c CODE``: modules written beside the notebook import.
+  as for ``python -c CODE``: modules written beside the notebook import;
+* when the program ends by an exception that makes the exit code other than 0 (an
+  uncaught exception, ``sys.exit(3)``, ``sys.exit("message")``, a KeyboardInterrupt),
+  writes how it ended to the JSON file that ``MWHELPERS_EXIT_RECORD`` names (taken out of
+  the environment before the program runs): ``type`` (qualified as the traceback's last
+  line names it), ``message``, ``traceback`` (the program's frames, formatted as Python
+  prints them), ``time`` (``time.time()``), ``pid`` and ``exit_code`` (as ``subprocess``
+  reports it: negative for a signal).  It is written beside and renamed into place; what
+  the program prints and its exit code stay as they were.
 
 This file is run by path, never imported as part of the package, so the
 worker needs no installed mwhelpers.
@@ -43,10 +51,15 @@ import os
 import signal
 import sys
 import threading
+import time
 import types
 
 # No ``from __future__ import annotations`` here: main's compile() would pass it on to the
 # user's program.  The annotations below are ones every Python 3 evaluates.
+
+EXIT_RECORD_ENV = "MWHELPERS_EXIT_RECORD"
+EXIT_RECORD_LIMIT = 50_000  # characters kept of a message (its start) or a traceback (its end)
+_exit_record = ""  # where this task's record goes ('': nowhere), read by main()
 
 
 def _arm_guard() -> None:
@@ -129,10 +142,62 @@ def _serve_as_zygote() -> None:
     _load("_forkserver").run(ctl_fd, os.path.abspath(__file__), import_first)
 
 
+def exit_code_of(exc: BaseException) -> int:
+    """The exit code that ``exc``, uncaught, gives this process, as ``subprocess`` says it."""
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is None:
+            return 0
+        return code & 0xFF if isinstance(code, int) else 1  # Python prints any other value
+    if isinstance(exc, KeyboardInterrupt):  # Python ends itself with SIGINT then
+        return -signal.SIGINT
+    return 1
+
+
+def _qualified(cls: type) -> str:
+    """The exception's name as a traceback's last line gives it."""
+    module = getattr(cls, "__module__", None)
+    name = getattr(cls, "__qualname__", cls.__name__)
+    return name if module in (None, "builtins", "__main__") else f"{module}.{name}"
+
+
+def _record_exit(exc: BaseException) -> None:
+    """Write how the program ended to :data:`_exit_record`, when set and the exit is not 0;
+    never raises, prints nothing."""
+    path = _exit_record
+    code = exit_code_of(exc)
+    if not path or code == 0:
+        return
+    try:
+        import json  # (here: a program that succeeds does not pay for them)
+        import traceback
+
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            tb = tb.tb_next  # this file's frames: the program's own start here
+        try:
+            message = str(exc)
+        except Exception:
+            message = f"<the {type(exc).__name__}'s str() failed>"
+        formatted = "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+        record = {"type": _qualified(type(exc)), "message": message[:EXIT_RECORD_LIMIT],
+                  "traceback": formatted[-EXIT_RECORD_LIMIT:],
+                  "time": time.time(), "pid": os.getpid(), "exit_code": code}
+        partial = f"{path}.{os.getpid()}.part"
+        with open(partial, "w") as f:
+            json.dump(record, f)
+        os.replace(partial, path)
+    except Exception:  # nowhere to write it: the log still has what the program printed
+        pass
+
+
 def main() -> int:
+    global _exit_record
     zygote = sys.argv[1:2] == ["--zygote"]
     if zygote:
         _serve_as_zygote()
+    # (here, a forked task has its own environment)
+    _exit_record = os.environ.pop(EXIT_RECORD_ENV, "")
     flags = set()
     while len(sys.argv) > 1 and sys.argv[1] in ("--cell", "--standby"):
         flags.add(sys.argv.pop(1))
@@ -164,4 +229,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BaseException as e:
+        _record_exit(e)
+        raise
