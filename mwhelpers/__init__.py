@@ -21,7 +21,7 @@ _LAZY = {
     "fix_keras_multi_worker": "taskside.kerasfix",
     "Failure": "failures", "LaunchRequest": "taskrun",
     "MWHelpersError": "errors", "UsageError": "errors", "WorkerError": "errors",
-    "WorkerFailed": "errors", "WorkerTimeout": "errors", "InfrastructureError": "errors",
+    "WorkerFailed": "failures", "WorkerTimeout": "errors", "InfrastructureError": "errors",
     "CellFailed": "errors", "TaskValues": "interactive",
     "register_backend": "backends", "available_backends": "backends", "Launcher": "backends",
     "AgentLauncher": "backends", "BackendOptions": "backends", "Process": "backends",
@@ -51,9 +51,9 @@ if _typing.TYPE_CHECKING:
     from .errors import MWHelpersError as MWHelpersError
     from .errors import UsageError as UsageError
     from .errors import WorkerError as WorkerError
-    from .errors import WorkerFailed as WorkerFailed
     from .errors import WorkerTimeout as WorkerTimeout
     from .failures import Failure as Failure
+    from .failures import WorkerFailed as WorkerFailed
     from .interactive import TaskValues as TaskValues
     from .packages import tensorflow_distributions as tensorflow_distributions
     from .packages import versions as versions

@@ -10,6 +10,7 @@ from typing import cast
 
 from .errors import UsageError
 from .ports import PortHold, reserve_ports
+from .taskname import Task
 
 JOB_TYPES = ("chief", "worker", "ps", "evaluator")
 _TASK_RE = re.compile(r"^(?:(?P<type>[A-Za-z_]+)(?::(?P<index>-?\d+))?|(?P<bare>-?\d+))$")
@@ -18,32 +19,6 @@ _TASK_RE = re.compile(r"^(?:(?P<type>[A-Za-z_]+)(?::(?P<index>-?\d+))?|(?P<bare>
 # (mwhelpers.backends.Placement).
 Place = tuple[str | None, str, int]
 HeldPlace = tuple[str | None, str, int, PortHold | None]
-
-
-class Task(tuple[str, int]):
-    """A task name: ``Task("worker", 1)`` prints as ``worker:1``."""
-
-    def __new__(cls, type_: str, index: int) -> Task:
-        return super().__new__(cls, (type_, index))
-
-    @property
-    def type(self) -> str:
-        return self[0]
-
-    @property
-    def index(self) -> int:  # type: ignore[override]  # the task's index, not tuple.index
-        return self[1]
-
-    def __str__(self) -> str:
-        return f"{self[0]}:{self[1]}"
-
-    def __repr__(self) -> str:
-        return f"Task({self[0]!r}, {self[1]})"
-
-    @property
-    def slug(self) -> str:
-        """File-name friendly form: ``worker-1``."""
-        return f"{self[0]}-{self[1]}"
 
 
 def looks_like_task(word: str) -> bool:

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import stacks
-from .failures import PEER_LOST, explained, last_exception, signal_of
+from .failures import PEER_LOST, explained, last_exception
+from .proctree import signal_of
 from .taskside import taskfacts
 
 if TYPE_CHECKING:

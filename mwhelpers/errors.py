@@ -1,4 +1,5 @@
-"""Exceptions raised by mwhelpers.
+"""Exceptions raised by mwhelpers (:class:`~mwhelpers.failures.WorkerFailed`, which carries
+failure records, is raised from :mod:`mwhelpers.failures`).
 
 Every error says what was wrong and what to do about it.  The worker errors
 render as a short report in IPython (``_render_traceback_``) instead of a
@@ -12,8 +13,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .cluster import Task
-    from .failures import Failure
+    from .taskname import Task
 
 
 class MWHelpersError(Exception):
@@ -37,29 +37,6 @@ class InfrastructureError(MWHelpersError, RuntimeError):
 
 class WorkerError(MWHelpersError, RuntimeError):
     """A worker task failed or had to be ended."""
-
-
-class WorkerFailed(WorkerError):
-    """One or more tasks exited with a non-zero code or were killed by a signal.
-
-    ``failures`` lists :class:`mwhelpers.failures.Failure` records (task,
-    pid, exit, time, log path, log tail, kind) in the order the tasks died;
-    the first one, ``root_cause``, is the root cause.  ``diagnosis`` is what the
-    report explains: dicts with ``key``, ``cause`` and ``advice`` (see
-    :mod:`mwhelpers.diagnosis`), empty when the failure was not recognised.
-    """
-
-    def __init__(self, message: str, failures: Iterable[Failure] = ()) -> None:
-        super().__init__(message)
-        self.failures = list(failures)
-
-    @property
-    def root_cause(self) -> Failure | None:
-        return self.failures[0] if self.failures else None
-
-    @property
-    def diagnosis(self) -> list[dict[str, str]]:
-        return self.failures[0].diagnosis if self.failures else []
 
 
 class WorkerTimeout(WorkerError):

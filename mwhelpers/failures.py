@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import time
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .errors import WorkerError
 from .exitrecord import ExitRecord
 from .logs import TAIL, tail_lines
+from .proctree import describe_exit, signal_of
 
 if TYPE_CHECKING:
     from .taskrun import TaskRun
@@ -46,31 +47,6 @@ PEER_LOST = re.compile(
     re.IGNORECASE,
 )
 _TRACEBACK = "Traceback (most recent call last):"
-# ``exit 128 + N`` is how shells and some launchers report death by signal N.
-_SIGNAL_EXITS = {128 + s: s for s in (signal.SIGHUP, signal.SIGINT, signal.SIGKILL,
-                                      signal.SIGTERM)}
-
-
-def signal_of(returncode: int | None) -> signal.Signals | None:
-    """The signal a return code stands for, or None."""
-    if returncode is None:
-        return None
-    if returncode < 0:
-        try:
-            return signal.Signals(-returncode)
-        except ValueError:
-            return None
-    return _SIGNAL_EXITS.get(returncode)
-
-
-def describe_exit(returncode: int | None) -> str:
-    """'exit code 3', 'killed by SIGKILL', 'still running'."""
-    if returncode is None:
-        return "still running"
-    if returncode < 0:
-        sig = signal_of(returncode)
-        return f"killed by {sig.name}" if sig else f"killed by signal {-returncode}"
-    return f"exit code {returncode}"
 
 
 def last_exception(lines: Sequence[str]) -> str:
@@ -210,3 +186,26 @@ def report(failures: Sequence[Failure]) -> str:
     lines = [msg, *explained(first.diagnosis), *raised,
              tail_text(first.task, first.log_path, first.tail)]
     return "\n".join(lines)
+
+
+class WorkerFailed(WorkerError):
+    """One or more tasks exited with a non-zero code or were killed by a signal.
+
+    ``failures`` lists :class:`mwhelpers.failures.Failure` records (task,
+    pid, exit, time, log path, log tail, kind) in the order the tasks died;
+    the first one, ``root_cause``, is the root cause.  ``diagnosis`` is what the
+    report explains: dicts with ``key``, ``cause`` and ``advice`` (see
+    :mod:`mwhelpers.diagnosis`), empty when the failure was not recognised.
+    """
+
+    def __init__(self, message: str, failures: Iterable[Failure] = ()) -> None:
+        super().__init__(message)
+        self.failures = list(failures)
+
+    @property
+    def root_cause(self) -> Failure | None:
+        return self.failures[0] if self.failures else None
+
+    @property
+    def diagnosis(self) -> list[dict[str, str]]:
+        return self.failures[0].diagnosis if self.failures else []

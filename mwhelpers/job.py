@@ -33,8 +33,8 @@ from . import failures as failure_records
 from . import proctree, stacks
 from .backends.base import end_local, end_together
 from .diagnosis import explain_failure
-from .errors import UsageError, WorkerFailed
-from .failures import Failure
+from .errors import UsageError
+from .failures import Failure, WorkerFailed
 from .proctree import Policy
 from .taskrun import LaunchRequest, Standby, TaskRun, parse_timeout
 from .timeouts import not_ready_error, timeout_error

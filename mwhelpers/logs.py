@@ -11,14 +11,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
-from .errors import UsageError
 from .results import TAG as _RESULT_TAG
-
-if TYPE_CHECKING:
-    from .taskrun import TaskRun
 
 TAIL = 15  # log lines quoted in errors and failure records
 _TAIL_WINDOW = 256 * 1024  # bytes read from the end for a short tail
@@ -134,18 +128,3 @@ class QuietFilter:
         self._after_hidden = False
         return True
 
-
-def excerpt(runs: Iterable[TaskRun], n: int = 20, grep: str | None = None) -> list[str]:
-    """The last ``n`` lines of each run's log, prefixed with its task; with ``grep``, the last
-    ``n`` lines that match that regular expression (``n=0``: all)."""
-    if grep is None:
-        return [f"[{r.task}] {ln}" for r in runs for ln in r.tail(n)]
-    try:
-        pattern = re.compile(grep)
-    except re.error as err:
-        raise UsageError(f"--grep {grep!r} is not a regular expression: {err}") from None
-    out: list[str] = []
-    for r in runs:
-        matching = [ln for ln in r.lines() if pattern.search(ln)]
-        out += [f"[{r.task}] {ln}" for ln in (matching[-n:] if n else matching)]
-    return out

@@ -34,6 +34,33 @@ def parse_signal(value: int | str | signal.Signals) -> signal.Signals:
         raise UsageError(f"unknown signal {text!r}; use one of {_COMMON}") from None
 
 
+# ``exit 128 + N`` is how shells and some launchers report death by signal N.
+_SIGNAL_EXITS = {128 + s: s for s in (signal.SIGHUP, signal.SIGINT, signal.SIGKILL,
+                                      signal.SIGTERM)}
+
+
+def signal_of(returncode: int | None) -> signal.Signals | None:
+    """The signal a return code stands for, or None."""
+    if returncode is None:
+        return None
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode)
+        except ValueError:
+            return None
+    return _SIGNAL_EXITS.get(returncode)
+
+
+def describe_exit(returncode: int | None) -> str:
+    """'exit code 3', 'killed by SIGKILL', 'still running'."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        sig = signal_of(returncode)
+        return f"killed by {sig.name}" if sig else f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
 def alive(proc: psutil.Process) -> bool:
     """A psutil.Process that exists and is not a zombie."""
     try:

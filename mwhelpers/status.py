@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from .failures import signal_of
+from .proctree import signal_of
 
 if TYPE_CHECKING:
     from .taskrun import TaskRun

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from .cluster import Task
-from .errors import UsageError, WorkerFailed
-from .failures import Failure, explained, report
+from .errors import UsageError
+from .failures import Failure, WorkerFailed, explained, report
 from .job import Job, Jobs, diagnose_root
 from .proctree import parse_signal
 from .taskrun import LaunchRequest, Standby, TaskRun, parse_timeout

@@ -30,9 +30,9 @@ from . import results
 from .cluster import Task, parse_task
 from .errors import UsageError
 from .exitrecord import ExitRecord, path_for
-from .failures import describe_exit
 from .launchoptions import LAUNCH_OPTIONS
 from .logs import TAIL, tail_lines
+from .proctree import describe_exit
 
 if TYPE_CHECKING:
     from .backends.base import LaunchSpec, Process

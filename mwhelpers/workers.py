@@ -34,7 +34,7 @@ from .cluster import Cluster, Task, parse_task
 from .errors import UsageError
 from .job import Jobs, end_runs
 from .launchoptions import LaunchOptions
-from .logs import LogFollower, excerpt
+from .logs import LogFollower
 from .precheck import Lookout
 from .proctree import Policy
 from .session import claim_session, escaped_orphans
@@ -410,6 +410,22 @@ class Runtime:
         except KeyboardInterrupt:
             self.echo(f"stopped following {run.task}; it is still {run.state}")
         return run
+
+
+def excerpt(runs: Iterable[TaskRun], n: int = 20, grep: str | None = None) -> list[str]:
+    """The last ``n`` lines of each run's log, prefixed with its task; with ``grep``, the last
+    ``n`` lines that match that regular expression (``n=0``: all)."""
+    if grep is None:
+        return [f"[{r.task}] {ln}" for r in runs for ln in r.tail(n)]
+    try:
+        pattern = re.compile(grep)
+    except re.error as err:
+        raise UsageError(f"--grep {grep!r} is not a regular expression: {err}") from None
+    out: list[str] = []
+    for r in runs:
+        matching = [ln for ln in r.lines() if pattern.search(ln)]
+        out += [f"[{r.task}] {ln}" for ln in (matching[-n:] if n else matching)]
+    return out
 
 
 def _close(engines: Interactive | None) -> bool:

@@ -27,7 +27,8 @@ from conftest import ROOT, STUBBORN, TREE, gone_within, json_line, pid_alive, ta
 from mwhelpers import available_backends, register_backend
 from mwhelpers.backends import pick_backend
 from mwhelpers.backends.agent import AgentLauncher
-from mwhelpers.errors import InfrastructureError, UsageError, WorkerFailed
+from mwhelpers.errors import InfrastructureError, UsageError
+from mwhelpers.failures import WorkerFailed
 from mwhelpers.proctree import carrying
 from mwhelpers.workshop.testhosts import missing
 

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from mwhelpers.errors import WorkerFailed, WorkerTimeout
+from mwhelpers.errors import WorkerTimeout
+from mwhelpers.failures import WorkerFailed
 
 # A MultiWorkerMirroredStrategy fit of a tiny model with Keras 3 (mended by mwhelpers unless
 # --no-keras-fix; tf_keras where the task's TF_USE_LEGACY_KERAS selects it); STEPS_<index>

@@ -12,8 +12,7 @@ import pytest
 from conftest import ROOT
 
 from mwhelpers.diagnosis import explain_failure
-from mwhelpers.errors import WorkerFailed
-from mwhelpers.failures import Failure
+from mwhelpers.failures import Failure, WorkerFailed
 from mwhelpers.logs import TAIL, tail_lines
 
 RECORDED = ROOT / "tests" / "recorded"

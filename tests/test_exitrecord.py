@@ -17,9 +17,9 @@ from conftest import ROOT
 from mwhelpers import register_backend
 from mwhelpers.backends import AgentLauncher
 from mwhelpers.diagnosis import explain_failure
-from mwhelpers.errors import InfrastructureError, WorkerFailed
+from mwhelpers.errors import InfrastructureError
 from mwhelpers.exitrecord import EXIT_RECORD_ENV, ExitRecord, path_for
-from mwhelpers.failures import FAULT, PROGRAM_ERROR, classify
+from mwhelpers.failures import FAULT, PROGRAM_ERROR, WorkerFailed, classify
 
 BOOTSTRAP = ROOT / "mwhelpers" / "taskside" / "_bootstrap.py"
 

@@ -7,8 +7,8 @@ import time
 import pytest
 from conftest import LISTENER, pid_alive, squatting
 
-from mwhelpers.errors import UsageError, WorkerFailed
-from mwhelpers.failures import FAULT, PROGRAM_ERROR, classify, last_exception
+from mwhelpers.errors import UsageError
+from mwhelpers.failures import FAULT, PROGRAM_ERROR, WorkerFailed, classify, last_exception
 
 EXIT_AFTER = ("import os, sys, time\ntime.sleep(float(os.environ['AFTER']))\n"
               "sys.exit(int(os.environ['CODE']))\n")

@@ -10,7 +10,8 @@ import netns_backend  # noqa: F401  (registers the "netns" backend, whose flags 
 import pytest
 from conftest import LISTENER, ROOT, TREE, pid_alive
 
-from mwhelpers.errors import UsageError, WorkerFailed
+from mwhelpers.errors import UsageError
+from mwhelpers.failures import WorkerFailed
 from mwhelpers.magicargs import parse_worker_line
 from mwhelpers.taskrun import LaunchRequest
 

@@ -209,8 +209,7 @@ def test_a_dropped_connection_ends_the_remote_program(remote_rt, env):
 def test_a_remote_task_that_raises_leaves_its_exit_record_beside_the_log_here(remote_rt, env):
     """Written on the host by the task's start-up, sent back by its agent, put beside the
     kernel-side log, and read by the failure."""
-    from mwhelpers.errors import WorkerFailed
-    from mwhelpers.failures import PROGRAM_ERROR
+    from mwhelpers.failures import PROGRAM_ERROR, WorkerFailed
 
     remote_rt.define_cluster(1, backend="ssh", hosts=[env.names[1]])
     with pytest.raises(WorkerFailed) as err:

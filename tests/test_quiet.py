@@ -3,7 +3,7 @@ the log keeps everything."""
 
 import pytest
 
-from mwhelpers.errors import WorkerFailed
+from mwhelpers.failures import WorkerFailed
 from mwhelpers.logs import QuietFilter
 
 # The start of a real MWMS worker's log on this machine (TF 2.21, CPU only), and its end.

@@ -8,7 +8,8 @@ import time
 import pytest
 from conftest import LISTENER, STUBBORN, pid_alive, squatting
 
-from mwhelpers.errors import UsageError, WorkerFailed, WorkerTimeout
+from mwhelpers.errors import UsageError, WorkerTimeout
+from mwhelpers.failures import WorkerFailed
 from mwhelpers.session import escaped_orphans
 
 

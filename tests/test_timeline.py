@@ -2,7 +2,8 @@
 
 import pytest
 
-from mwhelpers.errors import UsageError, WorkerFailed
+from mwhelpers.errors import UsageError
+from mwhelpers.failures import WorkerFailed
 
 # Three "epochs" of five steps, the lines Keras and custom loops print.
 EPOCHS = ("import time\n"

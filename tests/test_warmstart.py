@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, pid_alive
 
 from mwhelpers import warmstart
-from mwhelpers.errors import WorkerFailed
+from mwhelpers.failures import WorkerFailed
 
 # Prints what a task's program can see of how it was started, after its own import.
 LOOK = textwrap.dedent("""\

@@ -35,9 +35,8 @@ import psutil
 from .. import exitrecord, proctree, settings
 from ..cluster import Task
 from ..errors import InfrastructureError, UsageError
-from ..failures import describe_exit
 from ..gpus import visible_gpus
-from ..proctree import Escalation
+from ..proctree import Escalation, describe_exit
 from .base import BOOTSTRAP, Launcher, LaunchSpec, Placement, Process, open_log
 from .options import BackendOptions, option, seconds, text
 

@@ -11,7 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mwhelpers.errors import WorkerFailed, WorkerTimeout
+from mwhelpers.errors import WorkerTimeout
+from mwhelpers.failures import WorkerFailed
 from mwhelpers.workers import Runtime
 
 mode, out = sys.argv[1], Path(sys.argv[2])
