@@ -10,7 +10,7 @@ from typing import cast
 
 from .errors import UsageError
 from .ports import PortHold, reserve_ports
-from .taskname import Task
+from .taskname import Task as Task  # re-exported: the package names it mwhelpers.cluster.Task
 
 JOB_TYPES = ("chief", "worker", "ps", "evaluator")
 _TASK_RE = re.compile(r"^(?:(?P<type>[A-Za-z_]+)(?::(?P<index>-?\d+))?|(?P<bare>-?\d+))$")

@@ -75,7 +75,7 @@ def cluster_parser(line: str) -> tuple[Parser, str]:
     return p, name
 
 
-def parse(magic: Any, line: str) -> argparse.Namespace:
+def parse(magic: object, line: str) -> argparse.Namespace:
     """Parse ``line`` with the magic's ``magic_arguments`` parser (the ``parser`` attribute
     those decorators give the method), raising our UsageError (what was wrong, and the usage).
 
@@ -83,7 +83,9 @@ def parse(magic: Any, line: str) -> argparse.Namespace:
     ``parse_argstring`` keeps the quotes, so ``--when "^Epoch 2/"`` would
     look for the quote characters too.
     """
-    parser = magic.parser
+    parser = getattr(magic, "parser", None)  # (IPython's decorators are not annotated)
+    if not isinstance(parser, argparse.ArgumentParser):
+        raise TypeError(f"{magic!r} has no magic_arguments parser")
     try:
         return parser.parse_args(shlex.split(line))
     except ValueError as e:

@@ -11,7 +11,7 @@ from . import failures as failure_records
 from . import stacks
 from .diagnosis import explain_stuck
 from .errors import WorkerTimeout
-from .logs import QuietFilter
+from .logs import TAIL, QuietFilter
 
 if TYPE_CHECKING:
     from .cluster import Task
@@ -26,7 +26,7 @@ def tail_before_stacks(run: TaskRun) -> str:
     if not lines:
         what = "only TensorFlow's informational lines" if before else "nothing"
         return f"{run.task} printed {what} before its stacks (log: {run.log_path})."
-    return failure_records.tail_text(run.task, run.log_path, lines[-failure_records.TAIL:])
+    return failure_records.tail_text(run.task, run.log_path, lines[-TAIL:])
 
 
 def not_ready_error(run: TaskRun, timeout: float, host: str | None = None) -> WorkerTimeout:

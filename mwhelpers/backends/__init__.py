@@ -92,7 +92,8 @@ def available_backends() -> list[str]:
 def backend_class(name: str) -> type[Launcher]:
     """The backend class registered as ``name``."""
     if name in BUILT_IN:
-        return BUILT_IN[name].load()
+        built_in: type[Launcher] = BUILT_IN[name].load()
+        return built_in
     if name in _REGISTERED:
         return _REGISTERED[name]
     found = _entry_points().get(name)
@@ -101,7 +102,8 @@ def backend_class(name: str) -> type[Launcher]:
                          f"{', '.join(available_backends())}. A package adds one with an entry "
                          f"point in the group {ENTRY_POINT_GROUP!r} or mwhelpers.register_backend")
     try:
-        return found.load()
+        loaded: type[Launcher] = found.load()  # what the entry point names (not checked here)
+        return loaded
     except Exception as e:  # a broken plugin: say which one, not a traceback from inside it
         raise UsageError(f"backend {name!r} ({found.value}, from an entry point) could not be "
                          f"loaded: {type(e).__name__}: {e}") from None

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, ClassVar
+from typing import IO, ClassVar, TypedDict
 
 import psutil
 
@@ -88,6 +88,28 @@ print(json.dumps({"hostname": socket.gethostname(), "ports": ports, "cwd_ok": os
                   "address": conn[2] if len(conn) == 4 else None, "python": sys.version.split()[0],
                   "node": os.environ.get("SLURMD_NODENAME"), "gpus": visible_gpus()}))
 """
+
+
+class _ProbeFields(TypedDict):
+    hostname: str
+    ports: list[int]  # free on the host, as many as asked for (or fewer)
+    cwd_ok: bool  # the tasks' working folder exists there
+    python: str  # its version
+    node: str | None  # $SLURMD_NODENAME
+    gpus: list[str]  # gpus.visible_gpus() there
+
+
+class Probe(_ProbeFields):
+    """What :data:`PROBE_CODE` prints (one JSON line) about a host."""
+
+    address: str | None  # sshd's side of the connection, when reached over ssh
+
+
+class HostInfo(_ProbeFields):
+    """What the launcher knows of a probed host: the probe, with the address the other hosts
+    reach it at (:meth:`AgentLauncher.address_of`)."""
+
+    address: str
 
 
 def transport_env() -> dict[str, str]:
@@ -338,14 +360,14 @@ class AgentLauncher(Launcher):
         self.heartbeat = heartbeat_seconds() if options.heartbeat is None else options.heartbeat
         self.started: list[AgentProcess] = []
         self.closed = False
-        self.host_info: dict[str, dict[str, Any]] = {}  # {host: what its probe found}, by place()
+        self.host_info: dict[str, HostInfo] = {}  # {host: what its probe found}, by place()
 
     # -- what subclasses give -------------------------------------------------------
     def transport(self, host: str, argv: list[str]) -> list[str]:
         """The local command that runs ``argv`` on ``host``."""
         raise NotImplementedError
 
-    def address_of(self, host: str, probe: dict[str, Any]) -> str:
+    def address_of(self, host: str, probe: Probe) -> str:
         """The address other hosts reach ``host`` at."""
         raise NotImplementedError
 
@@ -359,7 +381,7 @@ class AgentLauncher(Launcher):
 
     # -- probing ----------------------------------------------------------------------
     def probe(self, host: str, count: int, port_range: tuple[int, int],
-              timeout: float = 60) -> dict[str, Any]:
+              timeout: float = 60) -> HostInfo:
         low, high = port_range
         argv = [self.python, "-c", PROBE_CODE, self.cwd, str(count), str(low), str(high)]
         for attempt in range(1, PROBE_TRIES + 1):
@@ -375,7 +397,7 @@ class AgentLauncher(Launcher):
             if attempt == PROBE_TRIES or not self.transient(done.returncode, err):
                 break
             time.sleep(0.5 * attempt)
-        info: dict[str, Any] | None = None
+        info: Probe | None = None
         for line in out.splitlines():
             if line.startswith("{"):
                 info = json.loads(line)
@@ -388,11 +410,10 @@ class AgentLauncher(Launcher):
         if len(info["ports"]) < count:
             raise InfrastructureError(f"{host} has fewer than {count} free ports in {low}-{high}; "
                              "set MWHELPERS_PORT_RANGE to another range")
-        info["address"] = self.address_of(host, info)
-        return info
+        return {**info, "address": self.address_of(host, info)}
 
     def probe_all(self, hosts: Sequence[str], counts: Mapping[str, int],
-                  port_range: tuple[int, int]) -> dict[str, dict[str, Any]]:
+                  port_range: tuple[int, int]) -> dict[str, HostInfo]:
         """Probe every host at once; {host: info}."""
         with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
             futures = {h: pool.submit(self.probe, h, counts[h], port_range) for h in hosts}

@@ -17,11 +17,12 @@ A backend's options are a subclass of :class:`BackendOptions`, decorated with
             self.namespace = options.namespace
 
 That one declaration gives everything: the field's annotation is the type the launcher's
-constructor sees (and the type checker with it); the converter (``text`` above) turns what a
-user gives, a Python value to ``define_cluster(..., namespace="ml")`` or the text of the
-flag ``%cluster --namespace ml`` (underscores as dashes; ``--option NAME=VALUE`` too), into
-that type, raising ValueError or TypeError when it cannot; ``help`` and ``metavar`` are what
-``%cluster --backend kube --help`` shows.  A default of None (the default) means "not
+constructor sees (and the type checker with it); the converter (``text`` above, a function
+of one ``object``) turns whatever a user gives, a Python value to
+``define_cluster(..., namespace="ml")`` or the text of the flag ``%cluster --namespace ml``
+(underscores as dashes; ``--option NAME=VALUE`` too), into that type, raising ValueError or
+TypeError when it cannot; ``help`` and ``metavar`` are what ``%cluster --backend kube --help``
+shows.  A default of None (the default) means "not
 given": the backend decides, and ``help`` says how.
 
 Public: :class:`BackendOptions` (:meth:`~BackendOptions.declared`,
@@ -34,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import TypeVar, overload
 
 from ..errors import UsageError
 
@@ -66,7 +67,7 @@ class OptionSpec:
     and the ``help`` and ``metavar`` that ``%cluster``'s help shows."""
 
     name: str
-    convert: Callable[[Any], object]
+    convert: Callable[[object], object]
     default: object
     help: str
     metavar: str
@@ -88,11 +89,11 @@ class OptionSpec:
 
 
 @overload
-def option(convert: Callable[[Any], T], help: str, *, metavar: str = "VALUE") -> T | None: ...
+def option(convert: Callable[[object], T], help: str, *, metavar: str = "VALUE") -> T | None: ...
 @overload
-def option(convert: Callable[[Any], T], help: str, *, default: T, metavar: str = "VALUE") -> T: ...
-def option(convert: Callable[[Any], Any], help: str, *, default: Any = None,
-           metavar: str = "VALUE") -> Any:
+def option(convert: Callable[[object], T], help: str, *, default: T, metavar: str = "VALUE") -> T: ...
+def option(convert: Callable[[object], object], help: str, *, default: object = None,
+           metavar: str = "VALUE") -> object:
     """A field of a :class:`BackendOptions` dataclass: one option of a backend, which
     ``convert`` makes out of what a user gives, ``help`` (a phrase: "the hosts, a list or
     H1,H2") and ``metavar`` describe, and ``default`` (None: not given) fills in."""
@@ -139,5 +140,5 @@ class BackendOptions:
             raise UsageError(f"the {backend} backend does not take {', '.join(unknown)}; it "
                              f"takes {takes} (%cluster --backend {backend} --help says what "
                              "each means)")
-        converted: dict[str, Any] = {k: declared[k].value(v, backend) for k, v in values.items()}
+        converted: dict[str, object] = {k: declared[k].value(v, backend) for k, v in values.items()}
         return cls(**converted)

@@ -28,17 +28,16 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..errors import InfrastructureError, UsageError
 from ..taskside.kerasfix import KERAS_FIX_ENV
 from ..taskside.tfdata import STALL_FIX_ENV
-from .agent import AgentLauncher, RemoteOptions
+from .agent import AgentLauncher, Probe, RemoteOptions
 from .base import BOOTSTRAP
 from .options import BackendOptions, option
 
 
-def job_id(value: str | int) -> str:
+def job_id(value: object) -> str:
     """A Slurm job id: digits (an array task's ``1234_5`` too)."""
     text = str(value).strip()
     if isinstance(value, bool) or not re.fullmatch(r"\d+(_\d+)?", text):
@@ -132,7 +131,7 @@ class SlurmLauncher(AgentLauncher):
     def describe_reach(self, host: str) -> str:
         return f"'srun --jobid={self.job} --nodelist={host} hostname'"
 
-    def address_of(self, host: str, probe: dict[str, Any]) -> str:
+    def address_of(self, host: str, probe: Probe) -> str:
         return self.addresses.get(host, host)
 
     def explain(self, host: str, code: int, err: str) -> InfrastructureError:

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from .. import settings
 from ..errors import InfrastructureError
-from .agent import PROBE_TRIES, SSH_DROPPED, AgentLauncher, AgentOptions, hosts_option
+from .agent import PROBE_TRIES, SSH_DROPPED, AgentLauncher, AgentOptions, Probe, hosts_option
 from .options import option
 
 
-def ssh_command(value: str | Sequence[str]) -> tuple[str, ...]:
+def ssh_command(value: object) -> tuple[str, ...]:
     """``"ssh -F cfg"`` or ``["ssh", "-F", "cfg"]``; not empty."""
+    if not isinstance(value, (str, Iterable)):
+        raise TypeError("a command: its words, or one string")
     words = shlex.split(value) if isinstance(value, str) else [str(w) for w in value]
     if not words:
         raise ValueError("an empty command")
@@ -78,7 +79,7 @@ class SSHLauncher(AgentLauncher):
     def describe_reach(self, host: str) -> str:
         return f"'{shlex.join(self.ssh)} {host} true'"
 
-    def address_of(self, host: str, probe: dict[str, Any]) -> str:
+    def address_of(self, host: str, probe: Probe) -> str:
         # The address the host was reached at (sshd's side of the connection):
         # reachable by the others, whatever alias the user wrote.
         return probe.get("address") or host.rsplit("@", 1)[-1]

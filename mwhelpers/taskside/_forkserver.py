@@ -39,8 +39,8 @@ import signal
 import socket
 import sys
 import warnings
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TypedDict
 
 MAX_MESSAGE = 1 << 22
 MAX_FDS = 8
@@ -52,7 +52,12 @@ UNSHOWN = ("[mwhelpers] warm start: /proc/PID/environ does not show this task's 
            "(TF_CONFIG...): they were longer than the room kept for them\n")
 
 
-def send(sock: socket.socket, message: dict[str, Any]) -> bool:
+# A task's request, as the module's text describes it ("pass" is a keyword: the functional form).
+Request = TypedDict("Request", {"argv": list[str], "env": dict[str, str], "cwd": str,
+                               "pass": list[str]})
+
+
+def send(sock: socket.socket, message: Mapping[str, object]) -> bool:
     try:
         sock.send(json.dumps(message).encode())
         return True
@@ -133,7 +138,7 @@ class Server:
         self.bootstrap = bootstrap
         self.children: dict[int, socket.socket] = {}  # pid -> its status socket
 
-    def serve(self) -> dict[str, Any] | None:
+    def serve(self) -> Request | None:
         """Fork tasks until the control socket ends and the last task has ended; returns only
         in a forked task: its request."""
         wake_r, wake_w = os.pipe()
@@ -174,12 +179,12 @@ class Server:
             self._reap()
         return None
 
-    def _fork(self, data: bytes, fds: list[int]) -> dict[str, Any] | None:
+    def _fork(self, data: bytes, fds: list[int]) -> Request | None:
         if not fds:  # nowhere to answer: not a request of the kernel's
             return None
         status = socket.socket(fileno=fds[0])
         try:
-            request: dict[str, Any] = json.loads(data)
+            request: Request = json.loads(data)
             passed = list(request.get("pass", []))
             if len(fds) != 2 + len(passed):
                 raise ValueError(f"{len(fds)} descriptors for {len(passed)} passed ones")
@@ -216,7 +221,7 @@ class Server:
                 send(status, {"exit": os.waitstatus_to_exitcode(how), "pid": pid})
                 status.close()
 
-    def _become(self, request: dict[str, Any], status: socket.socket, log: int,
+    def _become(self, request: Request, status: socket.socket, log: int,
                 passed: dict[str, int]) -> None:
         """Turn this freshly forked process into the task ``request`` describes."""
         os.setsid()

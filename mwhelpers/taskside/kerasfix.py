@@ -66,7 +66,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 ISSUE = "keras-team/keras#20585"
 KERAS_FIX_ENV = "MWHELPERS_KERAS_FIX"
@@ -109,9 +109,47 @@ OFF = ("[mwhelpers] fix_keras_multi_worker(): not armed, " + KERAS_FIX_ENV + "=0
 _said: set[str] = set()
 _local = threading.local()
 if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of other hosts)
+    from typing import Protocol, TypeGuard
+
+    class ReduceFn(Protocol):
+        """``strategy.reduce``: (reduce_op, value, axis) -> the reduced value."""
+
+        def __call__(self, reduce_op: object, value: object, axis: object = None) -> object: ...
+
+    class Extended(Protocol):
+        """What this file calls on ``strategy.extended`` (its other attributes, the chief's
+        ``should_checkpoint`` and ``_task_id``, are read with ``getattr`` and a default)."""
+
+        def _in_multi_worker_mode(self) -> bool: ...
+
+    class Strategy(Protocol):
+        """What this file uses of a MultiWorkerMirroredStrategy (``reduce`` is replaced on the
+        instance while one Keras call runs)."""
+
+        extended: Extended
+        reduce: ReduceFn
+
+        def experimental_local_results(self, value: object) -> tuple[object, ...]: ...
+
+    class BackupCallback(Protocol):
+        """What the mended BackupAndRestore methods use of ``self`` (Keras's own attributes)."""
+
+        model: object
+        backup_dir: object
+        double_checkpoint: bool
+        _current_epoch: int
+
+    class CheckpointCallback(Protocol):
+        """What the mended ModelCheckpoint methods use of ``self`` (Keras's own attributes)."""
+
+        model: object
+        filepath: object
+
+        def _get_file_path(self, *args: object, **kwargs: object) -> object: ...
+
     # A rewrite of one form of ``strategy.reduce``: (strategy, the real reduce, reduce_op,
     # value, axis) -> a 1-tuple holding the result, or None to leave the call to the real one.
-    Rewrite = Callable[[Any, Callable[..., Any], Any, Any, Any], tuple[Any] | None]
+    Rewrite = Callable[[Strategy, ReduceFn, object, object, object], tuple[object] | None]
 
 
 def _say_once(key: str, line: str) -> None:
@@ -148,7 +186,7 @@ def major_minor(version: str | None) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", version or "")[:2])
 
 
-def _source(function: Callable[..., Any]) -> str | None:
+def _source(function: Callable[..., object]) -> str | None:
     import inspect
 
     try:
@@ -157,11 +195,11 @@ def _source(function: Callable[..., Any]) -> str | None:
         return None
 
 
-def _multi_worker(strategy: Any) -> bool:
+def _multi_worker(strategy: object) -> TypeGuard[Strategy]:
     """True for a MultiWorkerMirroredStrategy in multi-worker mode (the only case changed)."""
-    tf: Any = sys.modules.get("tensorflow")
+    tf = sys.modules.get("tensorflow")
     try:
-        return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        return (tf is not None and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
                 and bool(strategy.extended._in_multi_worker_mode()))
     except AttributeError:
         return False
@@ -173,12 +211,12 @@ class _Reduce:
     """Stands in for ``strategy.reduce`` on one strategy while one Keras call runs (on this
     thread), rewriting only the failing form of the call; all others go to the strategy."""
 
-    def __init__(self, strategy: Any, rewrite: Rewrite) -> None:
+    def __init__(self, strategy: Strategy, rewrite: Rewrite) -> None:
         self.strategy = strategy
         self.real = strategy.reduce
         self.rewrite = rewrite
 
-    def __call__(self, reduce_op: Any, value: Any, axis: Any = None) -> Any:
+    def __call__(self, reduce_op: object, value: object, axis: object = None) -> object:
         if getattr(_local, "active", None) is self:
             rewritten = self.rewrite(self.strategy, self.real, reduce_op, value, axis)
             if rewritten is not None:
@@ -200,13 +238,13 @@ class _Reduce:
         _local.active = self.outer
 
 
-def _distributed(value: Any) -> bool:
+def _distributed(value: object) -> bool:
     tf = sys.modules["tensorflow"]
     return isinstance(value, tf.distribute.DistributedValues)
 
 
-def _first_local_batch(strategy: Any, real: Callable[..., Any], reduce_op: Any, value: Any,
-                       axis: Any) -> tuple[Any] | None:
+def _first_local_batch(strategy: Strategy, real: ReduceFn, reduce_op: object, value: object,
+                       axis: object) -> tuple[object] | None:
     """Bug 1: a batch reduced only for its shapes: each element's first local replica."""
     tf = sys.modules["tensorflow"]
     flat = tf.nest.flatten(value)
@@ -215,8 +253,8 @@ def _first_local_batch(strategy: Any, real: Callable[..., Any], reduce_op: Any, 
     return (tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], value),)
 
 
-def _logs_mean(strategy: Any, real: Callable[..., Any], reduce_op: Any, value: Any,
-               axis: Any) -> tuple[Any] | None:
+def _logs_mean(strategy: Strategy, real: ReduceFn, reduce_op: object, value: object,
+               axis: object) -> tuple[object] | None:
     """Bug 2: the scalar logs' mean over axis 0: the mean across replicas instead."""
     if axis != 0 or str(getattr(reduce_op, "value", reduce_op)).upper() != "MEAN":
         return None
@@ -226,7 +264,7 @@ def _logs_mean(strategy: Any, real: Callable[..., Any], reduce_op: Any, value: A
 def _wrap_method(cls: type, name: str, rewrite: Rewrite, announce: Callable[[], None]) -> None:
     original = getattr(cls, name)
 
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def method(self: object, *args: object, **kwargs: object) -> object:
         strategy = getattr(self, "_distribute_strategy", None)
         if strategy is None or not _multi_worker(strategy):
             return original(self, *args, **kwargs)
@@ -243,7 +281,8 @@ def _wrap_function(module: ModuleType, name: str, rewrite: Rewrite,
                    announce: Callable[[], None]) -> None:
     original = getattr(module, name)
 
-    def function(values: Any, strategy: Any, reduction: Any, *args: Any, **kwargs: Any) -> Any:
+    def function(values: object, strategy: object, reduction: object, *args: object,
+                 **kwargs: object) -> object:
         if not _multi_worker(strategy):
             return original(values, strategy, reduction, *args, **kwargs)
         announce()
@@ -334,7 +373,7 @@ def patch_trainer(module: ModuleType) -> bool:
 
 # -- the callbacks ----------------------------------------------------------------------
 
-def _worker_of(model: Any) -> tuple[Any, bool, str] | None:
+def _worker_of(model: object) -> tuple[Strategy, bool, str] | None:
     """(strategy, chief?, temporary folder name) under multi-worker MWMS, else None."""
     strategy = getattr(model, "_distribute_strategy", None)
     if strategy is None or not _multi_worker(strategy):
@@ -370,12 +409,12 @@ def _patch_backup(module: ModuleType) -> str | None:
         return None
     save, train_begin, train_end = cls._save_model, cls.on_train_begin, cls.on_train_end
 
-    def paths(self: Any, folder: str) -> dict[str, str]:
+    def paths(self: BackupCallback, folder: str) -> dict[str, str]:
         names = {a: os.path.basename(str(getattr(self, a))) for a in attributes[1:]
                  if hasattr(self, a)}
         return {"backup_dir": folder, **{a: os.path.join(folder, n) for a, n in names.items()}}
 
-    def save_to(self: Any, where: Mapping[str, str]) -> None:
+    def save_to(self: BackupCallback, where: Mapping[str, str]) -> None:
         before = {a: getattr(self, a) for a in where}
         try:
             for a, v in where.items():
@@ -385,7 +424,7 @@ def _patch_backup(module: ModuleType) -> str | None:
             for a, v in before.items():
                 setattr(self, a, v)
 
-    def _save_model(self: Any) -> Any:
+    def _save_model(self: BackupCallback) -> object:
         worker = _worker_of(self.model)
         if worker is None or not all(hasattr(self, a) for a in attributes[:3]):
             return save(self)
@@ -419,7 +458,7 @@ def _patch_backup(module: ModuleType) -> str | None:
         _remove_tree(staging)
         return None
 
-    def on_train_begin(self: Any, logs: Any = None) -> Any:
+    def on_train_begin(self: BackupCallback, logs: object = None) -> object:
         result = train_begin(self, logs)
         restored = getattr(self.model, "_initial_epoch", None)
         # Keras counts finished epochs from 0 in every process and saves that count: start it
@@ -428,7 +467,7 @@ def _patch_backup(module: ModuleType) -> str | None:
             self._current_epoch = restored
         return result
 
-    def on_train_end(self: Any, logs: Any = None) -> Any:
+    def on_train_end(self: BackupCallback, logs: object = None) -> object:
         worker = _worker_of(self.model)
         if worker is None:
             return train_end(self, logs)
@@ -464,7 +503,7 @@ def _patch_checkpoint(module: ModuleType) -> str | None:
         return None
     save, file_path = cls._save_model, cls._get_file_path
 
-    def _get_file_path(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def _get_file_path(self: CheckpointCallback, *args: object, **kwargs: object) -> object:
         path = file_path(self, *args, **kwargs)
         worker = _worker_of(self.model)
         if worker is None:
@@ -476,7 +515,7 @@ def _patch_checkpoint(module: ModuleType) -> str | None:
             who=(CHIEF_WRITES if worker[1] else OTHER_WRITES).format(path=path, temp=temp)))
         return path if worker[1] else temp
 
-    def _save_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def _save_model(self: CheckpointCallback, *args: object, **kwargs: object) -> object:
         worker = _worker_of(self.model)
         if worker is not None:
             # Keras creates a missing folder after checking that it is missing; the others'

@@ -44,12 +44,20 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Any
+from typing import Protocol
 
 _PATCHED = "_mwhelpers_no_autotune"
 
 
-def _no_autotune_options() -> Any:
+class Dataset(Protocol):
+    """What this file calls on a ``tf.data.Dataset`` (defined here, so that the annotations
+    of :func:`avoid_teardown_stall` resolve without TensorFlow)."""
+
+    def with_options(self, options: object) -> Dataset: ...
+
+
+def _no_autotune_options() -> object:
+    """A ``tf.data.Options`` with autotuning off."""
     import tensorflow as tf
 
     options = tf.data.Options()
@@ -66,8 +74,9 @@ def _patch_device_datasets() -> bool:
     except (ImportError, AttributeError):
         return False
     if not getattr(original, _PATCHED, False):
-        def create_device_dataset(*args: Any, **kwargs: Any) -> Any:
-            return original(*args, **kwargs).with_options(_no_autotune_options())
+        def create_device_dataset(*args: object, **kwargs: object) -> Dataset:
+            dataset: Dataset = original(*args, **kwargs)
+            return dataset.with_options(_no_autotune_options())
 
         setattr(create_device_dataset, _PATCHED, True)
         create_device_dataset.__wrapped__ = original  # type: ignore[attr-defined]
@@ -75,7 +84,7 @@ def _patch_device_datasets() -> bool:
     return True
 
 
-def avoid_teardown_stall(dataset: Any = None) -> Any:
+def avoid_teardown_stall(dataset: Dataset | None = None) -> Dataset | None:
     """Switch off tf.data autotuning in the strategy's per-device iterators and,
     when given, in ``dataset`` (returned with the option set).
 
@@ -141,7 +150,7 @@ def _why_not(ext: object) -> str | None:
     return None
 
 
-def _without_autotune(dataset: Any) -> Any:
+def _without_autotune(dataset: Dataset) -> Dataset:
     """``dataset`` with autotuning off, or unchanged (and said why) when that cannot be done."""
     if not _patch_device_datasets():
         # Both iterators must stop autotuning; the user's alone does not end the stall.
@@ -164,21 +173,22 @@ def patch_mwms(module: ModuleType) -> bool:
     missing or take other arguments, nothing is changed, the log says so in
     one line, and False is returned: the program runs as without mwhelpers.
     """
-    ext: Any = getattr(module, "CollectiveAllReduceExtended", None)  # TensorFlow's private class
+    ext = getattr(module, "CollectiveAllReduceExtended", None)  # TensorFlow's private class
     if getattr(ext, _PATCHED, False):
         return False
     why = _why_not(ext)
-    if why:
+    if why or ext is None:  # (_why_not says why when there is no class)
         _say_once("skipped", SKIPPED.format(why=why))
         return False
     distribute = ext._experimental_distribute_dataset
     from_function = ext._distribute_datasets_from_function
 
-    def _experimental_distribute_dataset(self: Any, dataset: Any, *args: Any, **kwargs: Any) -> Any:
+    def _experimental_distribute_dataset(self: object, dataset: Dataset, *args: object,
+                                         **kwargs: object) -> object:
         return distribute(self, _without_autotune(dataset), *args, **kwargs)
 
-    def _distribute_datasets_from_function(self: Any, dataset_fn: Callable[[Any], Any], *args: Any,
-                                           **kwargs: Any) -> Any:
+    def _distribute_datasets_from_function(self: object, dataset_fn: Callable[[object], Dataset],
+                                           *args: object, **kwargs: object) -> object:
         return from_function(self, lambda ctx: _without_autotune(dataset_fn(ctx)), *args, **kwargs)
 
     ext._experimental_distribute_dataset = _experimental_distribute_dataset

@@ -21,27 +21,87 @@ import html
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, final
 
 TAG_PREFIX = "replay:"
 FORMAT = 1
+
+
+# What is read of an executed notebook (nbformat 4's JSON; an nbformat node is such a dict).
+class CellMetadata(TypedDict, total=False):
+    tags: list[str]
+
+
+class NotebookOutput(TypedDict, total=False):
+    output_type: str
+    name: str  # a stream's
+    text: str | list[str]  # a stream's
+    data: dict[str, str | list[str]]  # displayed data, by MIME type
+    ename: str  # an error's
+    evalue: str
+
+
+class NotebookCell(TypedDict, total=False):
+    metadata: CellMetadata
+    source: str | list[str]
+    outputs: list[NotebookOutput]
+
+
+class PapermillMetadata(TypedDict, total=False):
+    end_time: str | None
+
+
+class NotebookMetadata(TypedDict, total=False):
+    papermill: PapermillMetadata
+
+
+class Notebook(TypedDict, total=False):
+    cells: list[NotebookCell]
+    metadata: NotebookMetadata
+
+
+# What a recording keeps (its JSON file); final, so that ``"stream" in output`` tells them apart.
+@final
+class StreamOutput(TypedDict):
+    stream: str  # "stdout" or "stderr"
+    text: str
+
+
+@final
+class DataOutput(TypedDict):
+    data: dict[str, str]  # text/plain, text/html, image/png
+
+
+KeptOutput = StreamOutput | DataOutput
+
+
+class RecordedCell(TypedDict):
+    source: str
+    outputs: list[KeptOutput]
+
+
+class RecordingData(TypedDict):
+    format: int
+    recorded: str
+    note: str
+    cells: dict[str, RecordedCell]
 
 
 class RecordingError(Exception):
     """A recording cannot be made or read as asked."""
 
 
-def _key(cell: Mapping[str, Any]) -> str | None:
+def _key(cell: NotebookCell) -> str | None:
     keys = [t[len(TAG_PREFIX):] for t in cell.get("metadata", {}).get("tags", []) if t.startswith(TAG_PREFIX)]
     return keys[0] if keys else None
 
 
-def tagged_cells(nb: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def tagged_cells(nb: Notebook) -> dict[str, NotebookCell]:
     """KEY -> cell, for the cells of a notebook (an nbformat node or plain dict) tagged
     ``replay:KEY``.  A key used twice is an error."""
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, NotebookCell] = {}
     for cell in nb["cells"]:
         key = _key(cell)
         if key is None:
@@ -52,12 +112,12 @@ def tagged_cells(nb: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def _source(cell: Mapping[str, Any]) -> str:
+def _source(cell: NotebookCell) -> str:
     src = cell["source"]
     return "".join(src) if isinstance(src, list) else src
 
 
-def _kept(output: Mapping[str, Any]) -> dict[str, Any] | None:
+def _kept(output: NotebookOutput) -> KeptOutput | None:
     """An output as the recording keeps it: streams and displayed data (text, HTML, images)."""
     kind = output["output_type"]
     if kind == "stream":
@@ -71,18 +131,18 @@ def _kept(output: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def record(executed: str | os.PathLike[str], path: str | os.PathLike[str],
-           note: str = "") -> dict[str, Any]:
+           note: str = "") -> RecordingData:
     """Save the outputs of ``executed``'s ``replay:KEY`` cells to ``path`` (JSON).
 
     ``executed`` is a notebook that ran where those cells could (its outputs are kept);
     ``note`` says where that was.  A tagged cell that printed nothing or failed is refused:
     the recording would teach nothing, or the wrong thing.
     """
-    nb = json.loads(Path(executed).read_text())
+    nb: Notebook = json.loads(Path(executed).read_text())
     cells = tagged_cells(nb)
     if not cells:
         raise RecordingError(f"{executed} has no cell tagged {TAG_PREFIX}KEY: nothing to record")
-    saved = {}
+    saved: dict[str, RecordedCell] = {}
     for key, cell in cells.items():
         outputs = cell.get("outputs", [])
         errors = [o for o in outputs if o["output_type"] == "error"]
@@ -97,7 +157,7 @@ def record(executed: str | os.PathLike[str], path: str | os.PathLike[str],
         saved[key] = {"source": _source(cell), "outputs": kept}
     meta = nb.get("metadata", {}).get("papermill", {})
     when = (meta.get("end_time") or datetime.datetime.now(datetime.timezone.utc).isoformat())[:10]
-    recording = {"format": FORMAT, "recorded": when, "note": note, "cells": saved}
+    recording: RecordingData = {"format": FORMAT, "recorded": when, "note": note, "cells": saved}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(recording, indent=1, sort_keys=True) + "\n")
     return recording
@@ -119,13 +179,14 @@ def stale(notebook: str | os.PathLike[str], path: str | os.PathLike[str]) -> lis
 class Recording:
     """The saved outputs of a notebook's ``replay:KEY`` cells, shown with :meth:`show`."""
 
-    def __init__(self, data: Mapping[str, Any], path: Path | None = None) -> None:
+    def __init__(self, data: RecordingData, path: Path | None = None) -> None:
+        # (``data`` is read from JSON: checked here before it is trusted)
         if data.get("format") != FORMAT or not isinstance(data.get("cells"), dict):
             raise RecordingError(f"{path or 'this'} is not a recording mwhelpers {FORMAT} can read")
         self.path = path
         self.recorded = data.get("recorded", "")
         self.note = data.get("note", "")
-        self.cells: dict[str, dict[str, Any]] = data["cells"]
+        self.cells: dict[str, RecordedCell] = data["cells"]
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Recording:

@@ -35,15 +35,19 @@ import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import logging
 
 ROOT = Path(__file__).resolve().parents[2]
 # This checkout, when mwhelpers runs from one (not from an installed wheel).
 CHECKOUT = ROOT if (ROOT / "pyproject.toml").is_file() and (ROOT / "notebooks").is_dir() else None
 SUITE_ENV = "MWHELPERS_SUITE_RUN"
 # run_timed's arguments: the notebook, the output folder, its parameters, its run's mark, and
-# the parameters it gets only if it declares them.
-Job = tuple[Path, Path, dict[str, Any], str, dict[str, Any]]
+# the parameters it gets only if it declares them. A parameter's value is a Python literal (or
+# the text given) that papermill writes into the notebook: only passed through here.
+Job = tuple[Path, Path, dict[str, object], str, dict[str, object]]
 # run_timed's result: the notebook, its error or None, its seconds and CPU seconds.
 Done = tuple[Path, str | None, float, float]
 
@@ -71,7 +75,7 @@ def declared_parameters(path: Path) -> list[str]:
     return names
 
 
-def parse_value(text: str) -> Any:
+def parse_value(text: str) -> object:
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -142,7 +146,7 @@ def stderr_to(path: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def test_hosts(paths: Sequence[Path], params: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+def test_hosts(paths: Sequence[Path], params: Mapping[str, object]) -> Iterator[dict[str, object]]:
     """Parameters for the notebooks that take ``ssh_hosts``: test hosts made for this
     run (ended afterwards), or nothing when the user named hosts or none can be made."""
     takers = [p for p in paths if _takes_hosts(p)]
@@ -176,8 +180,8 @@ def _takes_hosts(path: Path) -> bool:
         return False
 
 
-def run_notebook(path: Path, out_dir: Path, params: Mapping[str, Any], run_id: str,
-                 optional: Mapping[str, Any] | None = None) -> str | None:
+def run_notebook(path: Path, out_dir: Path, params: Mapping[str, object], run_id: str,
+                 optional: Mapping[str, object] | None = None) -> str | None:
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -215,8 +219,8 @@ def run_notebook(path: Path, out_dir: Path, params: Mapping[str, Any], run_id: s
     return error
 
 
-def run_timed(path: Path, out_dir: Path, params: Mapping[str, Any], run_id: str,
-              optional: Mapping[str, Any] | None) -> Done:
+def run_timed(path: Path, out_dir: Path, params: Mapping[str, object], run_id: str,
+              optional: Mapping[str, object] | None) -> Done:
     """Run one notebook with this run's mark; (path, error or None, seconds, CPU seconds).
 
     ``run_id`` is the notebook's own mark, so its leftovers are told apart
@@ -239,7 +243,7 @@ def run_timed(path: Path, out_dir: Path, params: Mapping[str, Any], run_id: str,
     return path, error, time.monotonic() - t0, cpu_seconds() - cpu0
 
 
-def _not_a_dead_kernel(record: Any) -> bool:
+def _not_a_dead_kernel(record: logging.LogRecord) -> bool:
     exc = record.exc_info[1] if record.exc_info else None
     return type(exc).__name__ != "DeadKernelError"
 
