@@ -19,12 +19,12 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psutil
 
@@ -32,6 +32,7 @@ from . import proctree, results, settings, supervisor
 from .backends.base import Launcher
 from .cluster import Cluster, Task, parse_task
 from .errors import UsageError
+from .interactive import Interactive
 from .job import Jobs, end_runs
 from .launchoptions import LaunchOptions
 from .logs import LogFollower
@@ -44,10 +45,10 @@ from .taskrun import LaunchRequest, TaskRun, parse_timeout
 from .timeline import LogMarks, Timeline
 from .watcher import CellLimits, cell_limits
 
-if TYPE_CHECKING:
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # a dependency there (pyproject.toml)
     from typing_extensions import Unpack
-
-    from .interactive import Interactive
 
 TaskSpec = str | int | Task  # "worker:1", 1 (worker:1), "chief", Task("worker", 1)
 
@@ -371,7 +372,6 @@ class Runtime:
         current = self.engines
         if current is not None and not current.closed and current.cluster is self.cluster:
             return current
-        from .interactive import Interactive  # ipyparallel only when it is used
         cluster = self.cluster or self.define_cluster()
         self.engines = Interactive(self, cluster, parse_timeout(timeout) or 60)
         return self.engines

@@ -46,7 +46,8 @@ def environment_yml_pins():
 
 def test_the_library_needs_only_what_the_kernel_side_imports_as_ranges():
     reqs = [Requirement(r) for r in project()["dependencies"]]
-    assert sorted(norm(r.name) for r in reqs) == ["ipython", "numpy", "psutil"]
+    # typing-extensions on Python 3.10 only: typing.Unpack for launch's **options
+    assert sorted(norm(r.name) for r in reqs) == ["ipython", "numpy", "psutil", "typing-extensions"]
     for r in reqs:
         assert r.specifier and all(s.operator == ">=" for s in r.specifier), f"{r} is not a floor"
     # TensorFlow is the environment's own, in no extra either
@@ -116,9 +117,9 @@ def test_readme_commands_are_the_ones_ci_runs():
 
 
 PUBLIC_METHODS = {
-    "Runtime": ["__init__", "define_cluster", "launch", "wait", "status", "log", "log_lines",
-                "get_run", "kill", "kill_when", "end_all", "supervise", "follow", "failures",
-                "close"],
+    "Runtime": ["__init__", "define_cluster", "launch", "launch_all", "wait", "status", "log",
+                "get_run", "kill", "kill_when", "wait_for_line", "end_all", "supervise", "follow",
+                "results", "timeline", "interactive", "close"],
     "Cluster": ["__init__", "check_task", "port", "address", "host_of", "gpus_of", "cluster_spec",
                 "tf_config", "close"],
 }
