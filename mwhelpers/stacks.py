@@ -68,6 +68,16 @@ def dumps(lines: Sequence[str]) -> list[list[Frame]]:
     return last
 
 
+def is_header(line: str) -> bool:
+    """Whether ``line`` begins one thread's stack in a dump."""
+    return bool(_HEADER.match(line))
+
+
+def in_dump(line: str) -> bool:
+    """Whether ``line`` can be part of a dump: a thread's header, a frame, or blank."""
+    return not line.strip() or bool(_HEADER.match(line) or _FRAME.match(line))
+
+
 def before_last_dump(lines: list[str]) -> list[str]:
     """``lines`` without the last stack dump and what follows it: what the program itself
     had written when it was stopped."""

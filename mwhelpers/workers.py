@@ -45,7 +45,7 @@ from .precheck import check
 from .status import StatusTable
 from .taskrun import LaunchRequest, Standby, TaskRun, parse_timeout
 from .tfdata import STALL_FIX_ENV
-from .timeline import LogMarks, Timeline
+from .timeline import Timeline
 from .timeouts import not_ready_error
 from .watcher import SERVER_JOBS, CellLimits, await_ready, cell_limits
 
@@ -130,7 +130,6 @@ class Runtime:
         self._launch_counts: dict[Task, int] = {}
         # (program text hash, warning) already said (precheck)
         self._warned: set[tuple[int, str]] = set()
-        self._marks = LogMarks()  # stamps epoch and step lines for the timeline
         self._cluster_from = 0  # index in history of the current cluster's first run
         self._lock = threading.RLock()
         self.launcher: Launcher | None = None  # the current cluster's backend (mwhelpers.backends)
@@ -625,7 +624,6 @@ class Runtime:
         run.keras_fix = settings.get("MWHELPERS_KERAS_FIX", spec.env)
         self.runs[task] = run
         self.history.append(run)
-        self._marks.watch(run)
         return run
 
     # -- readiness and following ----------------------------------------------
