@@ -3,8 +3,9 @@
 A task's log is the one record of its output.  What the kernel learns from it
 while the task runs comes from one :class:`LogFeed` per run (``run.feed``).  A
 feed reads the bytes written since its last read, whoever asks for them (the
-:data:`FOLLOWER` thread, every :data:`INTERVAL` seconds while the run runs and
-once more after it ended; a watch that wants the last lines at once), splits
+:data:`FOLLOWER` thread, every :data:`BACKGROUND` seconds while the run runs,
+every :data:`INTERVAL` while a cell streams it, and once more after it ended; a
+watch that wants the last lines at once), splits
 them into lines as a terminal shows them (:func:`mwhelpers.logs.shown`) and
 hands them on, in order, to its subscribers, with the events it parsed from
 them (:class:`Event`):
@@ -43,7 +44,8 @@ from typing import Literal
 from . import stacks, taskfacts
 from .logs import LogFollower, head_lines
 
-INTERVAL = 0.05  # seconds between reads of a running task's log
+INTERVAL = 0.05  # seconds between reads of a running task's log that a cell streams
+BACKGROUND = 0.1  # seconds between reads of the others (the timeline's marks, live views)
 RECENT = 200  # lines a feed keeps of its log's end (a live view's last line)
 
 EventKind = Literal["epoch", "batch", "step", "facts", "stacks", "stacks-end"]
@@ -121,6 +123,7 @@ class LogFeed:
         self._in_dump = False
         self.facts: dict[str, str] | None = None
         self.stack_dumps = 0
+        self.hurried = 0  # subscribers that want lines every INTERVAL, not every BACKGROUND
 
     def read(self, final: bool = False) -> int:
         """Read what was written since the last read and hand it on; ``final``: the
@@ -143,10 +146,12 @@ class LogFeed:
 
     def subscribe(self, on_lines: LinesListener | None = None,
                   on_event: EventListener | None = None,
-                  replay: bool = False) -> Callable[[], None]:
+                  replay: bool = False, hurry: bool = False) -> Callable[[], None]:
         """Have ``on_lines(lines)`` called with every batch of new lines and ``on_event(event)``
         with every event from now on; ``replay``: ``on_lines`` first gets the lines read
-        before (read again from the file, once).  Returns the function that unsubscribes."""
+        before (read again from the file, once); ``hurry``: the follower reads the log every
+        :data:`INTERVAL` while this subscription lasts (a cell streams it).  Returns the
+        function that unsubscribes."""
         entry = (on_lines, on_event)
         with self._lock:
             if replay and on_lines is not None and self._reader.complete:
@@ -154,11 +159,13 @@ class LogFeed:
                 if earlier:
                     on_lines(earlier)
             self._subscribers.append(entry)
+            self.hurried += hurry
 
         def unsubscribe() -> None:
             with self._lock:
                 if entry in self._subscribers:
                     self._subscribers.remove(entry)
+                    self.hurried -= hurry
         return unsubscribe
 
     def progress(self) -> str:
@@ -212,20 +219,22 @@ class LogFeed:
 
 
 class Follower:
-    """One daemon thread that reads every followed feed each ``interval`` seconds while its
-    run runs, and once more (to its end) after the run ended; it stops by itself when nothing
-    is left to follow, and :meth:`follow` starts it again."""
+    """One daemon thread that reads every followed feed while its run runs, every
+    ``interval`` seconds if a subscriber hurries it, else every ``background`` seconds, and
+    once more (to its end) after the run ended; it stops by itself when nothing is left to
+    follow, and :meth:`follow` starts it again."""
 
-    def __init__(self, interval: float = INTERVAL) -> None:
+    def __init__(self, interval: float = INTERVAL, background: float = BACKGROUND) -> None:
         self.interval = interval
-        self._feeds: dict[LogFeed, Callable[[], bool]] = {}
+        self.background = background
+        self._feeds: dict[LogFeed, tuple[Callable[[], bool], list[float]]] = {}  # [next read]
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def follow(self, feed: LogFeed, running: Callable[[], bool]) -> None:
         """Read ``feed`` while ``running()`` is true, and once more after."""
         with self._lock:
-            self._feeds[feed] = running
+            self._feeds[feed] = (running, [0.0])
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="mwhelpers-follow",
                                                 daemon=True)
@@ -241,8 +250,14 @@ class Follower:
         while True:
             with self._lock:
                 feeds = list(self._feeds.items())
-            for feed, running in feeds:
+            now = time.monotonic()
+            hurried = False
+            for feed, (running, next_read) in feeds:
                 ended = not running()  # decided before the read: the last read follows the exit
+                hurried = hurried or (feed.hurried > 0 and not ended)
+                if not (ended or feed.hurried or now >= next_read[0]):
+                    continue
+                next_read[0] = now + self.background - self.interval / 2
                 try:
                     feed.read(final=ended)
                 except Exception:  # a subscriber's mistake must not stop every other feed
@@ -254,7 +269,7 @@ class Follower:
                 if not self._feeds:
                     self._thread = None  # decided under the lock: a new follow() starts one
                     return
-            time.sleep(self.interval)
+            time.sleep(self.interval if hurried else self.background)
 
 
 # The kernel's follower: every TaskRun's feed is followed by it.

@@ -196,7 +196,9 @@ def echo_lines(echo: Callable[[str], None], quiet: bool = False,
 
 class Watcher:
     """Follows ``runs`` (see the module's text); ``probe(run)`` says whether a run's
-    port accepts connections (None: readiness is not noted)."""
+    port accepts connections (None: readiness is not noted).  It subscribes to the runs'
+    feeds when it is made and unsubscribes when its watch ends (or at :meth:`close`):
+    one watcher, one watch."""
 
     def __init__(self, runs: Iterable[TaskRun], probe: Probe | None = None) -> None:
         self.runs = list(runs)
@@ -210,7 +212,7 @@ class Watcher:
         for r in self.runs:
             r.process.on_exit(lambda _process: self._wake.set())
         # From each log's start: what was read before this watch is read again, once.
-        self._unsubscribe = [r.feed.subscribe(partial(self._lines, r), replay=True)
+        self._unsubscribe = [r.feed.subscribe(partial(self._lines, r), replay=True, hurry=True)
                              for r in self.runs]
 
     def _lines(self, run: TaskRun, lines: list[str]) -> None:
