@@ -235,7 +235,7 @@ class Follower:
         """Read ``feed`` while ``running()`` is true, and once more after."""
         with self._lock:
             self._feeds[feed] = (running, [0.0])
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # (a forked process has none)
                 self._thread = threading.Thread(target=self._loop, name="mwhelpers-follow",
                                                 daemon=True)
                 self._thread.start()
