@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from . import stacks
 from .failures import PEER_LOST, explained, last_exception
+from .follow import progress_of
 from .proctree import signal_of
 from .taskside import taskfacts
 
@@ -78,8 +79,6 @@ _DEVICE_TASK = re.compile(r"/job:(?P<job>[^/]+)/replica:\d+/task:(?P<index>\d+)"
 _NO_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
 _SAME_STEPS = ("every worker must run exactly the same steps: the same epochs and "
                "steps_per_epoch, and the same number of batches in every worker's shard")
-# Keras progress and the usual "step N" lines of a custom loop: where a task had got to.
-_PROGRESS = re.compile(r"^(Epoch \d+/\d+|\s*\d+/\d+\b|.*\bstep\s*\d+)", re.IGNORECASE)
 
 
 @dataclass
@@ -410,7 +409,9 @@ def _peer_finished_first(job: _Job, failures: Sequence[Failure]) -> Finding | No
 
 
 def _last_progress(lines: Sequence[str]) -> str:
-    shown = [ln for ln in lines if _PROGRESS.match(ln) and not ln.startswith("[mwhelpers]")]
+    # Keras progress and the "step N" lines of a custom loop (mwhelpers.follow): where a task
+    # had got to.
+    shown = [ln for ln in lines if progress_of(ln) is not None]
     return shown[-1].strip()[:80] if shown else ""
 
 

@@ -26,7 +26,6 @@ import re
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -34,25 +33,28 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import stacks
 from .backends.base import LaunchSpec
 from .backends.local import LocalLauncher
 from .cluster import Cluster, Task
 from .diagnosis import explain_stuck
 from .errors import CellFailed, InfrastructureError, UsageError
-from .job import end_runs
-from .logs import QuietFilter, shown, tail_lines
+from .job import dump_stacks, end_runs
+from .logs import shown, tail_lines
 from .proctree import Policy
+from .watcher import CellEcho
 
 if TYPE_CHECKING:
     from .launchoptions import ReadyMode
     from .taskrun import TaskRun
+    from .watcher import CellLimits
 
 
 class Host(Protocol):
     """What interactive tasks use of the runtime that starts them (its public API)."""
 
     verbose: bool
+    cell_limits: CellLimits
+    echo: Callable[[str], None]
 
     @property
     def log_dir(self) -> Path: ...
@@ -218,7 +220,6 @@ class Interactive:
             ip = "127.0.0.1"
         self.controller = Controller(ip, rt.log_dir / "ipcontroller.log", timeout)
         self.client: Any = None
-        self._printer_lock = threading.Lock()
         try:
             import zmq  # ipyparallel's own dependency
 
@@ -334,7 +335,9 @@ class Interactive:
             self.runs[t].mark("cell", f"{n} started")
         eids = [self.engine_of[t] for t in tasks]
         ar = self.client[eids].execute(code, silent=False, block=False)
-        printer = _Printer(tasks, echo or self._echo, quiet=not self.rt.verbose)
+        # As a %%worker cell shows a task's output: quiet unless verbose, within the cell limits.
+        printer = _Printer([self.runs[t] for t in tasks], echo, self.rt.echo,
+                           quiet=not self.rt.verbose, limits=self.rt.cell_limits)
         callbacks = printer.attach(ar)
         self._printer = printer
         try:
@@ -344,12 +347,7 @@ class Interactive:
             ar.wait_for_output(0.5)
             printer.detach(ar, callbacks)
             printer.flush()
-
-    def _echo(self, task: Task, stream: str, text: str) -> None:
-        out = sys.stderr if stream == "stderr" else sys.stdout
-        with self._printer_lock:
-            out.write(f"[{task}] {text}\n")
-            out.flush()
+            printer.finish()
 
     def _await(self, ar: Any, tasks: list[Task], n: int, timeout: float | None, grace: float,
                code: str) -> TaskValues:
@@ -428,7 +426,7 @@ class Interactive:
         stuck_runs = [self.runs[t] for t in busy]
         if busy:
             if timed_out is not None:  # stacks first, then a chance to stop: maybe only slow
-                stacks.dump(stuck_runs)
+                dump_stacks(stuck_runs)
                 still = self._stop(ar, tasks, busy)
                 head = (f"{', '.join(map(str, busy))} did not finish cell {n} within "
                         f"{timed_out:g} s; {_stacks_written(busy, 'interrupted (SIGINT)')}")
@@ -449,7 +447,7 @@ class Interactive:
                         "collective for a peer that will never join, most likely, which no "
                         f"signal interrupts; {_stacks_written(busy, 'ended')}")
             if timed_out is None:
-                stacks.dump(stuck_runs)
+                dump_stacks(stuck_runs)
                 end_runs(stuck_runs, f"stuck in cell {n}")
             where, found = explain_stuck(stuck_runs, [self.runs[t] for t in self.tasks])
             lines.append(head + ".")
@@ -591,95 +589,122 @@ def _stacks_written(tasks: Sequence[Task], then: str) -> str:
 
 
 class _Printer:
-    """Streams each task's output as it arrives, line by line, labelled with its task."""
+    """Streams each task's output of one cell as it arrives, line by line, labelled with its
+    task, as a ``%%worker`` cell shows a task's output: on stdout as ``[task] line`` through
+    ``say`` (or to ``echo(task, stream, text)`` when given), without TensorFlow's and
+    mwhelpers' informational lines when ``quiet`` (:class:`~mwhelpers.logs.QuietFilter`),
+    within ``limits`` (:class:`~mwhelpers.watcher.CellLimits`; :meth:`finish` shows the
+    last lines held back)."""
 
-    def __init__(self, tasks: Sequence[Task], echo: Callable[[Task, str, str], None],
-                 quiet: bool = True) -> None:
-        self.tasks = list(tasks)
-        self.echo = echo
-        # TensorFlow's informational C++ lines left out, as for other tasks (mwhelpers.logs)
-        self.filters = {t: QuietFilter() for t in tasks} if quiet else None
+    def __init__(self, runs: Sequence[TaskRun], echo: Callable[[Task, str, str], None] | None,
+                 say: Callable[[str], None] = print, quiet: bool = True,
+                 limits: CellLimits | None = None) -> None:
+        self.runs = list(runs)
+        self.tasks = [r.task for r in self.runs]
+        self._echo = echo
+        self._say = say
+        self._stream = "stdout"  # the stream of the line being shown (for ``echo``)
+        # ipyparallel carries the output to the kernel, not to the task's log: kept nowhere
+        self.cell = CellEcho(quiet=quiet, limits=limits, show=self._emit, kept=lambda run: None)
         self.partial: dict[tuple[Task, str], str] = {}
         self.lock = threading.Lock()
+        self.line_lock = threading.Lock()
         self.muted = False
         self.shown: dict[tuple[Task, str], int] = {}  # how much of each output was shown
         self.shown_lock = threading.RLock()
+
+    def _emit(self, run: TaskRun, text: str) -> None:
+        if self._echo is not None:
+            self._echo(run.task, self._stream, text)
+        else:
+            self._say(f"[{run.task}] {text}")
 
     def attach(self, ar: Any) -> dict[Any, Callable[[dict[str, Any]], None]]:
         """Follow ``ar``'s output from now on, and show what came before (a fast task may
         have printed before the cell's callbacks were in place)."""
         callbacks: dict[Any, Callable[[dict[str, Any]], None]] = {}
-        for task, future in zip(self.tasks, ar._children, strict=True):
-            def on_message(msg: dict[str, Any], task: Task = task, future: Any = future) -> None:
+        for run, future in zip(self.runs, ar._children, strict=True):
+            def on_message(msg: dict[str, Any], run: TaskRun = run, future: Any = future) -> None:
                 if msg["header"]["msg_type"] in ("stream", "display_data", "execute_result"):
-                    self.catch_up(task, future)
+                    self.catch_up(run, future)
             future.iopub_callbacks.append(on_message)
             callbacks[future] = on_message
-            self.catch_up(task, future)
+            self.catch_up(run, future)
         return callbacks
 
     def detach(self, ar: Any, callbacks: Mapping[Any, Callable[[dict[str, Any]], None]]) -> None:
-        for task, future in zip(self.tasks, ar._children, strict=True):
+        for run, future in zip(self.runs, ar._children, strict=True):
             cb = callbacks[future]
             if cb in future.iopub_callbacks:
                 future.iopub_callbacks.remove(cb)
-            self.catch_up(task, future)
+            self.catch_up(run, future)
 
-    def catch_up(self, task: Task, future: Any) -> None:
-        """Show what ipyparallel has gathered of ``task``'s output and was not shown yet.
+    def catch_up(self, run: TaskRun, future: Any) -> None:
+        """Show what ipyparallel has gathered of ``run``'s output and was not shown yet.
 
         ipyparallel adds each message to the future's metadata before it calls the
         callbacks, so reading from there (not from the message) shows everything once, in
         order, whether it came before the callbacks were in place or after."""
         md = future.output.metadata
+        task = run.task
         with self.shown_lock:
             for name in ("stdout", "stderr"):
                 text = md.get(name) or ""
                 done = min(self.shown.get((task, name), 0), len(text))  # \r rewrites shorten it
                 if len(text) > done:
                     self.shown[(task, name)] = len(text)
-                    self.text(task, name, text[done:])
+                    self.text(run, name, text[done:])
             outputs = md.get("outputs") or []
             for content in outputs[self.shown.get((task, "outputs"), 0):]:
-                self.display(task, content)
+                self.display(run, content)
             self.shown[(task, "outputs")] = len(outputs)
             result = md.get("execute_result")
             if result and not self.shown.get((task, "result")):
                 self.shown[(task, "result")] = 1
-                self.display(task, result)
+                self.display(run, result)
 
-    def display(self, task: Task, content: Mapping[str, Any]) -> None:
+    def display(self, run: TaskRun, content: Mapping[str, Any]) -> None:
         data = content.get("data", {})
-        if set(data) <= {"text/plain"}:  # plain text: a line like any other
-            self.echo(task, "stdout", f"Out: {data.get('text/plain', '')}")
+        if set(data) <= {"text/plain"}:  # plain text: a line like any other, always shown
+            with self.line_lock:
+                self._stream = "stdout"
+                self._emit(run, f"Out: {data.get('text/plain', '')}")
         else:
-            _show(task, data, content.get("metadata", {}))
+            _show(run.task, data, content.get("metadata", {}))
 
-    def text(self, task: Task, stream: str, text: str) -> None:
+    def text(self, run: TaskRun, stream: str, text: str) -> None:
         with self.lock:
-            key = (task, stream)
+            key = (run.task, stream)
             text = self.partial.pop(key, "") + text.replace("\r\n", "\n")
             *complete, rest = text.split("\n")
             if rest:
                 self.partial[key] = rest
         for line in complete:
-            self.line(task, stream, line)
+            self.line(run, stream, line)
 
     def mute(self) -> None:
         """Show what has come so far and nothing after (a failed cell's stack dumps)."""
         self.flush()
         self.muted = True
 
-    def line(self, task: Task, stream: str, line: str) -> None:
-        line = shown(line)
-        if not self.muted and (self.filters is None or self.filters[task].keep(line)):
-            self.echo(task, stream, line)
+    def line(self, run: TaskRun, stream: str, line: str) -> None:
+        if self.muted:
+            return
+        with self.line_lock:
+            self._stream = stream
+            self.cell(run, shown(line))
 
     def flush(self) -> None:
         with self.lock:
             left, self.partial = self.partial, {}
+        by_task = {r.task: r for r in self.runs}
         for (task, stream), rest in left.items():
-            self.line(task, stream, rest)
+            self.line(by_task[task], stream, rest)
+
+    def finish(self) -> None:
+        """Show the last lines held back by the bounds, and how many were left out."""
+        with self.line_lock:
+            self.cell.finish()
 
 
 def _show(task: Task, data: Mapping[str, Any], metadata: Mapping[str, Any]) -> None:

@@ -11,7 +11,7 @@ its outcome (:meth:`Job.failures`).
 Every way a run is ended goes through :meth:`Job.end` with a
 :class:`~mwhelpers.proctree.Policy`: ``NOW`` (SIGKILL), ``INTERRUPT`` (SIGTERM, then SIGKILL)
 and ``GENTLE`` (SIGINT, SIGTERM, SIGKILL).  A stuck task has its Python stacks dumped into
-its log first (:func:`mwhelpers.stacks.dump`), a step of its own.
+its log first (:func:`mwhelpers.job.dump_stacks`), a step of its own.
 
 :class:`Jobs` is a runtime's record of its jobs, oldest first: the only registry of runs;
 the runtime reads its ``runs`` and ``history`` from it.
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import psutil
 
 from . import failures as failure_records
-from . import proctree, stacks
+from . import proctree
 from .backends.base import end_local, end_together
 from .diagnosis import explain_failure
 from .errors import UsageError
@@ -116,7 +116,7 @@ class Job:
                 self.raise_failures([run])
             echo(f"[{run.task}] ended with exit code 0 before it opened port {run.port}")
         else:
-            stacks.dump([run])
+            dump_stacks([run])
             self.end([run], f"ended by mwhelpers: it did not become ready within {timeout:g} s")
             raise not_ready_error(run, timeout, self.spawner.cluster.host_of(run.task))
         return run
@@ -150,7 +150,7 @@ class Job:
         if how == "deadline":
             assert timeout is not None  # the watcher sets a deadline only with a timeout
             stuck = [r for r in runs if r.running]
-            stacks.dump(stuck)
+            dump_stacks(stuck)
             self.end(stuck, f"ended by mwhelpers: it {what} within {timeout:g} s")
             raise timeout_error(stuck, timeout, what, list(self.book.latest().values()),
                                 self.book.not_ready())
@@ -190,7 +190,7 @@ class Job:
 
         self.watch(runs, parse_timeout(timeout), until=stop_when, stream=stream, quiet=quiet)
         stuck = [r for r in runs if r.running]
-        stacks.dump(stuck)
+        dump_stacks(stuck)
         self.end(stuck, f"ended by mwhelpers: {grace_after_failure:g} s after a peer failed")
         self.raise_failures(runs)
         return runs
@@ -256,6 +256,23 @@ def end_runs(runs: Iterable[TaskRun], why: str = "", policy: Policy | str = Poli
     if others:
         jobs.append(lambda: end_local(others, escalation)[0])
     return end_together(jobs)
+
+
+def dump_stacks(runs: Sequence[TaskRun], within: float = 1.0) -> None:
+    """Have every run write its Python stacks into its log (the step before a stuck task is
+    ended), and give the dumps up to ``within`` seconds, for all at once, to land."""
+    sizes: dict[TaskRun, int] = {}
+    for r in runs:
+        sizes[r] = r.log_path.stat().st_size if r.log_path.exists() else 0
+        r.process.dump_stacks()
+    deadline = time.monotonic() + within
+    waiting = list(runs)
+    while waiting and time.monotonic() < deadline:
+        time.sleep(0.05)
+        waiting = [r for r in waiting
+                   if not (r.log_path.exists() and r.log_path.stat().st_size > sizes[r])]
+    if len(waiting) < len(runs):
+        time.sleep(0.1)  # the rest of a dump that has begun
 
 
 def diagnose_root(found: Sequence[Failure], runs: Sequence[TaskRun]) -> None:

@@ -5,6 +5,8 @@ a daemon thread updates it in place about once a second (an IPython display
 with a ``display_id``: JupyterLab replaces the output, the kernel stays free for
 other cells): its state, how long it has run, the Keras epoch and step its log
 shows (for an interactive task, its cell: ``cell 3 running``), and its latest line.
+Both come from what the run's log feed has read (``run.feed``, :mod:`mwhelpers.follow`):
+a view reads no log.
 When the task ends the view settles on the exit and the duration, and the thread
 stops once no view has anything left to
 follow: nothing polls while nothing runs.
@@ -17,12 +19,12 @@ the saved notebook shows the final state.
 from __future__ import annotations
 
 import html
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from .follow import progress
 from .logs import QuietFilter
 from .status import COLORS, exit_text
 
@@ -30,28 +32,7 @@ if TYPE_CHECKING:
     from .taskrun import TaskRun
 
 INTERVAL = 1.0  # seconds between updates
-EPOCH = re.compile(r"^Epoch (\d+)/(\d+)")  # Keras' line at the start of each epoch
-_STEP = re.compile(r"^\s*(\d+)/(\d+)\b")
-
-
-def progress(lines: Iterable[str]) -> str:
-    """``'epoch 2/3, step 5/10'`` from Keras' output in ``lines`` ('' if none)."""
-    epoch: tuple[str, ...] | None = None
-    step: tuple[str, ...] | None = None
-    for line in lines:
-        m = EPOCH.match(line)
-        if m:
-            epoch, step = m.groups(), None
-            continue
-        m = _STEP.match(line)
-        if m:
-            step = m.groups()
-    parts = []
-    if epoch:
-        parts.append(f"epoch {epoch[0]}/{epoch[1]}")
-    if step:
-        parts.append(f"step {step[0]}/{step[1]}")
-    return ", ".join(parts)
+__all__ = ["LiveViews", "TaskView", "last_shown_line", "progress"]
 
 
 def last_shown_line(lines: Iterable[str]) -> str:
@@ -65,13 +46,14 @@ class TaskView:
     """What one background task looks like now: text headless, a table row in JupyterLab."""
 
     def __init__(self, run: TaskRun) -> None:
-        lines = run.tail(200)
         self.task = str(run.task)
         self.state = run.state
         self.seconds = run.uptime
         self.exit = exit_text(run.returncode)
-        self.progress = run.activity or progress(lines)  # an interactive task's cell
-        self.last = last_shown_line(lines)
+        if not run.running:  # its last lines, read now rather than at the follower's next read
+            run.feed.read(final=True)
+        self.progress = run.activity or run.feed.progress()  # an interactive task's cell
+        self.last = last_shown_line(run.feed.recent())
         self.where = run.process.label
         self.running = run.running
 

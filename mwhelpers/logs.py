@@ -53,6 +53,24 @@ def tail_lines(path: str | os.PathLike[str], n: int = TAIL) -> list[str]:
     return lines[-n:] if n else lines
 
 
+def split_lines(data: bytes) -> list[str]:
+    """The lines of ``data`` (bytes of a log) as a terminal shows them; a last line without
+    its newline counts."""
+    parts = data.split(b"\n")
+    if parts and parts[-1] == b"":
+        parts.pop()
+    return [shown(p.decode("utf-8", "replace")) for p in parts]
+
+
+def head_lines(path: str | os.PathLike[str], size: int) -> list[str]:
+    """The lines of the first ``size`` bytes of a file (none when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            return split_lines(f.read(size))
+    except OSError:
+        return []
+
+
 class LogFollower:
     """Yields the complete new lines of a growing log file, one poll at a time."""
 
@@ -70,12 +88,24 @@ class LogFollower:
         except OSError:
             data = b""
         self.offset += len(data)
+        if not data and not (final and self._partial):
+            return []
         parts = (self._partial + data).split(b"\n")
         self._partial = parts.pop()
         if final and self._partial:
             parts.append(self._partial)
             self._partial = b""
         return [shown(p.decode("utf-8", "replace")) for p in parts]
+
+    @property
+    def complete(self) -> int:
+        """The bytes of the file that the lines returned so far hold."""
+        return self.offset - len(self._partial)
+
+    def pending(self) -> str:
+        """The unfinished last line read so far, as a terminal shows it ('' if none): a
+        progress bar that rewrites its line with carriage returns."""
+        return shown(self._partial.decode("utf-8", "replace")) if self._partial else ""
 
 
 # TensorFlow's C++ log records (absl format): "I0000 00:00:1795362809.141083   26731 file.cc:467] ...".

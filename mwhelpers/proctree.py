@@ -163,7 +163,7 @@ ESCALATIONS: dict[str, Escalation] = {
 
 class Policy(str, Enum):
     """How runs are ended: the name of an escalation of :data:`ESCALATIONS`.  A stuck task
-    has its stacks dumped first (:func:`mwhelpers.stacks.dump`), then is ended ``NOW``."""
+    has its stacks dumped first (:func:`mwhelpers.job.dump_stacks`), then is ended ``NOW``."""
 
     NOW = "now"
     INTERRUPT = "interrupt"

@@ -142,14 +142,12 @@ class Spawner:
     """Starts the tasks of ``cluster`` through ``launcher`` (see the module's text)."""
 
     def __init__(self, cluster: Cluster, launcher: Launcher, defaults: TaskDefaults,
-                 names: LogNames, lookout: Lookout,
-                 on_run: Callable[[TaskRun], object] = lambda run: None) -> None:
+                 names: LogNames, lookout: Lookout) -> None:
         self.cluster = cluster
         self.launcher = launcher
         self.defaults = defaults
         self.names = names
         self.lookout = lookout
-        self.on_run = on_run  # told of each new run (the timeline's marks follow it)
 
     # -- checks ------------------------------------------------------------------------
     def check(self, requests: Sequence[LaunchRequest], latest: Mapping[Task, TaskRun],
@@ -299,5 +297,4 @@ class Spawner:
         if cluster.gpus is not None:
             run.gpus = spec.env.get("CUDA_VISIBLE_DEVICES", "")
         run.keras_fix = settings.KERAS_FIX.read(spec.env)
-        self.on_run(run)
         return run

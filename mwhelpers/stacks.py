@@ -18,13 +18,8 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .taskrun import TaskRun
 
 _HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
@@ -71,6 +66,16 @@ def dumps(lines: Sequence[str]) -> list[list[Frame]]:
         else:
             block = None  # other output: the dump is over
     return last
+
+
+def is_header(line: str) -> bool:
+    """Whether ``line`` begins one thread's stack in a dump."""
+    return bool(_HEADER.match(line))
+
+
+def in_dump(line: str) -> bool:
+    """Whether ``line`` can be part of a dump: a thread's header, a frame, or blank."""
+    return not line.strip() or bool(_HEADER.match(line) or _FRAME.match(line))
 
 
 def before_last_dump(lines: list[str]) -> list[str]:
@@ -128,19 +133,3 @@ def source_line(path: str | os.PathLike[str], number: int) -> str:
         pass
     return ""
 
-
-def dump(runs: Sequence[TaskRun], within: float = 1.0) -> None:
-    """Have every run write its Python stacks into its log (the step before a stuck task is
-    ended), and give the dumps up to ``within`` seconds, for all at once, to land."""
-    sizes: dict[TaskRun, int] = {}
-    for r in runs:
-        sizes[r] = r.log_path.stat().st_size if r.log_path.exists() else 0
-        r.process.dump_stacks()
-    deadline = time.monotonic() + within
-    waiting = list(runs)
-    while waiting and time.monotonic() < deadline:
-        time.sleep(0.05)
-        waiting = [r for r in waiting
-                   if not (r.log_path.exists() and r.log_path.stat().st_size > sizes[r])]
-    if len(waiting) < len(runs):
-        time.sleep(0.1)  # the rest of a dump that has begun

@@ -30,6 +30,7 @@ from . import results
 from .cluster import Task, parse_task
 from .errors import UsageError
 from .exitrecord import ExitRecord, path_for
+from .follow import FOLLOWER, Event, LogFeed
 from .launchoptions import LAUNCH_OPTIONS
 from .logs import TAIL, tail_lines
 from .proctree import describe_exit
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 READY_MODES = ("auto", "port", "start")
+# The log's events a run keeps on its timeline (its feed's; mwhelpers.follow).
+TIMELINE_EVENTS = ("epoch", "step")
 
 
 def parse_env(items: Mapping[str, object] | Iterable[str] | None) -> dict[str, str]:
@@ -190,6 +193,10 @@ class TaskRun:
         self._lock = threading.Lock()
         self._state = "starting" if ready_mode == "port" else "running"
         process.on_exit(self._exited)
+        # Its log, read once as it grows, for whoever follows it (mwhelpers.follow).
+        self.feed = LogFeed(self.log_path)
+        self.feed.subscribe(on_event=self._log_event)
+        FOLLOWER.follow(self.feed, lambda: process.running)
 
     # -- transitions -------------------------------------------------------------
     def mark_ready(self) -> bool:
@@ -206,6 +213,11 @@ class TaskRun:
     def mark(self, kind: str, text: str, at: float | None = None) -> None:
         """Add an event to its timeline (``at``: time.time(), default now)."""
         self.events.append((time.time() if at is None else at, kind, text))
+
+    def _log_event(self, event: Event) -> None:
+        if event.kind in TIMELINE_EVENTS:  # a line read after the exit is stamped at the exit
+            ended = self.ended_wall
+            self.mark(event.kind, event.text, at=event.at if ended is None else min(event.at, ended))
 
     def _exited(self, process: Process) -> None:
         code = process.returncode

@@ -3,12 +3,11 @@
 Every :class:`~mwhelpers.taskrun.TaskRun` keeps its events (``run.events``):
 launched, ready, the signals mwhelpers sent it and its exit are stamped when
 they happen (an exit shows the exception the program raised, from the record the task wrote
-of its end: :mod:`mwhelpers.exitrecord`); Keras' ``Epoch N/M`` lines and the lines that start with the word
-``step`` (a custom loop's ``step 4 loss=...``) are stamped by a :class:`LogMarks`
-thread, which reads the logs of running tasks as they grow (a line's time is
-when it was read, within
-:data:`INTERVAL`).  :class:`Timeline` draws the runs of a cluster, every
-attempt of a supervised job included: a picture in JupyterLab
+of its end: :mod:`mwhelpers.exitrecord`); Keras' ``Epoch N/M`` lines and the lines that start
+with the word ``step`` (a custom loop's ``step 4 loss=...``) are stamped as the run's log
+feed reads them (:mod:`mwhelpers.follow`: a line's time is when it was read, within
+:data:`mwhelpers.follow.INTERVAL`).  :class:`Timeline` draws the runs of
+a cluster, every attempt of a supervised job included: a picture in JupyterLab
 (``_repr_png_``), a PNG file with :meth:`Timeline.save`, and text with
 ``print``.  Drawing needs matplotlib; the events and the text do not.
 """
@@ -17,16 +16,12 @@ from __future__ import annotations
 
 import io
 import os
-import re
-import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import MWHelpersError
-from .live import EPOCH
-from .logs import LogFollower
 from .status import exit_text
 
 if TYPE_CHECKING:
@@ -36,63 +31,10 @@ if TYPE_CHECKING:
     from .cluster import Task
     from .taskrun import TaskRun
 
-INTERVAL = 0.1  # seconds between reads of the running tasks' logs
-MARKS: dict[str, re.Pattern[str]] = {
-    "epoch": EPOCH,
-    # A line that starts with the word "step": "step 4 loss=...", "STEP epoch=1 batch=2 ...".
-    "step": re.compile(r"^\s*step\b\W*(\d*)", re.IGNORECASE),
-}
 _ATTEMPT_COLORS = ("#9ecae1", "#a1d99b", "#fdd0a2", "#dadaeb", "#fcbba1")
 # A %%px cell's strip, by how it ended (Timeline.cells).
 _CELL_COLORS = {"running": "#74c476", "ok": "#31a354", "raised": "#d62728", "ended": "#fd8d3c",
                 "timed out": "#fd8d3c", "interrupted": "#fd8d3c"}
-
-
-class LogMarks:
-    """One daemon thread that stamps the epoch and step lines of running tasks' logs.
-
-    It runs while a watched task runs and stops by itself when none does (nothing
-    polls while nothing runs); :meth:`watch` starts it again.
-    """
-
-    def __init__(self, marks: Mapping[str, re.Pattern[str]] | None = None) -> None:
-        self.marks = dict(MARKS if marks is None else marks)
-        self._watched: dict[TaskRun, LogFollower] = {}
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def watch(self, run: TaskRun) -> None:
-        with self._lock:
-            self._watched[run] = LogFollower(run.log_path)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="mwhelpers-log-marks",
-                                                daemon=True)
-                self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            with self._lock:
-                watched = list(self._watched.items())
-            for run, follower in watched:
-                finished = not run.running
-                self._stamp(run, follower.poll(final=finished))
-                if finished:
-                    with self._lock:
-                        self._watched.pop(run, None)
-            with self._lock:
-                if not self._watched:
-                    self._thread = None
-                    return
-            time.sleep(INTERVAL)
-
-    def _stamp(self, run: TaskRun, lines: Iterable[str]) -> None:
-        now = time.time()
-        for line in lines:
-            for kind, pattern in self.marks.items():
-                m = pattern.match(line)
-                if m:
-                    run.mark(kind, "/".join(m.groups()), at=min(now, run.ended_wall or now))
-                    break
 
 
 class Timeline:

@@ -1,8 +1,10 @@
 """Watching runs: their log lines as they are written, their readiness, and when to stop.
 
-A :class:`Watcher` follows the logs of some task runs, hands every new line
-to its listeners (an echo into the cell, a fault injector, a pattern
-search), notes when a server task's port starts accepting connections, and
+A :class:`Watcher` follows some task runs: it subscribes to their log feeds
+(``run.feed``, :mod:`mwhelpers.follow`: each log is read once, by one follower,
+whoever listens) and hands every line, from each log's start, to its listeners
+(an echo into the cell, a fault injector, a pattern search) in the thread that
+watches; it notes when a server task's port starts accepting connections, and
 returns when every run has ended, when a condition holds, or at a deadline:
 
     w = Watcher(runs, probe=rt.probe)
@@ -28,15 +30,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING
 
-from .logs import LogFollower, QuietFilter
+from .logs import QuietFilter
 
 if TYPE_CHECKING:
     from .taskrun import TaskRun
 
 SERVER_JOBS = ("chief", "worker", "ps")  # tasks that start a gRPC server on their port
-POLL = 0.05  # seconds between reads of the logs
+POLL = 0.05  # seconds between checks of a watch's condition and deadline
 READY_POLL = 0.01  # seconds between readiness probes of a task being waited for
 PROBE_EVERY = 0.5  # seconds between readiness probes of runs not ready yet
 
@@ -97,18 +100,27 @@ class _Shown:
 
 
 class CellEcho:
-    """A line listener that echoes each run's lines as ``[task] line`` into ``echo``
-    within ``limits`` (see :class:`CellLimits`), without TensorFlow's informational
-    lines when ``quiet`` (:class:`~mwhelpers.logs.QuietFilter`).
+    """A line listener that echoes each run's lines within ``limits`` (see
+    :class:`CellLimits`), without TensorFlow's informational lines when ``quiet``
+    (:class:`~mwhelpers.logs.QuietFilter`): as ``[task] line`` to ``echo``, or, given
+    ``show``, as ``show(run, line)``.  ``kept(run)`` names where every line of a run is
+    kept, for the notes on what was left out (default: its log; None: nowhere, as for
+    ``%%px`` output, which ipyparallel carries to the kernel, not to the log).
 
     :class:`Watcher` calls :meth:`finish` when its watch ends; that shows the last
     lines held back and how many were left out.  Counts are per run, from the first
     line this listener saw of it (a watch reads each log from its start).
     """
 
-    def __init__(self, echo: Callable[[str], None], quiet: bool = False,
-                 limits: CellLimits | None = None) -> None:
+    def __init__(self, echo: Callable[[str], None] | None = None, quiet: bool = False,
+                 limits: CellLimits | None = None, *,
+                 show: Callable[[TaskRun, str], None] | None = None,
+                 kept: Callable[[TaskRun], str | None] | None = None) -> None:
+        if (echo is None) == (show is None):
+            raise ValueError("give CellEcho either echo or show")
         self.echo = echo
+        self._show = show
+        self._kept = kept or (lambda run: str(run.log_path))
         self.quiet = quiet
         self.limits = replace(limits or cell_limits)  # a change during a watch waits for the next
         self._filters: dict[int, QuietFilter] = {}  # id(run) -> its filter
@@ -123,14 +135,15 @@ class CellEcho:
         st.seen += 1
         head = self.limits.head
         if head is None or st.seen <= head:
-            self.echo(self._line(run, line))
+            self._say(run, self._cut(run, line))
             return
         if not st.noted:
             st.noted = True
             later = (f"; its last {self.limits.tail:,} lines are shown when this watch ends"
                      if self.limits.tail else "")
-            self.echo(f"[{run.task}] ... more than {head:,} lines: the rest goes to the log only "
-                      f"({run.log_path}){later}")
+            kept = self._kept(run)
+            rest = f"goes to the log only ({kept})" if kept else "is not shown"
+            self._say(run, f"... more than {head:,} lines: the rest {rest}{later}")
         if st.last is not None:
             st.last.append(line)
 
@@ -151,16 +164,25 @@ class CellEcho:
         for st in runs.values():
             n = self._left_out(st)
             if n:
-                self.echo(f"[{st.run.task}] ... {n:,} lines left out; "
-                          f"the log has every line: {st.run.log_path}")
+                kept = self._kept(st.run)
+                self._say(st.run, f"... {n:,} lines left out"
+                          + (f"; the log has every line: {kept}" if kept else ""))
             for line in st.last or ():
-                self.echo(self._line(st.run, line))
+                self._say(st.run, self._cut(st.run, line))
 
-    def _line(self, run: TaskRun, line: str) -> str:
+    def _say(self, run: TaskRun, text: str) -> None:
+        if self._show is not None:
+            self._show(run, text)
+        else:
+            assert self.echo is not None  # one of them is given
+            self.echo(f"[{run.task}] {text}")
+
+    def _cut(self, run: TaskRun, line: str) -> str:
         width = self.limits.width
         if width is not None and len(line) > width:
-            line = f"{line[:width]} ... [{len(line) - width:,} more characters in the log]"
-        return f"[{run.task}] {line}"
+            where = " in the log" if self._kept(run) else ""
+            line = f"{line[:width]} ... [{len(line) - width:,} more characters{where}]"
+        return line
 
 
 def echo_lines(echo: Callable[[str], None], quiet: bool = False,
@@ -174,18 +196,28 @@ def echo_lines(echo: Callable[[str], None], quiet: bool = False,
 
 class Watcher:
     """Follows ``runs`` (see the module's text); ``probe(run)`` says whether a run's
-    port accepts connections (None: readiness is not noted)."""
+    port accepts connections (None: readiness is not noted).  It subscribes to the runs'
+    feeds when it is made and unsubscribes when its watch ends (or at :meth:`close`):
+    one watcher, one watch."""
 
     def __init__(self, runs: Iterable[TaskRun], probe: Probe | None = None) -> None:
         self.runs = list(runs)
         self.probe = probe
-        self._followers = {id(r): LogFollower(r.log_path) for r in self.runs}
         self._listeners: list[LineListener] = []
-        # Set when a run exits: the watch wakes at once instead of at its next poll, so a
-        # death is noticed (and a supervised restart begins) without waiting a poll out.
-        self._exited = threading.Event()
+        # Lines the feeds handed over, shown in the watching thread; set when lines arrive
+        # or a run exits, so that the watch wakes at once instead of at its next check (a
+        # death is noticed, and a supervised restart begins, without waiting).
+        self._arrived: deque[tuple[TaskRun, list[str]]] = deque()
+        self._wake = threading.Event()
         for r in self.runs:
-            r.process.on_exit(lambda _process: self._exited.set())
+            r.process.on_exit(lambda _process: self._wake.set())
+        # From each log's start: what was read before this watch is read again, once.
+        self._unsubscribe = [r.feed.subscribe(partial(self._lines, r), replay=True, hurry=True)
+                             for r in self.runs]
+
+    def _lines(self, run: TaskRun, lines: list[str]) -> None:
+        self._arrived.append((run, lines))
+        self._wake.set()
 
     def on_line(self, fn: LineListener) -> Watcher:
         """Call ``fn(run, line)`` for every new line of every run; returns the watcher."""
@@ -193,11 +225,22 @@ class Watcher:
         return self
 
     def poll(self, final: bool = False) -> None:
-        """Hand the lines written since the last poll to the listeners."""
-        for r in self.runs:
-            for line in self._followers[id(r)].poll(final=final):
+        """Hand the lines that arrived since the last poll to the listeners; ``final``: read
+        each log to its end first (the runs have ended)."""
+        if final:
+            for r in self.runs:
+                r.feed.read(final=True)
+        while self._arrived:
+            run, lines = self._arrived.popleft()
+            for line in lines:
                 for fn in self._listeners:
-                    fn(r, line)
+                    fn(run, line)
+
+    def close(self) -> None:
+        """Stop following (a watch does when it ends); lines not polled yet are dropped."""
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._arrived.clear()
 
     def note_ready(self) -> None:
         """Mark the server runs whose port now accepts connections as ready."""
@@ -214,6 +257,7 @@ class Watcher:
         try:
             return self._watch(timeout, until)
         finally:
+            self.close()
             # However the watch ends (an interrupt too), listeners that hold lines back
             # (CellEcho) say what they held.
             for fn in self._listeners:
@@ -225,6 +269,7 @@ class Watcher:
         deadline = None if timeout is None else time.monotonic() + timeout
         next_probe = 0.0
         while True:
+            self._wake.clear()  # what arrives from now on wakes the wait below
             finished = all(not r.running for r in self.runs)
             self.poll(final=finished)
             if finished:
@@ -237,8 +282,7 @@ class Watcher:
                 next_probe = now + PROBE_EVERY
             if deadline is not None and now >= deadline:
                 return "deadline"
-            if self._exited.wait(POLL):
-                self._exited.clear()
+            self._wake.wait(POLL)
 
 
 def await_ready(run: TaskRun, probe: Probe, deadline: float) -> str:

@@ -42,7 +42,7 @@ from .session import claim_session, escaped_orphans
 from .spawner import LogNames, Spawner, TaskDefaults, open_cluster, port_accepts
 from .status import StatusTable
 from .taskrun import LaunchRequest, TaskRun, parse_timeout
-from .timeline import LogMarks, Timeline
+from .timeline import Timeline
 from .watcher import CellLimits, cell_limits
 
 if sys.version_info >= (3, 11):
@@ -90,7 +90,6 @@ class Runtime:
         self.session = claim_session()
         self._names = LogNames(lambda: self.log_dir)
         self._lookout = Lookout(echo)  # the look before launch, each warning said once
-        self._marks = LogMarks()  # stamps epoch and step lines for the timeline
         self._lock = threading.RLock()
         # The notebook's name, which the default log folder is named after (%load_ext sets it).
         self.session_name: str | None = None
@@ -171,8 +170,7 @@ class Runtime:
             self._drop_cluster()
             self.cluster, self.launcher = new, launcher
             self._launchers.append(launcher)
-            self.jobs.use(Spawner(new, launcher, self.defaults, self._names, self._lookout,
-                                  on_run=self._marks.watch))
+            self.jobs.use(Spawner(new, launcher, self.defaults, self._names, self._lookout))
             return new
 
     def _drop_cluster(self) -> None:

@@ -28,8 +28,15 @@ from test_backends import allocation, backend  # noqa: F401 (fixtures used here)
 from test_kernel import Kernel
 
 from mwhelpers.errors import CellFailed, UsageError
+from mwhelpers.watcher import CellLimits
 
 pytest.importorskip("ipyparallel", reason="ipyparallel is not installed (mwhelpers[interactive])")
+
+# A TensorFlow informational line and mwhelpers' line naming the task's TensorFlow and Keras:
+# hidden in cells unless verbose.
+INFO = "I0000 00:00:1795362805.988331   26599 grpc_server_lib.cc:467] Started server"
+FACTS = ("[mwhelpers] this task: TensorFlow 2.21.0 with Keras 3.15.1 "
+         "(TF_USE_LEGACY_KERAS=unset at import)")
 
 STRATEGY = """
 import os
@@ -199,7 +206,8 @@ def test_output_streams_by_task_values_come_back_and_timeouts_say_where(rt):
     ar.get(30)
     ar.wait_for_output(5)
     early = []
-    printer = _Printer(eng.tasks, lambda t, stream, text: early.append((str(t), text)))
+    printer = _Printer([eng.runs[t] for t in eng.tasks],
+                       lambda t, stream, text: early.append((str(t), text)))
     printer.detach(ar, printer.attach(ar))
     printer.flush()
     assert sorted(early) == [("worker:0", "early"), ("worker:1", "early")], early
@@ -226,6 +234,28 @@ def test_output_streams_by_task_values_come_back_and_timeouts_say_where(rt):
     assert tl.png()[:4] == b"\x89PNG"
     from mwhelpers.live import TaskView
     assert "; idle after cell 4" in repr(TaskView(rt.runs[eng.tasks[1]]))  # the live view
+
+    # A cell's output is shown as a %%worker cell shows a task's: through the runtime's echo
+    # (the cell's stdout, not a red stderr block), without TF's informational lines and
+    # mwhelpers' facts line unless verbose, and within the cell limits (the first lines, a
+    # note, then the last lines when the cell ends).
+    rt.cell_limits = CellLimits(head=3, tail=2, width=12)
+    rt.echo_lines.clear()
+    noisy = ("import sys\nfor i in range(10):\n    print('line', i, 'x' * (20 if i == 1 else 0))\n"
+             "print(" + repr(INFO) + ", file=sys.stderr)\nprint(" + repr(FACTS) + ", file=sys.stderr)")
+    eng.run(noisy, targets="worker:0")
+    assert rt.echo_lines == [
+        "[worker:0] line 0 ", "[worker:0] line 1 xxxxx ... [15 more characters]",
+        "[worker:0] line 2 ",
+        "[worker:0] ... more than 3 lines: the rest is not shown; its last 2 lines are shown "
+        "when this watch ends",
+        "[worker:0] ... 5 lines left out", "[worker:0] line 8 ", "[worker:0] line 9 "], rt.echo_lines
+    rt.verbose, rt.cell_limits = True, CellLimits(head=None)
+    rt.echo_lines.clear()
+    eng.run(noisy, targets="worker:0")
+    assert len(rt.echo_lines) == 12, rt.echo_lines
+    assert {f"[worker:0] {INFO}", f"[worker:0] {FACTS}"} <= set(rt.echo_lines)
+    rt.verbose = False
 
     rt.kill("worker:1")  # %killworker
     with pytest.raises(CellFailed, match="worker:1 ended before this cell: killed by SIGKILL"):
