@@ -22,7 +22,7 @@ _LAZY = {
     "Failure": "failures", "LaunchRequest": "taskrun",
     "MWHelpersError": "errors", "UsageError": "errors", "WorkerError": "errors",
     "WorkerFailed": "failures", "WorkerTimeout": "errors", "InfrastructureError": "errors",
-    "CellFailed": "errors", "TaskValues": "interactive",
+    "CellFailed": "errors", "TaskValues": "pxoutput",
     "register_backend": "backends", "available_backends": "backends", "Launcher": "backends",
     "AgentLauncher": "backends", "BackendOptions": "backends", "Process": "backends",
     "Placement": "backends", "LaunchSpec": "backends", "write_sbatch": "backends.slurm",
@@ -54,9 +54,9 @@ if _typing.TYPE_CHECKING:
     from .errors import WorkerTimeout as WorkerTimeout
     from .failures import Failure as Failure
     from .failures import WorkerFailed as WorkerFailed
-    from .interactive import TaskValues as TaskValues
     from .packages import tensorflow_distributions as tensorflow_distributions
     from .packages import versions as versions
+    from .pxoutput import TaskValues as TaskValues
     from .results import Results as Results
     from .results import read_results as read_results
     from .taskrun import LaunchRequest as LaunchRequest

@@ -20,14 +20,12 @@ can have a timeout that says where each task was.
 
 from __future__ import annotations
 
-import html
 import os
 import re
 import shutil
 import signal
 import socket
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -41,7 +39,7 @@ from .errors import CellFailed, InfrastructureError, UsageError
 from .job import dump_stacks, end_runs
 from .logs import shown, tail_lines
 from .proctree import Policy
-from .watcher import CellEcho
+from .pxoutput import Printer, TaskValues, plain
 
 if TYPE_CHECKING:
     from .launchoptions import ReadyMode
@@ -154,50 +152,6 @@ class Controller:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-class TaskValues(dict[Task, Any]):
-    """Each task's value of one expression, keyed by task; a table in JupyterLab."""
-
-    def __init__(self, expression: str, values: Mapping[Task, Any]) -> None:
-        super().__init__(values)
-        self.expression = expression
-
-    def __getitem__(self, task: Task | str) -> Any:
-        """A task's value, by its :class:`Task` or its name (``values["worker:1"]``)."""
-        if isinstance(task, str) and not isinstance(task, tuple):
-            named = {str(t): t for t in self}
-            if task not in named:
-                raise KeyError(f"{task!r}: no value for it; the tasks here are "
-                               + ", ".join(named))
-            task = named[task]
-        return super().__getitem__(task)
-
-    def __repr__(self) -> str:
-        width = max([len(str(t)) for t in self] + [4])
-        lines = [f"{'task':<{width}}  {self.expression}"]
-        lines += [f"{str(t):<{width}}  {v!r}" for t, v in self.items()]
-        return "\n".join(lines)
-
-    def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><td>{html.escape(str(t))}</td><td><pre style='margin:0'>"
-                       f"{html.escape(repr(v))}</pre></td></tr>" for t, v in self.items())
-        return (f"<table><thead><tr><th>task</th><th>{html.escape(self.expression)}</th></tr>"
-                f"</thead><tbody>{rows}</tbody></table>")
-
-    def same(self) -> bool:
-        """Whether every task has the same value (arrays compared element by element)."""
-        values = list(self.values())
-        return all(_equal(values[0], v) for v in values[1:])
-
-
-def _equal(a: Any, b: Any) -> bool:
-    try:
-        import numpy as np
-        return bool(np.array_equal(np.asarray(a, dtype=object) if isinstance(a, list) else a,
-                                   np.asarray(b, dtype=object) if isinstance(b, list) else b))
-    except Exception:
-        return bool(a == b)
-
-
 class Interactive:
     """The engines of one cluster's tasks and ipyparallel's controller and client."""
 
@@ -209,7 +163,7 @@ class Interactive:
         self.cells = 0  # cells run so far
         self.engine_of: dict[Task, int] = {}
         self._gone: set[int] = set()  # ids of engines whose tasks were ended
-        self._printer: _Printer | None = None  # the running cell's, while it runs
+        self._printer: Printer | None = None  # the running cell's, while it runs
         self._zmq: Any = None  # the client's zmq context
         self._next_id = 0  # engines are numbered in task order, new ones after the old
         self.runs: dict[Task, TaskRun] = {}
@@ -336,7 +290,7 @@ class Interactive:
         eids = [self.engine_of[t] for t in tasks]
         ar = self.client[eids].execute(code, silent=False, block=False)
         # As a %%worker cell shows a task's output: quiet unless verbose, within the cell limits.
-        printer = _Printer([self.runs[t] for t in tasks], echo, self.rt.echo,
+        printer = Printer([self.runs[t] for t in tasks], echo, self.rt.echo,
                            quiet=not self.rt.verbose, limits=self.rt.cell_limits)
         callbacks = printer.attach(ar)
         self._printer = printer
@@ -377,7 +331,7 @@ class Interactive:
             self.runs[t].activity = f"idle after cell {n}"
             self.runs[t].mark("cell", f"{n} ok")
         ar.wait_for_output(5)  # the results arrive with the rest of the output
-        values = {t: _plain(f.output.metadata.get("execute_result")) for t, f in futures.items()}
+        values = {t: plain(f.output.metadata.get("execute_result")) for t, f in futures.items()}
         return TaskValues(f"cell {n}", values)
 
     def _stop(self, ar: Any, tasks: list[Task], busy: list[Task]) -> list[Task]:
@@ -574,142 +528,9 @@ def _traceback(err: Any) -> list[str]:
     return [shown(ln) for ln in lines]
 
 
-def _plain(result: Any) -> Any:
-    """A task's execute_result as the kernel shows it (its text)."""
-    if not result:
-        return None
-    data = result.get("data", {})
-    return data.get("text/plain")
-
-
 def _stacks_written(tasks: Sequence[Task], then: str) -> str:
     if len(tasks) == 1:
         return f"its stacks were written to its log, and it was {then}"
     return f"their stacks were written to their logs, and they were {then}"
 
 
-class _Printer:
-    """Streams each task's output of one cell as it arrives, line by line, labelled with its
-    task, as a ``%%worker`` cell shows a task's output: on stdout as ``[task] line`` through
-    ``say`` (or to ``echo(task, stream, text)`` when given), without TensorFlow's and
-    mwhelpers' informational lines when ``quiet`` (:class:`~mwhelpers.logs.QuietFilter`),
-    within ``limits`` (:class:`~mwhelpers.watcher.CellLimits`; :meth:`finish` shows the
-    last lines held back)."""
-
-    def __init__(self, runs: Sequence[TaskRun], echo: Callable[[Task, str, str], None] | None,
-                 say: Callable[[str], None] = print, quiet: bool = True,
-                 limits: CellLimits | None = None) -> None:
-        self.runs = list(runs)
-        self.tasks = [r.task for r in self.runs]
-        self._echo = echo
-        self._say = say
-        self._stream = "stdout"  # the stream of the line being shown (for ``echo``)
-        # ipyparallel carries the output to the kernel, not to the task's log: kept nowhere
-        self.cell = CellEcho(quiet=quiet, limits=limits, show=self._emit, kept=lambda run: None)
-        self.partial: dict[tuple[Task, str], str] = {}
-        self.lock = threading.Lock()
-        self.line_lock = threading.Lock()
-        self.muted = False
-        self.shown: dict[tuple[Task, str], int] = {}  # how much of each output was shown
-        self.shown_lock = threading.RLock()
-
-    def _emit(self, run: TaskRun, text: str) -> None:
-        if self._echo is not None:
-            self._echo(run.task, self._stream, text)
-        else:
-            self._say(f"[{run.task}] {text}")
-
-    def attach(self, ar: Any) -> dict[Any, Callable[[dict[str, Any]], None]]:
-        """Follow ``ar``'s output from now on, and show what came before (a fast task may
-        have printed before the cell's callbacks were in place)."""
-        callbacks: dict[Any, Callable[[dict[str, Any]], None]] = {}
-        for run, future in zip(self.runs, ar._children, strict=True):
-            def on_message(msg: dict[str, Any], run: TaskRun = run, future: Any = future) -> None:
-                if msg["header"]["msg_type"] in ("stream", "display_data", "execute_result"):
-                    self.catch_up(run, future)
-            future.iopub_callbacks.append(on_message)
-            callbacks[future] = on_message
-            self.catch_up(run, future)
-        return callbacks
-
-    def detach(self, ar: Any, callbacks: Mapping[Any, Callable[[dict[str, Any]], None]]) -> None:
-        for run, future in zip(self.runs, ar._children, strict=True):
-            cb = callbacks[future]
-            if cb in future.iopub_callbacks:
-                future.iopub_callbacks.remove(cb)
-            self.catch_up(run, future)
-
-    def catch_up(self, run: TaskRun, future: Any) -> None:
-        """Show what ipyparallel has gathered of ``run``'s output and was not shown yet.
-
-        ipyparallel adds each message to the future's metadata before it calls the
-        callbacks, so reading from there (not from the message) shows everything once, in
-        order, whether it came before the callbacks were in place or after."""
-        md = future.output.metadata
-        task = run.task
-        with self.shown_lock:
-            for name in ("stdout", "stderr"):
-                text = md.get(name) or ""
-                done = min(self.shown.get((task, name), 0), len(text))  # \r rewrites shorten it
-                if len(text) > done:
-                    self.shown[(task, name)] = len(text)
-                    self.text(run, name, text[done:])
-            outputs = md.get("outputs") or []
-            for content in outputs[self.shown.get((task, "outputs"), 0):]:
-                self.display(run, content)
-            self.shown[(task, "outputs")] = len(outputs)
-            result = md.get("execute_result")
-            if result and not self.shown.get((task, "result")):
-                self.shown[(task, "result")] = 1
-                self.display(run, result)
-
-    def display(self, run: TaskRun, content: Mapping[str, Any]) -> None:
-        data = content.get("data", {})
-        if set(data) <= {"text/plain"}:  # plain text: a line like any other, always shown
-            with self.line_lock:
-                self._stream = "stdout"
-                self._emit(run, f"Out: {data.get('text/plain', '')}")
-        else:
-            _show(run.task, data, content.get("metadata", {}))
-
-    def text(self, run: TaskRun, stream: str, text: str) -> None:
-        with self.lock:
-            key = (run.task, stream)
-            text = self.partial.pop(key, "") + text.replace("\r\n", "\n")
-            *complete, rest = text.split("\n")
-            if rest:
-                self.partial[key] = rest
-        for line in complete:
-            self.line(run, stream, line)
-
-    def mute(self) -> None:
-        """Show what has come so far and nothing after (a failed cell's stack dumps)."""
-        self.flush()
-        self.muted = True
-
-    def line(self, run: TaskRun, stream: str, line: str) -> None:
-        if self.muted:
-            return
-        with self.line_lock:
-            self._stream = stream
-            self.cell(run, shown(line))
-
-    def flush(self) -> None:
-        with self.lock:
-            left, self.partial = self.partial, {}
-        by_task = {r.task: r for r in self.runs}
-        for (task, stream), rest in left.items():
-            self.line(by_task[task], stream, rest)
-
-    def finish(self) -> None:
-        """Show the last lines held back by the bounds, and how many were left out."""
-        with self.line_lock:
-            self.cell.finish()
-
-
-def _show(task: Task, data: Mapping[str, Any], metadata: Mapping[str, Any]) -> None:
-    """A task's rich output (a plot, a table) shown in the kernel, labelled with its task."""
-    from IPython.display import publish_display_data
-
-    print(f"[{task}]", flush=True)
-    publish_display_data(dict(data), dict(metadata))

@@ -33,8 +33,9 @@ if TYPE_CHECKING:  # for the annotations only: loading the extension imports non
     from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
 
     from .cluster import Cluster
-    from .interactive import Interactive, TaskValues
+    from .interactive import Interactive
     from .live import LiveViews
+    from .pxoutput import TaskValues
     from .status import StatusTable
     from .timeline import Timeline
     from .workers import Runtime
