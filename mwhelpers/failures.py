@@ -25,7 +25,7 @@ import time
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import WorkerError
 from .exitrecord import ExitRecord
@@ -35,8 +35,10 @@ from .proctree import describe_exit, signal_of
 if TYPE_CHECKING:
     from .taskrun import TaskRun
 
-FAULT = "fault"
-PROGRAM_ERROR = "program error"
+# What a failure is: from outside the program (a restart can help) or the program's own.
+FailureKind = Literal["fault", "program error"]
+FAULT: FailureKind = "fault"
+PROGRAM_ERROR: FailureKind = "program error"
 
 # Exceptions and messages that mean a peer or the cluster went away, not a bug (the supervisor's
 # restart decision and the diagnosis read the same pattern).
@@ -60,7 +62,7 @@ def last_exception(lines: Sequence[str]) -> str:
 
 def classify(returncode: int, log_lines: Sequence[str], note: str = "",
              restartable_exit_codes: Container[int] = (),
-             record: ExitRecord | None = None) -> tuple[str, str]:
+             record: ExitRecord | None = None) -> tuple[FailureKind, str]:
     """``(kind, reason)`` for a task that ended with ``returncode``.
 
     ``kind`` is :data:`FAULT` or :data:`PROGRAM_ERROR`; ``reason`` says why,
@@ -106,7 +108,7 @@ class Failure:
     log_path: str
     tail: list[str] = field(default_factory=list)
     attempt: int = 1
-    kind: str = ""
+    kind: FailureKind | Literal[""] = ""
     reason: str = ""
     # On the root cause: what the job's failure means and what to do, when recognised
     # ({'key', 'cause', 'advice'} dicts, see mwhelpers.diagnosis).

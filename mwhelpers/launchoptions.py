@@ -12,26 +12,33 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypedDict
 
-__all__ = ["LAUNCH_OPTIONS", "LaunchOption", "LaunchOptions", "ReadyMode", "launch_help",
-           "launch_usage"]
+__all__ = ["LAUNCH_OPTIONS", "LaunchOption", "LaunchOptions", "ReadyMode", "TaskOptions",
+           "launch_help", "launch_usage"]
 
 # When a background task counts as ready: ``auto`` (``port`` for servers, else ``start``),
 # once its port accepts connections, or once it has started.
 ReadyMode = Literal["auto", "port", "start"]
 
 
-class LaunchOptions(TypedDict, total=False):
+class TaskOptions(TypedDict, total=False):
+    """The launch options every way of starting tasks takes (``supervise`` too), typed:
+    ``timeout``, ``env``, ``stall_fix`` and ``keras_fix`` (each described in
+    :data:`LAUNCH_OPTIONS`)."""
+
+    timeout: float | str | None
+    env: Mapping[str, str] | Sequence[str] | None
+    stall_fix: bool | None
+    keras_fix: bool | None
+
+
+class LaunchOptions(TaskOptions, total=False):
     """The launch options as keywords, typed: what :meth:`Runtime.launch
     <mwhelpers.workers.Runtime.launch>` and ``launch_all`` take as ``**options`` (each
     described in :data:`LAUNCH_OPTIONS`)."""
 
     background: bool
-    timeout: float | str | None
     log: str | os.PathLike[str] | None
     ready: ReadyMode
-    env: Mapping[str, str] | Sequence[str] | None
-    stall_fix: bool | None
-    keras_fix: bool | None
     verbose: bool | None
 
 

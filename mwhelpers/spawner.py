@@ -35,7 +35,7 @@ from .errors import UsageError
 from .gpus import assign, check_per_task
 from .ports import holder_of, port_in_use, port_range
 from .precheck import Lookout
-from .taskrun import LaunchRequest, Standby, TaskRun
+from .taskrun import LaunchRequest, RunReady, Standby, TaskRun
 from .taskside.kerasfix import KERAS_FIX_ENV
 from .taskside.tfdata import STALL_FIX_ENV
 from .watcher import SERVER_JOBS
@@ -254,7 +254,7 @@ class Spawner:
         return self.defaults.keras_fix if request.keras_fix is None else request.keras_fix
 
     def _spec(self, task: Task, request: LaunchRequest, attempt: int,
-              standby: bool = False) -> tuple[LaunchSpec, str, int]:
+              standby: bool = False) -> tuple[LaunchSpec, RunReady, int]:
         """What starts ``task`` for ``request`` in ``attempt``, its readiness mode and its
         launch number."""
         from .backends.base import LaunchSpec
@@ -273,9 +273,8 @@ class Spawner:
         else:
             assert request.script is not None  # a request holds code or a script
             script = request.script
-        ready = request.ready
-        if ready == "auto":
-            ready = "port" if task.type in SERVER_JOBS else "start"
+        ready: RunReady = ("port" if task.type in SERVER_JOBS else "start") \
+            if request.ready == "auto" else request.ready
         # The backend says what a task's environment starts from (another machine gets the
         # variables that matter, not the kernel's whole environment) and fills in its folder.
         base = self.launcher.task_env(os.environ)
@@ -287,7 +286,7 @@ class Spawner:
         spec.env[exitrecord.EXIT_RECORD_ENV] = str(exitrecord.path_for(spec.log_path))
         return spec, ready, number
 
-    def _run(self, task: Task, process: Process, spec: LaunchSpec, ready: str,
+    def _run(self, task: Task, process: Process, spec: LaunchSpec, ready: RunReady,
              attempt: int) -> TaskRun:
         """The run of ``process``, started from ``spec``."""
         cluster = self.cluster

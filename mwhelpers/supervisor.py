@@ -19,8 +19,9 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import time
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -29,9 +30,15 @@ from .cluster import Task
 from .errors import UsageError
 from .failures import Failure, WorkerFailed, explained, report
 from .job import Job, Jobs, diagnose_root
+from .launchoptions import TaskOptions
 from .proctree import parse_signal
 from .taskrun import LaunchRequest, Standby, TaskRun, parse_timeout
 from .taskside import taskfacts
+
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # a dependency there (pyproject.toml)
+    from typing_extensions import Unpack
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -155,11 +162,9 @@ def _let_peers_finish(runs: Sequence[TaskRun], codes: Container[int], grace: flo
 def supervise(rt: Host, script: str | os.PathLike[str] | None = None, *,
               code: str | None = None, args: Sequence[str] = (),
               tasks: Iterable[str | int | Task] | None = None, max_restarts: int = 3,
-              timeout: float | str | None = None,
-              env: Mapping[str, str] | Sequence[str] | None = None, inject: Iterable[Fault] = (),
-              stream: bool = True, restartable_exit_codes: Iterable[int] = (),
-              peer_grace: float = 10.0, stall_fix: bool | None = None,
-              keras_fix: bool | None = None, standby: bool = False) -> list[Attempt]:
+              inject: Iterable[Fault] = (), stream: bool = True,
+              restartable_exit_codes: Iterable[int] = (), peer_grace: float = 10.0,
+              standby: bool = False, **options: Unpack[TaskOptions]) -> list[Attempt]:
     """Run ``rt``'s cluster tasks together; after a fault, end all and restart all.
 
     ``tasks`` defaults to every task of the cluster.  ``inject`` is a list of
@@ -196,7 +201,7 @@ def supervise(rt: Host, script: str | os.PathLike[str] | None = None, *,
         raise UsageError(f"peer_grace must be a number of seconds >= 0, got {peer_grace!r}")
     if not isinstance(standby, bool):
         raise UsageError(f"standby must be True or False, got {standby!r}")
-    attempt_timeout = parse_timeout(timeout)
+    attempt_timeout = parse_timeout(options.pop("timeout", None))
     cluster = rt.cluster or rt.define_cluster()
     checked = [cluster.check_task(t) for t in (tasks or cluster.tasks)]
     faults: list[_Checked] = []
@@ -208,9 +213,8 @@ def supervise(rt: Host, script: str | os.PathLike[str] | None = None, *,
             faults.append((cluster.check_task(task), re.compile(pattern), parse_signal(sig)))
         except re.error as e:
             raise UsageError(f"inject: {pattern!r} is not a valid regular expression: {e}") from None
-    requests = [LaunchRequest.parse(t, code=code, script=script, args=args, env=env,
-                                    background=True, ready="start", stall_fix=stall_fix,
-                                    keras_fix=keras_fix)
+    requests = [LaunchRequest.parse(t, code=code, script=script, args=args, background=True,
+                                    ready="start", **options)
                 for t in checked]
     standbys: dict[Task, Standby] = {}  # the next attempt's processes, started ahead
     try:

@@ -24,14 +24,14 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import results
 from .cluster import Task, parse_task
 from .errors import UsageError
 from .exitrecord import ExitRecord, path_for
 from .follow import FOLLOWER, Event, LogFeed
-from .launchoptions import LAUNCH_OPTIONS
+from .launchoptions import LAUNCH_OPTIONS, ReadyMode
 from .logs import TAIL, tail_lines
 from .proctree import describe_exit
 
@@ -39,7 +39,11 @@ if TYPE_CHECKING:
     from .backends.base import LaunchSpec, Process
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-READY_MODES = ("auto", "port", "start")
+READY_MODES: tuple[ReadyMode, ...] = ("auto", "port", "start")
+# A run's readiness once "auto" is decided: probed on its port, or ready once started.
+RunReady = Literal["port", "start"]
+# A run's state (see the module's text).
+State = Literal["starting", "ready", "running", "done", "failed", "killed"]
 # The log's events a run keeps on its timeline (its feed's; mwhelpers.follow).
 TIMELINE_EVENTS = ("epoch", "step")
 
@@ -96,7 +100,7 @@ class Standby:
     task: Task
     process: Process
     spec: LaunchSpec
-    ready: str
+    ready: RunReady
     attempt: int
     number: int
     replaced: bool = False  # it died waiting, and a cold start took its log and number
@@ -114,7 +118,7 @@ class LaunchRequest:
     timeout: float | None = None
     log: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
-    ready: str = "auto"
+    ready: ReadyMode = "auto"
     stall_fix: bool | None = None  # None: the runtime's default
     keras_fix: bool | None = None  # None: the runtime's default
     verbose: bool | None = None  # True: stream every line (None: the runtime's default)
@@ -165,7 +169,7 @@ class TaskRun:
     """One launch of one task: its process, log, state and outcome."""
 
     def __init__(self, task: Task, process: Process, log_path: str | os.PathLike[str], port: int,
-                 address: str, ready_mode: str, script: str, attempt: int = 1,
+                 address: str, ready_mode: RunReady, script: str, attempt: int = 1,
                  cwd: str | None = None, host: str | None = None, cell: bool = False) -> None:
         self.task = task
         self.process = process
@@ -191,7 +195,7 @@ class TaskRun:
         self.launched_wall = time.time() - (time.monotonic() - process.started)
         self.events: list[tuple[float, str, str]] = [(self.launched_wall, "launched", f"pid {process.pid}")]
         self._lock = threading.Lock()
-        self._state = "starting" if ready_mode == "port" else "running"
+        self._state: State = "starting" if ready_mode == "port" else "running"
         process.on_exit(self._exited)
         # Its log, read once as it grows, for whoever follows it (mwhelpers.follow).
         self.feed = LogFeed(self.log_path)
@@ -230,7 +234,7 @@ class TaskRun:
 
     # -- state ---------------------------------------------------------------------
     @property
-    def state(self) -> str:
+    def state(self) -> State:
         return self._state
 
     @property
