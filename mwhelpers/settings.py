@@ -165,8 +165,6 @@ SET_BY_MWHELPERS: tuple[tuple[str, str], ...] = (
                             "controller for (`%cluster N --interactive`)"),
     ("MWHELPERS_STANDBY_FD", "the pipe on which a process started ahead waits until a restart "
                              "releases it (`supervise(standby=True)`)"),
-    ("MWHELPERS_WARM_ROOM", "blank room in a warm-start server's environment, where each task "
-                            "it forks writes its own variables for `/proc/PID/environ` to show"),
     ("MWHELPERS_EXIT_RECORD", "where the task's start-up writes how the program ended when it "
                               "raised (the file beside its log, `mwhelpers.exitrecord`); taken "
                               "out of the environment before the program runs"),

@@ -48,8 +48,6 @@ import psutil
 from . import proctree, settings
 
 ENV = "MWHELPERS_WARM_START"
-ROOM_ENV = "MWHELPERS_WARM_ROOM"  # as _forkserver.ROOM_ENV
-ROOM = 32768  # bytes: TF_CONFIG of a cluster of some hundred tasks
 # What differs from one task to the next and is read after TensorFlow's import, never during it.
 PER_TASK = frozenset({"TF_CONFIG", "MWHELPERS_TASK", "MWHELPERS_ATTEMPT", "MWHELPERS_GUARD_FD",
                       "MWHELPERS_STANDBY_FD", "MWHELPERS_ENGINE_ID", "MWHELPERS_EXIT_RECORD"})
@@ -163,8 +161,7 @@ class _Server:
                 # The blank argument leaves room to show each task's own command line.
                 [python, "-u", bootstrap, "--zygote", str(theirs.fileno()), " " * 4096],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                # Last: room to show each task's own variables in its /proc/PID/environ.
-                env={**env, ROOM_ENV: " " * ROOM}, cwd=cwd, start_new_session=True,
+                env=dict(env), cwd=cwd, start_new_session=True,
                 pass_fds=(theirs.fileno(),))
         except BaseException:
             ours.close()

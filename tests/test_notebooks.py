@@ -332,8 +332,10 @@ def suite_workers(owner):
     for p in psutil.process_iter(["pid"]):
         try:
             env = p.environ()
-            if (env.get("MWHELPERS_TASK") and env.get("MWHELPERS_SUITE_RUN")
-                    and env.get(OWNER_ENV) == str(owner)):
+            # a task (or a warm-start server, whose environment its forked tasks show): each
+            # runs the worker start-up, _bootstrap.py
+            if (env.get("MWHELPERS_SUITE_RUN") and env.get(OWNER_ENV) == str(owner)
+                    and "_bootstrap.py" in " ".join(p.cmdline())):
                 found.append(p)
         except psutil.Error:
             pass

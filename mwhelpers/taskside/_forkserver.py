@@ -7,8 +7,9 @@ A task forked from here starts as a cold one would have gone on after its own
 TensorFlow's import put there), folder, arguments and log.  The lines the import wrote are
 copied to the top of its log, followed by one line that says it was forked.  Python's and
 NumPy's global random generators are seeded anew.  ``ps`` shows it as
-``python -u _bootstrap.py SCRIPT ARGS``, and ``/proc/PID/environ`` shows its own variables
-(``TF_CONFIG``...) too.
+``python -u _bootstrap.py SCRIPT ARGS``.  Its ``/proc/PID/environ`` is the block it was
+forked with, this server's (the variables it was started with): the kernel finds and ends it
+by its run, not by its environment, and what it starts inherits its own.
 
 The bootstrap loads this file by path: it imports nothing of the package.
 
@@ -44,12 +45,8 @@ from typing import TypedDict
 
 MAX_MESSAGE = 1 << 22
 MAX_FDS = 8
-# The server's last environment variable: room to show each task's own variables.
-ROOM_ENV = "MWHELPERS_WARM_ROOM"
 NOTICE = ("[mwhelpers] warm start: this task was forked from a process that had imported "
           "TensorFlow already (a fresh interpreter instead: MWHELPERS_WARM_START=0)\n")
-UNSHOWN = ("[mwhelpers] warm start: /proc/PID/environ does not show this task's own variables "
-           "(TF_CONFIG...): they were longer than the room kept for them\n")
 
 
 # A task's request, as the module's text describes it ("pass" is a keyword: the functional form).
@@ -88,28 +85,6 @@ def _stat_fields() -> list[bytes]:
         return f.read().rsplit(b")", 1)[1].split()
 
 
-def show_environ(variables: dict[str, str]) -> bool:
-    """Let ``/proc/PID/environ`` (``ps e``, psutil) show ``variables`` too: written over the
-    value of :data:`ROOM_ENV`, the last variable this process was started with.  The others
-    stay where they are, the same as the task's own (the same key).  False: they did not fit."""
-    try:
-        fields = _stat_fields()
-        start, end = int(fields[47]), int(fields[48])  # env_start, env_end (fields 50, 51)
-    except (OSError, IndexError, ValueError):
-        return False
-    block = ctypes.string_at(start, end - start)
-    mark = ROOM_ENV.encode() + b"="
-    at = 0 if block.startswith(mark) else block.find(b"\0" + mark) + 1
-    if at <= 0 and not block.startswith(mark):
-        return False
-    room = len(block) - at
-    shown = b"".join(f"{k}={v}".encode(errors="replace") + b"\0" for k, v in variables.items())
-    if len(shown) >= room:
-        return False
-    ctypes.memmove(start + at, shown + b"\0" * (room - len(shown)), room)
-    return True
-
-
 def _flush_all() -> None:
     """Python's and C's buffered output, written out before a fork copies it."""
     sys.stdout.flush()
@@ -128,10 +103,9 @@ def _write_all(fd: int, data: bytes) -> None:
 class Server:
     """Forks tasks on request, then tells each task's kernel-side waiter how it ended."""
 
-    def __init__(self, ctl_fd: int, preamble: bytes, env_before: dict[str, str],
-                 env_set: dict[str, str], env_unset: list[str], bootstrap: str) -> None:
+    def __init__(self, ctl_fd: int, preamble: bytes, env_set: dict[str, str],
+                 env_unset: list[str], bootstrap: str) -> None:
         self.ctl = socket.socket(fileno=ctl_fd)
-        self.env_before = env_before  # as it started, less its own variables
         self.preamble = preamble
         self.env_set = env_set
         self.env_unset = env_unset
@@ -204,7 +178,7 @@ class Server:
         for fd in fds[1:]:
             os.close(fd)
         # The task itself says its pid once it is in its own session, with its title and
-        # environment shown: nobody looks for it before.  Its end comes from here.
+        # environment: nobody looks for it before.  Its end comes from here.
         self.children[pid] = status
         return None
 
@@ -236,14 +210,13 @@ class Server:
         os.close(log)
         env = dict(request["env"])
         env.update({name: str(fd) for name, fd in passed.items()})
-        shown = show_environ({k: v for k, v in env.items() if self.env_before.get(k) != v})
         for name in self.env_unset:
             env.pop(name, None)
         env.update(self.env_set)
         os.environ.clear()
         os.environ.update(env)
         os.chdir(request["cwd"])
-        _write_all(2, self.preamble + NOTICE.encode() + (b"" if shown else UNSHOWN.encode()))
+        _write_all(2, self.preamble + NOTICE.encode())
         set_title([sys.executable, "-u", self.bootstrap, *request["argv"]])
         send(status, {"pid": os.getpid()})  # now it can be found, signalled and waited for
         status.close()
@@ -270,7 +243,6 @@ def run(ctl_fd: int, bootstrap: str, import_first: Callable[[], object]) -> None
     ctl = socket.socket(fileno=os.dup(ctl_fd))
     captured = os.memfd_create("mwhelpers-import-output")
     quiet = os.open(os.devnull, os.O_WRONLY)
-    os.environ.pop(ROOM_ENV, None)
     before = dict(os.environ)
     for fd in (1, 2):
         os.dup2(captured, fd)
@@ -303,6 +275,6 @@ def run(ctl_fd: int, bootstrap: str, import_first: Callable[[], object]) -> None
     if not send(ctl, {"ready": True, "gpu_build": _gpu_build()}):
         sys.exit(0)
     ctl.close()
-    server = Server(ctl_fd, b"".join(chunks), before, env_set, env_unset, bootstrap)
+    server = Server(ctl_fd, b"".join(chunks), env_set, env_unset, bootstrap)
     if server.serve() is None:
         sys.exit(0)
