@@ -29,9 +29,10 @@ restart (medians over the rounds, in ms):
     ``explain_failure`` inside), then the root-cause file, the echo and the next
     attempt's job (up to ``Job.start``; ``Runtime.start_all`` before);
 (d) from there to the new processes started: the task and port checks
-    (``_checked_task``), the look before launch (``_look_before_launch``: the
-    precheck and the ``installed()`` versions, which the supervisor's restarts skip)
-    and the spawns (``Runtime.spawn``); the goal for (a) to (d) together is 0.3 s;
+    (``Spawner.check``; ``_checked_task`` before the spawner), the look before launch
+    (``Lookout.look``; ``_look_before_launch`` before: the precheck and the ``installed()``
+    versions, which the supervisor's restarts skip) and the spawns (``Spawner.spawn``;
+    ``Runtime.spawn`` before); the goal for (a) to (d) together is 0.3 s;
 (e) from the launch to the first step, beside the same parts of the cold start:
     the interpreter up, TensorFlow imported, the gRPC server started, the cluster
     formed (the strategy created), the model and fit set up, the restore
@@ -291,6 +292,8 @@ METHODS = {
     "Runtime": ["watch", "end", "failures", "kill", "start_all", "checked_tasks", "_checked_task",
                 "_look_before_launch", "spawn", "_spawn", "_await_ready", "child_env"],
     "Job": ["start", "watch", "end", "signal", "failures"],
+    "Spawner": ["check", "spawn", "environment"],
+    "Lookout": ["look"],
     "Watcher": ["watch", "poll", "note_ready"],
     "LocalProcess": ["processes", "end"],
     "LocalLauncher": ["start"],
@@ -300,7 +303,8 @@ METHODS = {
 MODULES = ["mwhelpers.workers", "mwhelpers.supervisor", "mwhelpers.watcher", "mwhelpers.failures",
            "mwhelpers.diagnosis", "mwhelpers.precheck", "mwhelpers.versions", "mwhelpers.ports",
            "mwhelpers.proctree", "mwhelpers.logs", "mwhelpers.launchers", "mwhelpers.backends",
-           "mwhelpers.backends.base", "mwhelpers.backends.local", "mwhelpers.job", "mwhelpers.jobs"]
+           "mwhelpers.backends.base", "mwhelpers.backends.local", "mwhelpers.job", "mwhelpers.jobs",
+           "mwhelpers.spawner"]
 
 
 def instrument():
@@ -363,7 +367,7 @@ def instrument():
 
 # The calls that start an attempt's processes (the job's, or the runtime's before the job).
 STARTS = ("Job.start", "Runtime.start_all")
-SPAWNS = ("Runtime.spawn", "Runtime._spawn")
+SPAWNS = ("Spawner.spawn", "Runtime.spawn", "Runtime._spawn")
 
 
 def first_call(labels, after, thread="MainThread", end=False):
@@ -402,7 +406,7 @@ RESTART_POINTS = [
     ("peer-ended", "(b) ending the peer (Job.end)"),
     ("diagnosed", "(c) failure records + diagnosis (Job.failures)"),
     ("start-all", "(c) root-cause file, echo, decision, new job"),
-    ("spawning", "(d) checks: _checked_task, _look_before_launch"),
+    ("spawning", "(d) checks: Spawner.check (no look at a restart)"),
     ("launch", "(d) spawns: the new processes started"),
 ]
 
