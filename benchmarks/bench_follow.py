@@ -7,7 +7,7 @@ K real local tasks run for S seconds each way, printing a progress line every 0.
 Keras fit with ``verbose=2`` or a custom loop does); the kernel's CPU time over those
 seconds (``time.process_time``, every thread of the kernel) is measured while they run in
 the background, followed only by mwhelpers itself (the timeline's epochs and steps, a live
-view's state), and while a cell watches them (``rt.watch(runs, stream=True)``, the way a
+view's state), and while a cell watches them (``rt.jobs.current().watch(runs, stream=True)``, the way a
 foreground ``%%worker`` streams).  It prints the medians over ``--rounds`` in milliseconds of
 CPU per second of following, per task.
 """
@@ -43,7 +43,7 @@ def one_round(tasks: int, seconds: float, watched: bool) -> float:
         time.sleep(0.5)  # the tasks' start-up is not what is measured
         cpu0, t0 = time.process_time(), time.monotonic()
         if watched:
-            rt.watch(runs, seconds + 30, stream=True)
+            rt.jobs.current().watch(runs, seconds + 30, stream=True)
         else:
             for r in runs:
                 r.wait(seconds + 30)
