@@ -183,10 +183,17 @@ def test_end_all_finds_orphans_that_escaped_the_tree(rt):
 
 
 def test_interrupting_a_foreground_worker_ends_it(rt):
-    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        rt.launch("worker:0", code=STUBBORN)
+    # Ctrl-C's own handler, whatever this process inherited: a shell that starts a command
+    # in the background without job control has it ignore SIGINT (the interrupt would never
+    # come), and the timeout makes a lost one fail the test instead of hanging it.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            rt.launch("worker:0", code=STUBBORN, timeout=60)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     run = rt.get_run("worker:0")
     assert not pid_alive(run.pid) and run.note == "ended by mwhelpers on interrupt"
 
