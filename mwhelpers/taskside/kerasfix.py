@@ -48,7 +48,7 @@ changed and the log says why in one line.
 
 Workers started by mwhelpers get this without calling anything (their
 start-up, ``_bootstrap.py``, arms it); ``MWHELPERS_KERAS_FIX=0``,
-``%%worker --no-keras-fix`` or ``Runtime.keras_fix = False`` turn it off.
+``%%worker --no-keras-fix`` or ``rt.defaults.keras_fix = False`` turn it off.
 Other programs call :func:`fix_keras_multi_worker` before their first ``fit``;
 ``MWHELPERS_KERAS_FIX=0`` turns that call off too.
 

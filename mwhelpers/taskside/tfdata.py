@@ -30,7 +30,7 @@ When this TensorFlow's private names are missing or take other arguments,
 nothing is changed and the log says that instead, in one line: the
 workaround never stops a program from running.
 ``MWHELPERS_STALL_FIX=0`` (or ``%%worker --no-stall-fix``,
-``Runtime.stall_fix = False``) turns that off.
+``rt.defaults.stall_fix = False``) turns that off.
 
 This file imports only the standard library at module level, so the worker
 start-up can load it by path without the mwhelpers package.
