@@ -21,7 +21,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .taskside._bootstrap import EXIT_RECORD_ENV
+# Where a task's start-up writes its record: named in its environment.  The start-up
+# (taskside/_bootstrap.py, which imports nothing) spells it out again; a test holds them equal.
+EXIT_RECORD_ENV = "MWHELPERS_EXIT_RECORD"
 
 __all__ = ["EXIT_RECORD_ENV", "ExitRecord", "path_for"]
 

@@ -127,8 +127,14 @@ class Job:
               until: Callable[[], bool] | None = None, what: str = "did not finish",
               end_on_interrupt: bool = True) -> WatchEnd:
         """Follow ``runs`` (default: the latest of each task) until all have ended
-        (``"ended"``) or ``until()`` is true (``"until"``).  See
-        :meth:`mwhelpers.workers.Runtime.watch`."""
+        (``"ended"``) or ``until()`` is true (``"until"``), with a
+        :class:`~mwhelpers.watcher.Watcher`.  ``stream``: echo their new lines with a task
+        prefix, within the console's cell limits (without TensorFlow's informational lines
+        unless ``quiet`` is False; default: ``not console.verbose``); ``on_line(run, line)`` is
+        called for each line.  After ``timeout`` seconds the runs still running have their
+        stacks dumped, are ended, and WorkerTimeout is raised (saying they ``what`` within
+        it).  On an interrupt (Ctrl-C) the runs are ended, unless ``end_on_interrupt`` is
+        False, and the interrupt is raised again."""
         runs = self.latest() if runs is None else list(runs)
         watcher = Watcher(runs, probe=self.spawner.probe)
         if stream:
@@ -173,6 +179,17 @@ class Job:
             raise UsageError(f"{run.task} ended ({run.outcome()}) without logging "
                              f"{regex.pattern!r}")
         return found[0]
+
+    def follow(self, run: TaskRun, timeout: float | None = None) -> TaskRun:
+        """Stream ``run``'s log into the caller, every line, until it ends (or ``timeout`` s
+        passed, or Ctrl-C); the run goes on running."""
+        until = None if timeout is None else time.monotonic() + timeout
+        try:
+            self.watch([run], stream=True, quiet=False, end_on_interrupt=False,
+                       until=lambda: until is not None and time.monotonic() > until)
+        except KeyboardInterrupt:
+            self.console.echo(f"stopped following {run.task}; it is still {run.state}")
+        return run
 
     def wait(self, timeout: float | str | None = None,
              grace_after_failure: float = 30.0, runs: Iterable[TaskRun] | None = None,

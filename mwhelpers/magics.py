@@ -331,7 +331,7 @@ class WorkerMagics(Magics):
         if a.follow:
             if not a.task:
                 raise UsageError("--follow needs a TASK")
-            self.rt.follow(a.task)
+            self.rt.jobs.current().follow(self.rt.get_run(a.task))
             return
         for ln in self.rt.log(a.task, a.n, grep=a.grep):
             print(ln)
@@ -486,7 +486,8 @@ def unload(ipython: InteractiveShell) -> None:
     if script_magics is not None and hasattr(script_magics, "killbgscripts"):
         table["line"]["killbgscripts"] = script_magics.killbgscripts
     workers = sys.modules.get("mwhelpers.workers")  # None: nothing was ever launched
-    running = [r for r in workers.runtime().runs.values() if r.running] if workers else []
+    rt = workers.existing_runtime() if workers is not None else None
+    running = [r for r in rt.runs.values() if r.running] if rt is not None else []
     if running:
         names = ", ".join(str(r.task) for r in running)
         print(f"mwhelpers unloaded; {len(running)} task(s) keep running: {names}. "

@@ -2,11 +2,13 @@
 environment and log, its start through the backend, and the run that records it.
 
 A :class:`Spawner` is made with its cluster (by :class:`~mwhelpers.workers.Runtime` when it
-defines one) and given to every :class:`~mwhelpers.job.Job` of that cluster; the job is the
-only caller.  Its public surface:
+defines one) and given to every :class:`~mwhelpers.job.Job` of that cluster: the jobs call
+it, and the supervisor its standbys, through a job.  Its public surface:
 
 * :meth:`Spawner.check`: the tasks of some launch requests, each in the cluster, not running,
-  its port free, given once; each program looked at once (:class:`~mwhelpers.precheck.Lookout`);
+  its port free, given once; each program of the launch looked at once
+  (:class:`~mwhelpers.precheck.Lookout`; tasks that run the same program with the same
+  environment share one look);
 * :meth:`Spawner.spawn`: one task's process started (or a standby released) and its
   :class:`~mwhelpers.taskrun.TaskRun`;
 * :meth:`Spawner.spawn_standby` and :meth:`Spawner.discard_standby`: a process started
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from . import exitrecord, proctree, settings
 from .backends import create_backend, pick_backend
+from .backends.base import LaunchSpec
 from .cluster import Cluster, job_tasks
 from .errors import UsageError
 from .gpus import assign, check_per_task
@@ -41,7 +44,7 @@ from .taskside.tfdata import STALL_FIX_ENV
 from .watcher import SERVER_JOBS
 
 if TYPE_CHECKING:
-    from .backends.base import Launcher, LaunchSpec, Process
+    from .backends.base import Launcher, Process
     from .cluster import Task
 
 GRPC_OPTIONS_ENV = "TF_GRPC_DEFAULT_OPTIONS"  # read by TensorFlow's gRPC channels
@@ -171,9 +174,11 @@ class Spawner:
                     raise UsageError(
                         f"port {port} of {task} is already taken by {holder_of(port)}; end "
                         "that process, or define the cluster again (%cluster) to get new ports")
-        if look:
-            for request in requests:
-                self.lookout.look(request, self.launcher.python, self.keras_fix(request))
+        if look:  # once per program: the tasks of launch_all run the same one
+            programs = {(r.code, r.script, tuple(sorted(r.env.items())), self._keras_fix(r)): r
+                        for r in requests}
+            for (*_, keras_fix), request in programs.items():
+                self.lookout.look(request, self.launcher.python, keras_fix)
         return tasks
 
     # -- starting ----------------------------------------------------------------------
@@ -187,12 +192,14 @@ class Spawner:
             except OSError:  # it died at this very moment: as below
                 pass
             else:
-                return self._run(task, standby.process, standby.spec, standby.ready, attempt)
+                return self._run(task, standby.process, standby.spec, standby.ready, attempt,
+                                 self._keras_fix(request))
         if standby is not None:  # it died waiting: a cold start, under the number it had
             self.names.reuse(task, standby.number)
             standby.replaced = True
         spec, ready, _ = self._spec(task, request, attempt)
-        return self._run(task, self.launcher.start(spec), spec, ready, attempt)
+        return self._run(task, self.launcher.start(spec), spec, ready, attempt,
+                         self._keras_fix(request))
 
     def spawn_standby(self, task: Task, request: LaunchRequest, attempt: int) -> Standby | None:
         """Start ``task``'s process for ``attempt`` ahead (None where the backend cannot):
@@ -223,7 +230,7 @@ class Spawner:
         return port_accepts(run.port, self.cluster.connect_address(run.task))
 
     # -- what a task gets --------------------------------------------------------------
-    def environment(self, task: Task, request: LaunchRequest, attempt: int,
+    def _environment(self, task: Task, request: LaunchRequest, attempt: int,
                     base: Mapping[str, str]) -> dict[str, str]:
         """The environment ``task``'s program gets: ``base`` (what the backend passes on),
         TF_CONFIG and mwhelpers' variables, then the request's own; and gRPC's first
@@ -240,13 +247,13 @@ class Spawner:
         env["MWHELPERS_ATTEMPT"] = str(attempt)
         stall_fix = self.defaults.stall_fix if request.stall_fix is None else request.stall_fix
         env[STALL_FIX_ENV] = "1" if stall_fix else "0"
-        env[KERAS_FIX_ENV] = "1" if self.keras_fix(request) else "0"
+        env[KERAS_FIX_ENV] = "1" if self._keras_fix(request) else "0"
         env["PYTHONUNBUFFERED"] = "1"
         env.update(request.env)
         env.update(fast_reconnect(env, self.defaults.reconnect_ms))
         return env
 
-    def keras_fix(self, request: LaunchRequest) -> bool:
+    def _keras_fix(self, request: LaunchRequest) -> bool:
         """Whether ``request``'s task mends Keras 3 (:mod:`mwhelpers.taskside.kerasfix`): its own
         ``env`` decides when it names the switch, then its ``keras_fix``, then the default."""
         if KERAS_FIX_ENV in request.env:
@@ -257,8 +264,6 @@ class Spawner:
               standby: bool = False) -> tuple[LaunchSpec, RunReady, int]:
         """What starts ``task`` for ``request`` in ``attempt``, its readiness mode and its
         launch number."""
-        from .backends.base import LaunchSpec
-
         if request.log:
             log_path, number = request.log, 0
         else:
@@ -279,7 +284,7 @@ class Spawner:
         # variables that matter, not the kernel's whole environment) and fills in its folder.
         base = self.launcher.task_env(os.environ)
         spec = LaunchSpec(script=str(Path(script).resolve()), args=list(request.args),
-                          env=self.environment(task, request, attempt, base),
+                          env=self._environment(task, request, attempt, base),
                           log_path=Path(log_path), cell=request.code is not None,
                           host=self.cluster.host_of(task), port=self.cluster.port(task),
                           standby=standby)
@@ -287,13 +292,14 @@ class Spawner:
         return spec, ready, number
 
     def _run(self, task: Task, process: Process, spec: LaunchSpec, ready: RunReady,
-             attempt: int) -> TaskRun:
-        """The run of ``process``, started from ``spec``."""
+             attempt: int, keras_fix: bool) -> TaskRun:
+        """The run of ``process``, started from ``spec`` (``keras_fix``: its start-up mends
+        Keras 3)."""
         cluster = self.cluster
         run = TaskRun(task, process, spec.log_path, cluster.port(task), cluster.address(task),
                       ready, spec.script, attempt=attempt, cwd=spec.cwd, host=spec.host,
                       cell=spec.cell)
         if cluster.gpus is not None:
             run.gpus = spec.env.get("CUDA_VISIBLE_DEVICES", "")
-        run.keras_fix = settings.KERAS_FIX.read(spec.env)
+        run.keras_fix = keras_fix
         return run

@@ -7,13 +7,13 @@ whoever listens) and hands every line, from each log's start, to its listeners
 watches; it notes when a server task's port starts accepting connections, and
 returns when every run has ended, when a condition holds, or at a deadline:
 
-    w = Watcher(runs, probe=rt.probe)
+    w = Watcher(runs, probe=spawner.probe)
     w.on_line(lambda run, line: ...)
     how = w.watch(timeout=60, until=lambda: ...)   # "ended", "until" or "deadline"
 
 :func:`await_ready` waits for one run's port alone.  Neither ends anything:
 what a deadline or an interrupt means is the caller's business
-(:meth:`mwhelpers.workers.Runtime.watch` ends the stuck runs with their stacks
+(:meth:`mwhelpers.job.Job.watch` ends the stuck runs with their stacks
 dumped and raises; :func:`mwhelpers.supervisor.supervise` restarts).
 
 What a cell shows of a flood of output is bounded, as notebook front-ends
@@ -146,11 +146,6 @@ class CellEcho:
             self._say(run, f"... more than {head:,} lines: the rest {rest}{later}")
         if st.last is not None:
             st.last.append(line)
-
-    def left_out(self, run: TaskRun) -> int:
-        """How many of ``run``'s lines so far are neither shown nor held to be shown."""
-        st = self._runs.get(id(run))
-        return 0 if st is None else self._left_out(st)
 
     def _left_out(self, st: _Shown) -> int:
         if self.limits.head is None:

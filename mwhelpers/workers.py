@@ -21,7 +21,6 @@ import re
 import signal
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -394,20 +393,6 @@ class Runtime:
                 raise UsageError("no task has been launched yet, so there is no log")
             return excerpt(self.runs.values(), n, grep)
         return excerpt([self.get_run(task)], n, grep)
-
-    def follow(self, task: TaskSpec, timeout: float | str | None = None) -> TaskRun:
-        """Stream one task's log into the caller until it ends (or ``timeout`` s passed,
-        or Ctrl-C); the task goes on running."""
-        run = self.get_run(task)
-        limit = parse_timeout(timeout)
-        until = None if limit is None else time.monotonic() + limit
-        try:
-            self.jobs.current().watch(
-                [run], stream=True, quiet=False, end_on_interrupt=False,
-                until=lambda: until is not None and time.monotonic() > until)
-        except KeyboardInterrupt:
-            self.echo(f"stopped following {run.task}; it is still {run.state}")
-        return run
 
 
 def excerpt(runs: Iterable[TaskRun], n: int = 20, grep: str | None = None) -> list[str]:

@@ -341,6 +341,21 @@ def test_the_worker_magics_help_lists_every_launch_option(ip):
         assert re.search(rf"^\s+{re.escape(option.flag)}\b.*{re.escape(option.help[:30])}", doc, re.M)
 
 
+def test_the_launch_options_table_its_types_and_the_request_name_the_same_options():
+    """One list of launch options: the table the magics read, the keywords launch, launch_all
+    and supervise are typed with, and what a checked request holds."""
+    import dataclasses
+    import typing
+
+    from mwhelpers.launchoptions import LAUNCH_OPTIONS, LaunchOptions, TaskOptions
+    from mwhelpers.taskrun import LaunchRequest
+
+    names = {o.name for o in LAUNCH_OPTIONS}
+    assert set(typing.get_type_hints(LaunchOptions)) == names
+    assert set(typing.get_type_hints(TaskOptions)) < names
+    assert names < {f.name for f in dataclasses.fields(LaunchRequest)}
+
+
 def test_loading_the_extension_imports_only_what_registering_the_magics_needs():
     """%load_ext registers the magics without the runtime: the first magic that needs it
     imports it (benchmarks/bench_mwhelpers.py times the load)."""

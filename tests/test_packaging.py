@@ -118,7 +118,7 @@ def test_readme_commands_are_the_ones_ci_runs():
 
 PUBLIC_METHODS = {
     "Runtime": ["__init__", "define_cluster", "launch", "launch_all", "wait", "status", "log",
-                "get_run", "kill", "kill_when", "wait_for_line", "end_all", "supervise", "follow",
+                "get_run", "kill", "kill_when", "wait_for_line", "end_all", "supervise",
                 "results", "timeline", "interactive", "close"],
     "Cluster": ["__init__", "check_task", "port", "address", "host_of", "gpus_of", "cluster_spec",
                 "tf_config", "close"],

@@ -466,26 +466,29 @@ def test_port_reservations_say_nothing_at_interpreter_exit(holder):
 
 
 def test_each_launch_is_checked_and_looked_at_once(rt, monkeypatch):
-    """A launch goes one way: the job that starts it checks it once and looks at each program
+    """A launch goes one way: the job that starts it checks it once and looks at its program
     once (the look before launch, precheck.Lookout), whether one task is launched, all at
-    once, or under the supervisor (its restarts start what it looked at already)."""
+    once (one program for every task), or under the supervisor (its restarts start what it
+    looked at already)."""
     from mwhelpers.precheck import Lookout
     from mwhelpers.spawner import Spawner
 
     looked, checked = [], []
     look, check = Lookout.look, Spawner.check
     monkeypatch.setattr(Lookout, "look", lambda self, request, *a: looked.append(
-        str(request.task)) or look(self, request, *a))
+        request.code) or look(self, request, *a))
     monkeypatch.setattr(Spawner, "check", lambda self, requests, *a: checked.append(
         len(requests)) or check(self, requests, *a))
     rt.define_cluster(2)
     rt.launch("worker:1", code="print('one')")
-    assert (looked, checked) == (["worker:1"], [1])
+    assert (looked, checked) == (["print('one')"], [1])
     rt.launch_all(code="print('all')")
-    assert (looked[1:], checked[1:]) == (["worker:0", "worker:1"], [2])
+    assert (looked[1:], checked[1:]) == (["print('all')"], [2])
+    rt.launch_all(code="print('env')", env={"A": "1"})
+    assert (looked[2:], checked[2:]) == (["print('env')"], [2])
     flaky = ("import os, signal\n"
              "if os.environ['MWHELPERS_ATTEMPT'] == '1' and os.environ['MWHELPERS_TASK'] == "
              "'worker:1':\n    os.kill(os.getpid(), signal.SIGKILL)\n")
     attempts = rt.supervise(code=flaky, max_restarts=1, stream=False)
     assert [a.restarted for a in attempts] == [True, False]
-    assert (looked[3:], checked[2:]) == (["worker:0", "worker:1"], [2, 2])
+    assert (looked[3:], checked[3:]) == ([flaky], [2, 2])
