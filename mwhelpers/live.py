@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from .follow import progress
 from .logs import QuietFilter
 from .status import COLORS, exit_text
 
@@ -32,7 +31,7 @@ if TYPE_CHECKING:
     from .taskrun import TaskRun
 
 INTERVAL = 1.0  # seconds between updates
-__all__ = ["LiveViews", "TaskView", "last_shown_line", "progress"]
+__all__ = ["LiveViews", "TaskView", "last_shown_line"]
 
 
 def last_shown_line(lines: Iterable[str]) -> str:

@@ -33,7 +33,6 @@ from .job import Job, Jobs, diagnose_root
 from .launchoptions import TaskOptions
 from .proctree import parse_signal
 from .taskrun import LaunchRequest, Standby, TaskRun, parse_timeout
-from .taskside import taskfacts
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -247,13 +246,14 @@ def _supervise(rt: Host, requests: Sequence[LaunchRequest], tasks: Sequence[Task
         pending = list(faults) if attempt == 1 else []
         events: list[str] = []
         # Standbys for the next attempt once every task has imported TensorFlow (its facts
-        # line): started earlier, their import would slow this attempt's own.
+        # line, which its log feed has parsed): started earlier, their import would slow this
+        # attempt's own.
         importing = {r.task for r in runs} if standby and attempt <= max_restarts else set()
 
         def on_line(run: TaskRun, line: str, pending: list[_Checked] = pending,
                     events: list[str] = events, job: Job = job,
                     importing: set[Task] = importing, attempt: int = attempt) -> None:
-            if run.task in importing and taskfacts.parse([line]) is not None:
+            if run.task in importing and run.feed.facts is not None:
                 importing.discard(run.task)
                 if not importing:
                     _start_standbys(rt, job, requests, tasks, attempt + 1, standbys)

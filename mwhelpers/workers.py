@@ -263,8 +263,7 @@ class Runtime:
             created = self.cluster is None
             cluster = self.cluster or self.define_cluster()
             try:
-                requests = [LaunchRequest.parse(cluster.check_task(t), code=code, script=script,
-                                                args=args, **options)
+                requests = [LaunchRequest.parse(t, code=code, script=script, args=args, **options)
                             for t in (cluster.tasks if tasks is None else tasks)]
                 job = self.jobs.for_launch()
                 runs = job.start(requests)

@@ -7,7 +7,8 @@ import nbformat
 import pytest
 from conftest import ROOT
 
-from mwhelpers.live import LiveViews, TaskView, progress
+from mwhelpers.follow import progress
+from mwhelpers.live import LiveViews, TaskView
 
 # Keras-like progress, about 2.5 s in all.
 PROGRESS = (
