@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .packages import installed
-from .taskside.kerasfix import GRADIENTS_REDUCED_SINCE, major_minor
-from .taskside.kerasfix import TESTED as KERAS_FIX_TESTED
+from .taskside.kerasbase import TESTED as KERAS_FIX_TESTED
+from .taskside.kerasbase import major_minor
+from .taskside.kerasfix import GRADIENTS_REDUCED_SINCE
 from .taskside.taskfacts import LEGACY_ENV, legacy_selected
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from .gpus import assign, check_per_task
 from .ports import holder_of, port_in_use, port_range
 from .precheck import Lookout
 from .taskrun import LaunchRequest, RunReady, Standby, TaskRun
-from .taskside.kerasfix import KERAS_FIX_ENV
+from .taskside.kerasbase import KERAS_FIX_ENV
 from .taskside.tfdata import STALL_FIX_ENV
 from .watcher import SERVER_JOBS
 

@@ -129,8 +129,7 @@ def _installed() -> tuple[tuple[str, int, int], ...]:
     """The files a server's import ran, as installed now (path, size, mtime): after an upgrade
     of TensorFlow (``%pip install``) or an edit of the start-up's hooks, tasks get a new server."""
     here = Path(__file__).parent / "taskside"
-    paths = [here / f"{name}.py" for name in
-             ("_bootstrap", "_forkserver", "tfdata", "kerasfix", "taskfacts", "lazyplot")]
+    paths = sorted(p for p in here.glob("*.py") if p.name != "_agent.py")
     try:
         spec = importlib.util.find_spec("tensorflow")
     except (ImportError, ValueError):

@@ -19,7 +19,7 @@ import types
 import pytest
 from conftest import ROOT, results
 
-from mwhelpers.taskside import kerasfix
+from mwhelpers.taskside import kerasbase, kerasfix
 
 PROGRAMS = ROOT / "tests" / "programs"
 NOTICE = "[mwhelpers] Keras 3.15.1: fit and evaluate mended for multi-worker"
@@ -150,7 +150,7 @@ BUGGY_LOGS = 'return strategy.reduce("MEAN", v, axis=0)'
 ])
 def test_the_fix_changes_only_a_keras_that_has_the_lines(monkeypatch, capsys, tmp_path, version,
                                                          build, logs, changed, said_line):
-    monkeypatch.setattr(kerasfix, "_said", set())
+    monkeypatch.setattr(kerasbase, "_said", set())
     monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__=version))
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
                                                 "task": {"type": "worker", "index": 0}}))
@@ -172,7 +172,7 @@ def test_the_fix_changes_only_a_keras_that_has_the_lines(monkeypatch, capsys, tm
 
 def test_the_fix_finds_the_renamed_trainer(monkeypatch, capsys, tmp_path):
     """keras-nightly 3.16.0.dev renamed TensorFlowTrainer to Trainer: both places are mended."""
-    monkeypatch.setattr(kerasfix, "_said", set())
+    monkeypatch.setattr(kerasbase, "_said", set())
     monkeypatch.setitem(sys.modules, "keras.src.version",
                         types.SimpleNamespace(__version__="3.16.0.dev2026102704"))
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
@@ -186,7 +186,7 @@ def test_the_fix_finds_the_renamed_trainer(monkeypatch, capsys, tmp_path):
 
 
 def test_the_fix_is_silent_outside_a_multi_worker_job(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(kerasfix, "_said", set())
+    monkeypatch.setattr(kerasbase, "_said", set())
     monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__="3.99"))
     monkeypatch.delenv("TF_CONFIG", raising=False)
     kerasfix.patch_trainer(_module(tmp_path, "fake_trainer_alone", BUGGY_BUILD, BUGGY_LOGS))
@@ -221,7 +221,7 @@ def test_keras3_progress_bars_read_as_a_terminal_shows_them(tmp_path):
 def test_the_switch_also_turns_off_the_explicit_call(monkeypatch, capsys):
     """A program that calls fix_keras_multi_worker() itself, launched with --no-keras-fix (or
     MWHELPERS_KERAS_FIX=0): the call arms nothing and says so."""
-    monkeypatch.setattr(kerasfix, "_said", set())
+    monkeypatch.setattr(kerasbase, "_said", set())
     monkeypatch.setenv(kerasfix.KERAS_FIX_ENV, "0")
     armed = [f for f in sys.meta_path if getattr(f, "name", "") == kerasfix.TRAINER]
     assert kerasfix.fix_keras_multi_worker() is False

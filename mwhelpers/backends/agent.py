@@ -42,7 +42,9 @@ from .options import BackendOptions, option, seconds, text
 
 AGENT_CODE = (Path(__file__).parents[1] / "taskside" / "_agent.py").read_text()
 # The files the worker start-up loads beside itself, sent with it to every host.
-BOOTSTRAP_FILES = ("tfdata.py", "taskfacts.py", "kerasfix.py", "lazyplot.py")
+# What a task's start-up loads beside it (the whole worker-side folder, but for the agent itself).
+BOOTSTRAP_FILES = tuple(sorted(p.name for p in Path(BOOTSTRAP).parent.glob("*.py")
+                              if p.name not in ("_bootstrap.py", "_agent.py")))
 # A probe whose SSH connection sshd dropped before its greeting is tried this many times.
 PROBE_TRIES = 3
 SSH_DROPPED = ("kex_exchange_identification", "Connection reset by peer",

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InfrastructureError, UsageError
-from ..taskside.kerasfix import KERAS_FIX_ENV
+from ..taskside.kerasbase import KERAS_FIX_ENV
 from ..taskside.tfdata import STALL_FIX_ENV
 from .agent import AgentLauncher, Probe, RemoteOptions
 from .base import BOOTSTRAP

@@ -84,13 +84,21 @@ def _arm_guard() -> None:
     threading.Thread(target=watch, name="mwhelpers-parent-guard", daemon=True).start()
 
 
+PACKAGE = "_mwhelpers_taskside"  # this folder, imported by path under a name of its own
+
+
 def _load(name: str) -> types.ModuleType:
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"_mwhelpers_{name}", path)
-    assert spec is not None and spec.loader is not None  # a .py file always has both
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The module ``name`` of this folder, imported as part of it (its modules import each
+    other relatively) without the mwhelpers package."""
+    if PACKAGE not in sys.modules:
+        here = os.path.dirname(os.path.abspath(__file__))
+        spec = importlib.util.spec_from_file_location(
+            PACKAGE, os.path.join(here, "__init__.py"), submodule_search_locations=[here])
+        assert spec is not None and spec.loader is not None  # a .py file always has both
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[PACKAGE] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"{PACKAGE}.{name}")
 
 
 def _arm_import_hooks() -> None:

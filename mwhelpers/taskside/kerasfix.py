@@ -22,22 +22,8 @@ cause it, and both must be mended for training to work:
    replicas, as Keras does in one process; tf_keras too reduces these logs with
    ``axis=None``).
 
-Keras 3's ``BackupAndRestore`` and ``ModelCheckpoint`` have no notion of a
-chief: every worker writes the same files, and two workers writing one HDF5
-file fail with h5py's ``unable to lock file``.  Under multi-worker MWMS, the
-chief writes where the user asked and every other worker writes the same save
-to ``<folder>/workertemp_<task id>/`` and deletes it right after (each worker
-still saves, as saving may run collectives).  ``BackupAndRestore`` restores
-what Keras 3 saves: the weights, the optimizer's state and the epoch to start
-from, never a batch inside an epoch (with an integer ``save_freq`` the epoch
-starts again from its first batch, with the weights of the last save).  Keras 3
-writes into each backup the epoch it counted itself, from 0 in every new process,
-so until a restarted epoch ends its backups would say epoch 0 and a second fault
-would run the epochs from 0 again on the latest weights; here the count starts at
-the epoch restored.  The
-chief's backup is written beside and then moved into place file by file, weights
-first: a worker killed while saving never leaves a half-written file, at worst
-new weights with the previous epoch's number (that epoch is then run again).
+The checkpointing callbacks are mended beside this file (``kerascallbacks.py``);
+:func:`install` arms every mend of the worker side.
 
 Everything else runs Keras's own code: each replacement checks that the
 strategy is a MultiWorkerMirroredStrategy in multi-worker mode and otherwise
@@ -58,24 +44,31 @@ start-up can load it by path without the mwhelpers package.
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import shutil
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from . import kerascallbacks
+from .kerasbase import (
+    KERAS_FIX_ENV,
+    PATCHED,
+    SKIPPED,
+    fix_wanted,
+    is_multi_worker,
+    keras_version,
+    major_minor,
+    multi_worker_job,
+    safely,
+    say_once,
+    source_of,
+    untested,
+)
+
 ISSUE = "keras-team/keras#20585"
-KERAS_FIX_ENV = "MWHELPERS_KERAS_FIX"
 TRAINER = "keras.src.backend.tensorflow.trainer"
-BACKUP = "keras.src.callbacks.backup_and_restore"
-CHECKPOINT = "keras.src.callbacks.model_checkpoint"
-# The Keras releases this was tested with (major, minor), both ends included; others are left
-# alone with a warning.
-TESTED = ((3, 0), (3, 16))
 # Before 3.5 Keras all-reduces the gradients (3.2.1 to 3.4) inside a merge_call, where nothing
 # is reduced, or not at all (3.0 to 3.2.0): each worker trains alone (keras-team/keras#19969). Mending
 # fit there would turn a failure into silently wrong training; left alone, said why.
@@ -91,118 +84,21 @@ CAVEATS = (
 # The failing lines, whitespace removed, as Keras 3.3 to 3.15 write them.
 BUILD_LINE = "data_batch=self.distribute_strategy.reduce("
 LOGS_LINE = 'strategy.reduce("MEAN",v,axis=0)'
-_PATCHED = "_mwhelpers_keras_fix"
 
 NOTICE = ("[mwhelpers] Keras {version}: fit and evaluate mended for multi-worker "
           "MultiWorkerMirroredStrategy (" + ISSUE + "; {what}); "
           "turn off: MWHELPERS_KERAS_FIX=0")
-CALLBACK_NOTICE = ("[mwhelpers] Keras {version} {callback} under multi-worker MWMS: {who} "
-                   "(Keras 3 callbacks have no chief; turn off: MWHELPERS_KERAS_FIX=0)")
-CHIEF_WRITES = "this task is the chief and writes {path}; the others save to {temp} and delete it"
-OTHER_WRITES = "the chief writes {path}; this task saves to {temp} and deletes it"
-SKIPPED = ("[mwhelpers] the Keras 3 multi-worker fix (" + ISSUE + ") is not applied: {why}; "
-           "the program runs Keras unchanged")
 FIXED_UPSTREAM = ("[mwhelpers] Keras {version} does not have the failing lines of " + ISSUE
                   + " in its trainer: nothing to mend, Keras runs unchanged")
-OFF = ("[mwhelpers] fix_keras_multi_worker(): not armed, " + KERAS_FIX_ENV + "=0 says off "
+OFF = ("[mwhelpers] fix_kerasis_multi_worker(): not armed, " + KERAS_FIX_ENV + "=0 says off "
        "(Keras runs unchanged)")
-_said: set[str] = set()
 _local = threading.local()
 if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of other hosts)
-    from typing import Protocol, TypeGuard
-
-    class ReduceFn(Protocol):
-        """``strategy.reduce``: (reduce_op, value, axis) -> the reduced value."""
-
-        def __call__(self, reduce_op: object, value: object, axis: object = None) -> object: ...
-
-    class Extended(Protocol):
-        """What this file calls on ``strategy.extended`` (its other attributes, the chief's
-        ``should_checkpoint`` and ``_task_id``, are read with ``getattr`` and a default)."""
-
-        def _in_multi_worker_mode(self) -> bool: ...
-
-    class Strategy(Protocol):
-        """What this file uses of a MultiWorkerMirroredStrategy (``reduce`` is replaced on the
-        instance while one Keras call runs)."""
-
-        extended: Extended
-        reduce: ReduceFn
-
-        def experimental_local_results(self, value: object) -> tuple[object, ...]: ...
-
-    class BackupCallback(Protocol):
-        """What the mended BackupAndRestore methods use of ``self`` (Keras's own attributes)."""
-
-        model: object
-        backup_dir: object
-        double_checkpoint: bool
-        _current_epoch: int
-
-    class CheckpointCallback(Protocol):
-        """What the mended ModelCheckpoint methods use of ``self`` (Keras's own attributes)."""
-
-        model: object
-        filepath: object
-
-        def _get_file_path(self, *args: object, **kwargs: object) -> object: ...
+    from .kerasbase import ReduceFn, Strategy
 
     # A rewrite of one form of ``strategy.reduce``: (strategy, the real reduce, reduce_op,
     # value, axis) -> a 1-tuple holding the result, or None to leave the call to the real one.
     Rewrite = Callable[[Strategy, ReduceFn, object, object, object], tuple[object] | None]
-
-
-def _say_once(key: str, line: str) -> None:
-    if key not in _said:
-        _said.add(key)
-        print(line, file=sys.stderr, flush=True)
-
-
-def fix_wanted(environ: Mapping[str, str]) -> bool:
-    """False when ``MWHELPERS_KERAS_FIX`` says off (0, false, no, off); on by default."""
-    return environ.get(KERAS_FIX_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def multi_worker_job(environ: Mapping[str, str] = os.environ) -> bool:
-    """True when TF_CONFIG names more than one worker-like task (chief and workers)."""
-    try:
-        cluster = json.loads(environ.get("TF_CONFIG") or "{}").get("cluster", {})
-        return sum(len(cluster.get(job) or ()) for job in ("chief", "worker")) > 1
-    except (ValueError, AttributeError, TypeError):
-        return False
-
-
-def keras_version() -> str | None:
-    """The version of the Keras this process imported, from the module itself."""
-    for name in ("keras.src.version", "keras"):
-        version = getattr(sys.modules.get(name), "__version__", None)
-        if version:
-            return str(version)
-    return None
-
-
-def major_minor(version: str | None) -> tuple[int, ...]:
-    """(3, 15) for '3.15.1', '3.15.0.dev2026', ...; () when there are no numbers."""
-    return tuple(int(n) for n in re.findall(r"\d+", version or "")[:2])
-
-
-def _source(function: Callable[..., object]) -> str | None:
-    import inspect
-
-    try:
-        return "".join(inspect.getsource(function).split())
-    except (OSError, TypeError):
-        return None
-
-
-def _multi_worker(strategy: object) -> TypeGuard[Strategy]:
-    """True for a MultiWorkerMirroredStrategy in multi-worker mode (the only case changed)."""
-    tf = sys.modules.get("tensorflow")
-    try:
-        return (tf is not None and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-                and bool(strategy.extended._in_multi_worker_mode()))
-    except AttributeError:
-        return False
 
 
 # -- the trainer ------------------------------------------------------------------------
@@ -266,7 +162,7 @@ def _wrap_method(cls: type, name: str, rewrite: Rewrite, announce: Callable[[], 
 
     def method(self: object, *args: object, **kwargs: object) -> object:
         strategy = getattr(self, "_distribute_strategy", None)
-        if strategy is None or not _multi_worker(strategy):
+        if strategy is None or not is_multi_worker(strategy):
             return original(self, *args, **kwargs)
         announce()
         with _Reduce(strategy, rewrite):
@@ -283,7 +179,7 @@ def _wrap_function(module: ModuleType, name: str, rewrite: Rewrite,
 
     def function(values: object, strategy: object, reduction: object, *args: object,
                  **kwargs: object) -> object:
-        if not _multi_worker(strategy):
+        if not is_multi_worker(strategy):
             return original(values, strategy, reduction, *args, **kwargs)
         announce()
         with _Reduce(strategy, rewrite):
@@ -305,12 +201,10 @@ def _trainer_class(module: ModuleType) -> type | None:
 
 def _trainer_plan(module: ModuleType, version: str) -> tuple[tuple[str, ...] | None, str | None]:
     """What to mend in this trainer module: (('build', 'logs') subsets, None) or (None, why)."""
+    why = untested(version)
+    if why:
+        return None, why
     numbers = major_minor(version)
-    if not numbers:
-        return None, "the Keras version is unknown"
-    if not TESTED[0] <= numbers <= TESTED[1]:
-        low, high = (".".join(map(str, t)) for t in TESTED)
-        return None, f"Keras {version} is outside the releases it was tested with ({low} to {high})"
     if numbers < GRADIENTS_REDUCED_SINCE:
         return None, (f"Keras {version} never all-reduces the gradients across the workers of a "
                       "MultiWorkerMirroredStrategy (each worker would train its own copy of the "
@@ -326,12 +220,12 @@ def _trainer_plan(module: ModuleType, version: str) -> tuple[tuple[str, ...] | N
     if reduce_fn is None:
         return None, f"Keras {version}'s trainer has no reduce_per_replica"
     places = []
-    text = _source(build)
+    text = source_of(build)
     if text is None:
         return None, f"Keras {version}'s source cannot be read"
     if BUILD_LINE in text:
         places.append("build")
-    text = _source(reduce_fn)
+    text = source_of(reduce_fn)
     if text is None:
         return None, f"Keras {version}'s source cannot be read"
     if LOGS_LINE in text:
@@ -341,18 +235,18 @@ def _trainer_plan(module: ModuleType, version: str) -> tuple[tuple[str, ...] | N
 
 def patch_trainer(module: ModuleType) -> bool:
     """Mend ``keras.src.backend.tensorflow.trainer``; True when something was changed."""
-    if getattr(module, _PATCHED, False):
+    if getattr(module, PATCHED, False):
         return False
     version = keras_version() or "(version unknown)"
     places, why = _trainer_plan(module, version)
     if why:
         if multi_worker_job():
-            _say_once("skipped", SKIPPED.format(why=why))
+            say_once("skipped", SKIPPED.format(issue=ISSUE, why=why))
         return False
     if not places:
         if multi_worker_job():
-            _say_once("upstream", FIXED_UPSTREAM.format(version=version))
-        setattr(module, _PATCHED, True)
+            say_once("upstream", FIXED_UPSTREAM.format(version=version))
+        setattr(module, PATCHED, True)
         return False
     what = "; ".join({"build": "the build looks at this worker's first batch",
                       "logs": "the step's logs are averaged across replicas"}[p] for p in places)
@@ -360,206 +254,23 @@ def patch_trainer(module: ModuleType) -> bool:
     what += "".join(f"; not mended: {c}" for low, high, c in CAVEATS if low <= numbers <= high)
 
     def announce() -> None:
-        _say_once("notice", NOTICE.format(version=version, what=what))
+        say_once("notice", NOTICE.format(version=version, what=what))
 
     trainer = _trainer_class(module)
     if "build" in places and trainer is not None:  # the plan found the class
         _wrap_method(trainer, "_maybe_symbolic_build", _first_local_batch, announce)
     if "logs" in places:
         _wrap_function(module, "reduce_per_replica", _logs_mean, announce)
-    setattr(module, _PATCHED, True)
+    setattr(module, PATCHED, True)
     return True
-
-
-# -- the callbacks ----------------------------------------------------------------------
-
-def _worker_of(model: object) -> tuple[Strategy, bool, str] | None:
-    """(strategy, chief?, temporary folder name) under multi-worker MWMS, else None."""
-    strategy = getattr(model, "_distribute_strategy", None)
-    if strategy is None or not _multi_worker(strategy):
-        return None
-    extended = strategy.extended
-    chief = bool(getattr(extended, "should_checkpoint", True))
-    return strategy, chief, f"workertemp_{getattr(extended, '_task_id', 0)}"
-
-
-def _local_path(path: object) -> bool:
-    return "://" not in str(path)
-
-
-def _remove_tree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _remove_empty(path: str) -> None:
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
-
-
-def _patch_backup(module: ModuleType) -> str | None:
-    cls = getattr(module, "BackupAndRestore", None)
-    needed = ("_save_model", "on_train_begin", "on_train_end")
-    attributes = ("backup_dir", "_weights_path", "_training_metadata_path", "_prev_weights_path",
-                  "_prev_training_metadata_path")
-    if cls is None or not all(callable(getattr(cls, n, None)) for n in needed):
-        return f"Keras {keras_version()}'s BackupAndRestore has no {' or '.join(needed)}"
-    if getattr(cls, _PATCHED, False):
-        return None
-    save, train_begin, train_end = cls._save_model, cls.on_train_begin, cls.on_train_end
-
-    def paths(self: BackupCallback, folder: str) -> dict[str, str]:
-        names = {a: os.path.basename(str(getattr(self, a))) for a in attributes[1:]
-                 if hasattr(self, a)}
-        return {"backup_dir": folder, **{a: os.path.join(folder, n) for a, n in names.items()}}
-
-    def save_to(self: BackupCallback, where: Mapping[str, str]) -> None:
-        before = {a: getattr(self, a) for a in where}
-        try:
-            for a, v in where.items():
-                setattr(self, a, v)
-            save(self)
-        finally:
-            for a, v in before.items():
-                setattr(self, a, v)
-
-    def _save_model(self: BackupCallback) -> object:
-        worker = _worker_of(self.model)
-        if worker is None or not all(hasattr(self, a) for a in attributes[:3]):
-            return save(self)
-        _, chief, temp_name = worker
-        folder = str(self.backup_dir)
-        temp = os.path.join(folder, temp_name)
-        _say_once(f"backup-{folder}", CALLBACK_NOTICE.format(
-            version=keras_version(), callback="BackupAndRestore",
-            who=(CHIEF_WRITES if chief else OTHER_WRITES).format(
-                path=folder, temp=os.path.join(folder, "workertemp_<id>") if chief else temp)))
-        if not chief:
-            save_to(self, paths(self, temp))
-            _remove_tree(temp)
-            return None
-        if not _local_path(folder):
-            return save(self)
-        # The chief's backup: written beside, then moved into place file by file.
-        staging = os.path.join(folder, ".mwhelpers-saving")
-        os.makedirs(folder, exist_ok=True)
-        if getattr(self, "double_checkpoint", False):
-            for a in ("_weights_path", "_training_metadata_path"):
-                if os.path.exists(getattr(self, a)):
-                    shutil.copyfile(getattr(self, a), getattr(self, a) + ".bkp")
-        double, self.double_checkpoint = getattr(self, "double_checkpoint", False), False
-        try:
-            save_to(self, paths(self, staging))
-        finally:
-            self.double_checkpoint = double
-        for a in ("_weights_path", "_training_metadata_path"):
-            os.replace(os.path.join(staging, os.path.basename(getattr(self, a))), getattr(self, a))
-        _remove_tree(staging)
-        return None
-
-    def on_train_begin(self: BackupCallback, logs: object = None) -> object:
-        result = train_begin(self, logs)
-        restored = getattr(self.model, "_initial_epoch", None)
-        # Keras counts finished epochs from 0 in every process and saves that count: start it
-        # at the epoch restored, so that the restarted epoch's backups say where they are.
-        if _worker_of(self.model) is not None and restored and hasattr(self, "_current_epoch"):
-            self._current_epoch = restored
-        return result
-
-    def on_train_end(self: BackupCallback, logs: object = None) -> object:
-        worker = _worker_of(self.model)
-        if worker is None:
-            return train_end(self, logs)
-        _, chief, temp_name = worker
-        folder = str(self.backup_dir)
-        if not getattr(self, "delete_checkpoint", True) or not _local_path(folder):
-            return train_end(self, logs) if chief else None
-        # Each removes what it wrote; the folder goes once it is empty, whoever is last.
-        if chief:
-            for a in attributes[1:]:
-                if hasattr(self, a) and os.path.exists(str(getattr(self, a))):
-                    os.remove(str(getattr(self, a)))
-            _remove_tree(os.path.join(folder, ".mwhelpers-saving"))
-        else:
-            _remove_tree(os.path.join(folder, temp_name))
-        _remove_empty(folder)
-        return None
-
-    for f, original in ((_save_model, save), (on_train_begin, train_begin),
-                        (on_train_end, train_end)):
-        f.__wrapped__ = original  # type: ignore[attr-defined]
-        setattr(cls, f.__name__, f)
-    setattr(cls, _PATCHED, True)
-    return None
-
-
-def _patch_checkpoint(module: ModuleType) -> str | None:
-    cls = getattr(module, "ModelCheckpoint", None)
-    needed = ("_save_model", "_get_file_path")
-    if cls is None or not all(callable(getattr(cls, n, None)) for n in needed):
-        return f"Keras {keras_version()}'s ModelCheckpoint has no {' or '.join(needed)}"
-    if getattr(cls, _PATCHED, False):
-        return None
-    save, file_path = cls._save_model, cls._get_file_path
-
-    def _get_file_path(self: CheckpointCallback, *args: object, **kwargs: object) -> object:
-        path = file_path(self, *args, **kwargs)
-        worker = _worker_of(self.model)
-        if worker is None:
-            return path
-        folder, name = os.path.split(str(path))
-        temp = os.path.join(folder, worker[2] if not worker[1] else "workertemp_<id>", name)
-        _say_once(f"checkpoint-{self.filepath}", CALLBACK_NOTICE.format(
-            version=keras_version(), callback="ModelCheckpoint",
-            who=(CHIEF_WRITES if worker[1] else OTHER_WRITES).format(path=path, temp=temp)))
-        return path if worker[1] else temp
-
-    def _save_model(self: CheckpointCallback, *args: object, **kwargs: object) -> object:
-        worker = _worker_of(self.model)
-        if worker is not None:
-            # Keras creates a missing folder after checking that it is missing; the others'
-            # temporary folders are inside the chief's, so two workers can create it at once and
-            # one fails with FileExistsError. Each makes its own folder first, whoever is first.
-            own = os.path.dirname(str(self._get_file_path(*args, **kwargs)))
-            if own and _local_path(own):
-                os.makedirs(own, exist_ok=True)
-        result = save(self, *args, **kwargs)
-        if worker is not None and not worker[1]:
-            folder = os.path.dirname(str(file_path(self, *args, **kwargs)))
-            _remove_tree(os.path.join(folder, worker[2]))
-        return result
-
-    for f, original in ((_save_model, save), (_get_file_path, file_path)):
-        f.__wrapped__ = original  # type: ignore[attr-defined]
-        setattr(cls, f.__name__, f)
-    setattr(cls, _PATCHED, True)
-    return None
-
-
-def patch_callbacks(module: ModuleType) -> None:
-    """Make BackupAndRestore or ModelCheckpoint (whichever ``module`` defines) chief-aware."""
-    patch = _patch_backup if module.__name__ == BACKUP else _patch_checkpoint
-    why = patch(module)
-    if why and multi_worker_job():
-        _say_once(f"skipped-{module.__name__}", SKIPPED.format(why=why))
-
-
-def _safely(patch: Callable[[ModuleType], object]) -> Callable[[ModuleType], None]:
-    def run(module: ModuleType) -> None:
-        try:
-            patch(module)
-        except Exception as e:  # a Keras we do not know: run it unchanged
-            _say_once("skipped", SKIPPED.format(why=f"{type(e).__name__}: {e}"))
-    return run
 
 
 def install(after_import: Callable[[str, Callable[[ModuleType], object]], None]) -> None:
     """Mend Keras as soon as it loads its trainer and callbacks (now, where it already has);
     ``after_import(name, callback)`` is :func:`tfdata.after_import`."""
-    after_import(TRAINER, _safely(patch_trainer))
-    after_import(BACKUP, _safely(patch_callbacks))
-    after_import(CHECKPOINT, _safely(patch_callbacks))
+    after_import(TRAINER, safely(patch_trainer, ISSUE))
+    after_import(kerascallbacks.BACKUP, safely(kerascallbacks.patch_callbacks, ISSUE))
+    after_import(kerascallbacks.CHECKPOINT, safely(kerascallbacks.patch_callbacks, ISSUE))
 
 
 def fix_keras_multi_worker() -> bool:
@@ -578,7 +289,7 @@ def fix_keras_multi_worker() -> bool:
     from .tfdata import after_import
 
     if not fix_wanted(os.environ):
-        _say_once("off", OFF)
+        say_once("off", OFF)
         return False
 
     install(after_import)

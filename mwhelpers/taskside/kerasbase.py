@@ -1,0 +1,157 @@
+"""What every Keras 3 mend of the worker side shares: the switch, the version, the one-line
+notices, and whether a model trains under multi-worker MultiWorkerMirroredStrategy.
+
+The mends themselves: ``kerasfix.py`` (``fit`` and ``evaluate``, keras-team/keras#20585, and
+the entry point :func:`kerasfix.install`), ``kerascallbacks.py`` (BackupAndRestore and
+ModelCheckpoint).  Each changes a Keras only in the releases it was tested with, only where
+Keras's source still holds what it mends, and says in one line when it steps aside.
+
+This file imports only the standard library: a task loads it without the mwhelpers package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+KERAS_FIX_ENV = "MWHELPERS_KERAS_FIX"
+# The Keras releases the mends were tested with (major, minor), both ends included; others are
+# left alone with a warning.
+TESTED = ((3, 0), (3, 16))
+PATCHED = "_mwhelpers_keras_fix"  # set on what a mend changed: changed once
+SKIPPED = ("[mwhelpers] the Keras 3 multi-worker fix ({issue}) is not applied: {why}; "
+           "the program runs Keras unchanged")
+_said: set[str] = set()
+
+if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of other hosts)
+    from typing import Protocol, TypeGuard
+
+    class ReduceFn(Protocol):
+        """``strategy.reduce``: (reduce_op, value, axis) -> the reduced value."""
+
+        def __call__(self, reduce_op: object, value: object, axis: object = None) -> object: ...
+
+    class Extended(Protocol):
+        """What the mends call on ``strategy.extended`` (its other attributes, the chief's
+        ``should_checkpoint`` and ``_task_id``, are read with ``getattr`` and a default)."""
+
+        def _in_multi_worker_mode(self) -> bool: ...
+
+    class Strategy(Protocol):
+        """What the mends use of a MultiWorkerMirroredStrategy (``reduce`` is replaced on the
+        instance while one Keras call runs)."""
+
+        extended: Extended
+        reduce: ReduceFn
+        num_replicas_in_sync: int
+
+        def experimental_local_results(self, value: object) -> tuple[object, ...]: ...
+
+
+def say_once(key: str, line: str) -> None:
+    """Print ``line`` to stderr the first time ``key`` is said in this process."""
+    if key not in _said:
+        _said.add(key)
+        print(line, file=sys.stderr, flush=True)
+
+
+def fix_wanted(environ: Mapping[str, str]) -> bool:
+    """False when ``MWHELPERS_KERAS_FIX`` says off (0, false, no, off); on by default."""
+    return environ.get(KERAS_FIX_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def multi_worker_job(environ: Mapping[str, str] = os.environ) -> bool:
+    """True when TF_CONFIG names more than one worker-like task (chief and workers)."""
+    try:
+        cluster = json.loads(environ.get("TF_CONFIG") or "{}").get("cluster", {})
+        return sum(len(cluster.get(job) or ()) for job in ("chief", "worker")) > 1
+    except (ValueError, AttributeError, TypeError):
+        return False
+
+
+def keras_version() -> str | None:
+    """The version of the Keras this process imported, from the module itself."""
+    for name in ("keras.src.version", "keras"):
+        version = getattr(sys.modules.get(name), "__version__", None)
+        if version:
+            return str(version)
+    return None
+
+
+def major_minor(version: str | None) -> tuple[int, ...]:
+    """(3, 15) for '3.15.1', '3.15.0.dev2026', ...; () when there are no numbers."""
+    return tuple(int(n) for n in re.findall(r"\d+", version or "")[:2])
+
+
+def untested(version: str | None) -> str | None:
+    """Why a mend leaves this Keras alone (unknown, or outside :data:`TESTED`), or None."""
+    numbers = major_minor(version)
+    if not numbers:
+        return "the Keras version is unknown"
+    if not TESTED[0] <= numbers <= TESTED[1]:
+        low, high = (".".join(map(str, t)) for t in TESTED)
+        return f"Keras {version} is outside the releases it was tested with ({low} to {high})"
+    return None
+
+
+def source_of(function: Callable[..., object]) -> str | None:
+    """``function``'s source with all whitespace taken out, or None when it cannot be read."""
+    import inspect
+
+    try:
+        return "".join(inspect.getsource(function).split())
+    except (OSError, TypeError):
+        return None
+
+
+def is_multi_worker(strategy: object) -> TypeGuard[Strategy]:
+    """True for a MultiWorkerMirroredStrategy in multi-worker mode (the only case changed)."""
+    tf = sys.modules.get("tensorflow")
+    try:
+        return (tf is not None and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+                and bool(strategy.extended._in_multi_worker_mode()))
+    except AttributeError:
+        return False
+
+
+def worker_of(model: object) -> tuple[Strategy, bool, str] | None:
+    """(strategy, chief?, temporary folder name) under multi-worker MWMS, else None."""
+    strategy = getattr(model, "_distribute_strategy", None)
+    if strategy is None or not is_multi_worker(strategy):
+        return None
+    extended = strategy.extended
+    chief = bool(getattr(extended, "should_checkpoint", True))
+    return strategy, chief, f"workertemp_{getattr(extended, '_task_id', 0)}"
+
+
+def local_path(path: object) -> bool:
+    """True for a path on this machine's file system (not ``gs://``, ``s3://``, ...)."""
+    return "://" not in str(path)
+
+
+def remove_tree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_empty(path: str) -> None:
+    """Remove the folder ``path`` if it is empty; leave it otherwise."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def safely(patch: Callable[[ModuleType], object], issue: str) -> Callable[[ModuleType], None]:
+    """``patch``, run so that a Keras it does not know runs unchanged and says why once."""
+    def run(module: ModuleType) -> None:
+        try:
+            patch(module)
+        except Exception as e:  # a Keras we do not know: run it unchanged
+            say_once(f"skipped-{issue}", SKIPPED.format(issue=issue, why=f"{type(e).__name__}: {e}"))
+    return run

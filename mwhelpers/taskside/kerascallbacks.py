@@ -1,0 +1,219 @@
+"""Keras 3's BackupAndRestore and ModelCheckpoint under multi-worker MultiWorkerMirroredStrategy.
+
+Keras 3's ``BackupAndRestore`` and ``ModelCheckpoint`` have no notion of a
+chief: every worker writes the same files, and two workers writing one HDF5
+file fail with h5py's ``unable to lock file``.  Under multi-worker MWMS, the
+chief writes where the user asked and every other worker writes the same save
+to ``<folder>/workertemp_<task id>/`` and deletes it right after (each worker
+still saves, as saving may run collectives).  ``BackupAndRestore`` restores
+what Keras 3 saves: the weights, the optimizer's state and the epoch to start
+from, never a batch inside an epoch (with an integer ``save_freq`` the epoch
+starts again from its first batch, with the weights of the last save).  Keras 3
+writes into each backup the epoch it counted itself, from 0 in every new process,
+so until a restarted epoch ends its backups would say epoch 0 and a second fault
+would run the epochs from 0 again on the latest weights; here the count starts at
+the epoch restored.  The
+chief's backup is written beside and then moved into place file by file, weights
+first: a worker killed while saving never leaves a half-written file, at worst
+new weights with the previous epoch's number (that epoch is then run again).
+
+Armed with the ``fit`` mend (:func:`kerasfix.install`), on the same terms.  This file
+imports only the standard library and its siblings.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from .kerasbase import (
+    PATCHED,
+    SKIPPED,
+    keras_version,
+    local_path,
+    multi_worker_job,
+    remove_empty,
+    remove_tree,
+    say_once,
+    worker_of,
+)
+
+ISSUE = "keras-team/keras#20585"
+BACKUP = "keras.src.callbacks.backup_and_restore"
+CHECKPOINT = "keras.src.callbacks.model_checkpoint"
+CALLBACK_NOTICE = ("[mwhelpers] Keras {version} {callback} under multi-worker MWMS: {who} "
+                   "(Keras 3 callbacks have no chief; turn off: MWHELPERS_KERAS_FIX=0)")
+CHIEF_WRITES = "this task is the chief and writes {path}; the others save to {temp} and delete it"
+OTHER_WRITES = "the chief writes {path}; this task saves to {temp} and deletes it"
+
+if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of other hosts)
+    from typing import Protocol
+
+    class BackupCallback(Protocol):
+        """What the mended BackupAndRestore methods use of ``self`` (Keras's own attributes)."""
+
+        model: object
+        backup_dir: object
+        double_checkpoint: bool
+        _current_epoch: int
+
+    class CheckpointCallback(Protocol):
+        """What the mended ModelCheckpoint methods use of ``self`` (Keras's own attributes)."""
+
+        model: object
+        filepath: object
+
+        def _get_file_path(self, *args: object, **kwargs: object) -> object: ...
+
+
+
+def _patch_backup(module: ModuleType) -> str | None:
+    cls = getattr(module, "BackupAndRestore", None)
+    needed = ("_save_model", "on_train_begin", "on_train_end")
+    attributes = ("backup_dir", "_weights_path", "_training_metadata_path", "_prev_weights_path",
+                  "_prev_training_metadata_path")
+    if cls is None or not all(callable(getattr(cls, n, None)) for n in needed):
+        return f"Keras {keras_version()}'s BackupAndRestore has no {' or '.join(needed)}"
+    if getattr(cls, PATCHED, False):
+        return None
+    save, train_begin, train_end = cls._save_model, cls.on_train_begin, cls.on_train_end
+
+    def paths(self: BackupCallback, folder: str) -> dict[str, str]:
+        names = {a: os.path.basename(str(getattr(self, a))) for a in attributes[1:]
+                 if hasattr(self, a)}
+        return {"backup_dir": folder, **{a: os.path.join(folder, n) for a, n in names.items()}}
+
+    def save_to(self: BackupCallback, where: Mapping[str, str]) -> None:
+        before = {a: getattr(self, a) for a in where}
+        try:
+            for a, v in where.items():
+                setattr(self, a, v)
+            save(self)
+        finally:
+            for a, v in before.items():
+                setattr(self, a, v)
+
+    def _save_model(self: BackupCallback) -> object:
+        worker = worker_of(self.model)
+        if worker is None or not all(hasattr(self, a) for a in attributes[:3]):
+            return save(self)
+        _, chief, temp_name = worker
+        folder = str(self.backup_dir)
+        temp = os.path.join(folder, temp_name)
+        say_once(f"backup-{folder}", CALLBACK_NOTICE.format(
+            version=keras_version(), callback="BackupAndRestore",
+            who=(CHIEF_WRITES if chief else OTHER_WRITES).format(
+                path=folder, temp=os.path.join(folder, "workertemp_<id>") if chief else temp)))
+        if not chief:
+            save_to(self, paths(self, temp))
+            remove_tree(temp)
+            return None
+        if not local_path(folder):
+            return save(self)
+        # The chief's backup: written beside, then moved into place file by file.
+        staging = os.path.join(folder, ".mwhelpers-saving")
+        os.makedirs(folder, exist_ok=True)
+        if getattr(self, "double_checkpoint", False):
+            for a in ("_weights_path", "_training_metadata_path"):
+                if os.path.exists(getattr(self, a)):
+                    shutil.copyfile(getattr(self, a), getattr(self, a) + ".bkp")
+        double, self.double_checkpoint = getattr(self, "double_checkpoint", False), False
+        try:
+            save_to(self, paths(self, staging))
+        finally:
+            self.double_checkpoint = double
+        for a in ("_weights_path", "_training_metadata_path"):
+            os.replace(os.path.join(staging, os.path.basename(getattr(self, a))), getattr(self, a))
+        remove_tree(staging)
+        return None
+
+    def on_train_begin(self: BackupCallback, logs: object = None) -> object:
+        result = train_begin(self, logs)
+        restored = getattr(self.model, "_initial_epoch", None)
+        # Keras counts finished epochs from 0 in every process and saves that count: start it
+        # at the epoch restored, so that the restarted epoch's backups say where they are.
+        if worker_of(self.model) is not None and restored and hasattr(self, "_current_epoch"):
+            self._current_epoch = restored
+        return result
+
+    def on_train_end(self: BackupCallback, logs: object = None) -> object:
+        worker = worker_of(self.model)
+        if worker is None:
+            return train_end(self, logs)
+        _, chief, temp_name = worker
+        folder = str(self.backup_dir)
+        if not getattr(self, "delete_checkpoint", True) or not local_path(folder):
+            return train_end(self, logs) if chief else None
+        # Each removes what it wrote; the folder goes once it is empty, whoever is last.
+        if chief:
+            for a in attributes[1:]:
+                if hasattr(self, a) and os.path.exists(str(getattr(self, a))):
+                    os.remove(str(getattr(self, a)))
+            remove_tree(os.path.join(folder, ".mwhelpers-saving"))
+        else:
+            remove_tree(os.path.join(folder, temp_name))
+        remove_empty(folder)
+        return None
+
+    for f, original in ((_save_model, save), (on_train_begin, train_begin),
+                        (on_train_end, train_end)):
+        f.__wrapped__ = original  # type: ignore[attr-defined]
+        setattr(cls, f.__name__, f)
+    setattr(cls, PATCHED, True)
+    return None
+
+
+def _patch_checkpoint(module: ModuleType) -> str | None:
+    cls = getattr(module, "ModelCheckpoint", None)
+    needed = ("_save_model", "_get_file_path")
+    if cls is None or not all(callable(getattr(cls, n, None)) for n in needed):
+        return f"Keras {keras_version()}'s ModelCheckpoint has no {' or '.join(needed)}"
+    if getattr(cls, PATCHED, False):
+        return None
+    save, file_path = cls._save_model, cls._get_file_path
+
+    def _get_file_path(self: CheckpointCallback, *args: object, **kwargs: object) -> object:
+        path = file_path(self, *args, **kwargs)
+        worker = worker_of(self.model)
+        if worker is None:
+            return path
+        folder, name = os.path.split(str(path))
+        temp = os.path.join(folder, worker[2] if not worker[1] else "workertemp_<id>", name)
+        say_once(f"checkpoint-{self.filepath}", CALLBACK_NOTICE.format(
+            version=keras_version(), callback="ModelCheckpoint",
+            who=(CHIEF_WRITES if worker[1] else OTHER_WRITES).format(path=path, temp=temp)))
+        return path if worker[1] else temp
+
+    def _save_model(self: CheckpointCallback, *args: object, **kwargs: object) -> object:
+        worker = worker_of(self.model)
+        if worker is not None:
+            # Keras creates a missing folder after checking that it is missing; the others'
+            # temporary folders are inside the chief's, so two workers can create it at once and
+            # one fails with FileExistsError. Each makes its own folder first, whoever is first.
+            own = os.path.dirname(str(self._get_file_path(*args, **kwargs)))
+            if own and local_path(own):
+                os.makedirs(own, exist_ok=True)
+        result = save(self, *args, **kwargs)
+        if worker is not None and not worker[1]:
+            folder = os.path.dirname(str(file_path(self, *args, **kwargs)))
+            remove_tree(os.path.join(folder, worker[2]))
+        return result
+
+    for f, original in ((_save_model, save), (_get_file_path, file_path)):
+        f.__wrapped__ = original  # type: ignore[attr-defined]
+        setattr(cls, f.__name__, f)
+    setattr(cls, PATCHED, True)
+    return None
+
+
+def patch_callbacks(module: ModuleType) -> None:
+    """Make BackupAndRestore or ModelCheckpoint (whichever ``module`` defines) chief-aware."""
+    patch = _patch_backup if module.__name__ == BACKUP else _patch_checkpoint
+    why = patch(module)
+    if why and multi_worker_job():
+        say_once(f"skipped-{module.__name__}", SKIPPED.format(issue=ISSUE, why=why))
+
+
