@@ -154,4 +154,5 @@ def safely(patch: Callable[[ModuleType], object], issue: str) -> Callable[[Modul
             patch(module)
         except Exception as e:  # a Keras we do not know: run it unchanged
             say_once(f"skipped-{issue}", SKIPPED.format(issue=issue, why=f"{type(e).__name__}: {e}"))
+    run.__wrapped__ = patch  # type: ignore[attr-defined]  # after_import adds it once
     return run

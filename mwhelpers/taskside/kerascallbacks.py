@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from . import kerasresume
 from .kerasbase import (
     PATCHED,
     SKIPPED,
@@ -58,7 +59,13 @@ if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of oth
         model: object
         backup_dir: object
         double_checkpoint: bool
+        save_freq: object
+        params: dict[str, object]
         _current_epoch: int
+        _last_batch_seen: int
+        _training_metadata_path: str
+        _mwhelpers_done: int
+        _mwhelpers_resume: tuple[int, int]
 
     class CheckpointCallback(Protocol):
         """What the mended ModelCheckpoint methods use of ``self`` (Keras's own attributes)."""
@@ -80,6 +87,7 @@ def _patch_backup(module: ModuleType) -> str | None:
     if getattr(cls, PATCHED, False):
         return None
     save, train_begin, train_end = cls._save_model, cls.on_train_begin, cls.on_train_end
+    epoch_begin, epoch_end, batch_end = cls.on_epoch_begin, cls.on_epoch_end, cls.on_train_batch_end
 
     def paths(self: BackupCallback, folder: str) -> dict[str, str]:
         names = {a: os.path.basename(str(getattr(self, a))) for a in attributes[1:]
@@ -98,8 +106,11 @@ def _patch_backup(module: ModuleType) -> str | None:
 
     def _save_model(self: BackupCallback) -> object:
         worker = worker_of(self.model)
+        done = getattr(self, "_mwhelpers_done", None)  # batches of the epoch done
         if worker is None or not all(hasattr(self, a) for a in attributes[:3]):
-            return save(self)
+            result = save(self)
+            kerasresume.mark(str(getattr(self, "_training_metadata_path", "")), done)
+            return result
         _, chief, temp_name = worker
         folder = str(self.backup_dir)
         temp = os.path.join(folder, temp_name)
@@ -125,6 +136,8 @@ def _patch_backup(module: ModuleType) -> str | None:
             save_to(self, paths(self, staging))
         finally:
             self.double_checkpoint = double
+        kerasresume.mark(os.path.join(staging, os.path.basename(self._training_metadata_path)),
+                         done)
         for a in ("_weights_path", "_training_metadata_path"):
             os.replace(os.path.join(staging, os.path.basename(getattr(self, a))), getattr(self, a))
         remove_tree(staging)
@@ -132,12 +145,35 @@ def _patch_backup(module: ModuleType) -> str | None:
 
     def on_train_begin(self: BackupCallback, logs: object = None) -> object:
         result = train_begin(self, logs)
-        restored = getattr(self.model, "_initial_epoch", None)
+        restored = getattr(self.model, "_initial_epoch", None) or 0
+        skip = kerasresume.plan(self, restored)
+        steps = self.params.get("steps") if isinstance(getattr(self, "params", None), dict) else None
+        if skip is not None and isinstance(steps, int) and skip >= steps:
+            restored += 1  # the backup is of the epoch's last batch: the next epoch begins
+            self.model._initial_epoch = restored  # type: ignore[attr-defined]
+        elif skip is not None:
+            self._mwhelpers_resume = (restored, skip)
+            self._last_batch_seen = skip - 1  # the next batch counts one toward save_freq
         # Keras counts finished epochs from 0 in every process and saves that count: start it
         # at the epoch restored, so that the restarted epoch's backups say where they are.
-        if worker_of(self.model) is not None and restored and hasattr(self, "_current_epoch"):
+        if restored and hasattr(self, "_current_epoch"):
             self._current_epoch = restored
         return result
+
+    def on_epoch_begin(self: BackupCallback, epoch: int, logs: object = None) -> object:
+        resume = vars(self).pop("_mwhelpers_resume", None)
+        if resume is not None and resume[0] == epoch:
+            kerasresume.arm(resume[1])
+        return epoch_begin(self, epoch, logs)
+
+    def on_train_batch_end(self: BackupCallback, batch: int, logs: object = None) -> object:
+        self._mwhelpers_done = batch + 1
+        return batch_end(self, batch, logs)
+
+    def on_epoch_end(self: BackupCallback, epoch: int, logs: object = None) -> object:
+        self._mwhelpers_done = 0
+        kerasresume.disarm()
+        return epoch_end(self, epoch, logs)
 
     def on_train_end(self: BackupCallback, logs: object = None) -> object:
         worker = worker_of(self.model)
@@ -159,8 +195,9 @@ def _patch_backup(module: ModuleType) -> str | None:
         return None
 
     for f, original in ((_save_model, save), (on_train_begin, train_begin),
-                        (on_train_end, train_end)):
-        f.__wrapped__ = original  # type: ignore[attr-defined]
+                        (on_train_end, train_end), (on_epoch_begin, epoch_begin),
+                        (on_epoch_end, epoch_end), (on_train_batch_end, batch_end)):
+        f.__wrapped__ = original  # type: ignore[union-attr]
         setattr(cls, f.__name__, f)
     setattr(cls, PATCHED, True)
     return None

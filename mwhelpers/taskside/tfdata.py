@@ -228,11 +228,11 @@ def wrapped_spec(finder: object, fullname: str, path: Sequence[str] | None,
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback(module)`` right after the module ``name`` is first executed."""
+    """Runs each of ``callbacks(module)`` right after the module ``name`` is first executed."""
 
-    def __init__(self, name: str, callback: Callable[[ModuleType], object]) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.callback = callback
+        self.callbacks: list[Callable[[ModuleType], object]] = []
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> ModuleSpec | None:
@@ -243,7 +243,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             run(module)
             if self in sys.meta_path:
                 sys.meta_path.remove(self)
-            self.callback(module)
+            for callback in self.callbacks:
+                callback(module)
 
         return wrapped_spec(self, fullname, path, target, around)
 
@@ -261,12 +262,20 @@ def stall_fix_wanted(environ: Mapping[str, str]) -> bool:
 
 def after_import(name: str, callback: Callable[[ModuleType], object]) -> None:
     """Call ``callback(module)`` once the module ``name`` has been executed (now, when it
-    already has been; once per name)."""
+    already has been).  A callback registered again for the same name (the same function, or
+    a wrapper whose ``__wrapped__`` is the same function) is not added twice."""
     module = sys.modules.get(name)
     if module is not None:
         callback(module)
-    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(name, callback))
+        return
+    finder = next((f for f in sys.meta_path if isinstance(f, _AfterImport) and f.name == name),
+                  None)
+    if finder is None:
+        finder = _AfterImport(name)
+        sys.meta_path.insert(0, finder)
+    same = getattr(callback, "__wrapped__", callback)
+    if all(getattr(c, "__wrapped__", c) is not same for c in finder.callbacks):
+        finder.callbacks.append(callback)
 
 
 def install_import_hook() -> bool:

@@ -1,0 +1,120 @@
+"""Keras 3 BackupAndRestore(save_freq=N) resumes at the saved batch in every worker mwhelpers
+starts (mwhelpers/taskside/kerasresume.py; docs/keras-backup-resume.md).
+
+Two workers train under ``supervise``; worker 1 is SIGKILLed once right after a step between
+two backups.  The restart must redo at most N steps, skip none, end with exactly epochs x steps
+optimizer steps and the very weights of a run without the fault, for each kind of input: a
+finite dataset, a repeated one, and a distributed dataset from a function.
+"""
+
+import json
+import shutil
+import signal
+
+import pytest
+from chaos import redone, steps_of
+from conftest import ROOT, results
+
+from mwhelpers.taskside import kerasresume
+
+PROGRAM = ROOT / "tests" / "programs" / "resume_train.py"
+EPOCHS, STEPS, SAVE_FREQ = 3, 8, 3
+KILL_AT = 13  # epoch 1's 5th batch: the newest backup is of step 12 (epoch 1's 4th)
+
+
+def weights(rt):
+    res = results(rt)
+    (iterations,) = {r["iterations"] for r in res.values()}
+    first, second = (res[t]["weights"] for t in ("worker:0", "worker:1"))
+    assert first == second  # one model on both workers
+    return iterations, first
+
+
+def close(a, b):
+    flat = lambda w: [v for row in w for v in (row if isinstance(row, list) else [row])]  # noqa: E731
+    return all(abs(p - q) <= 1e-5 for p, q in zip(
+        (v for layer in a for v in flat(layer)), (v for layer in b for v in flat(layer)), strict=True))
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("data", ["finite", "repeat", "function"])
+def test_a_killed_worker_resumes_at_the_saved_batch(rt, tmp_path, data):
+    shutil.copy(PROGRAM, "train.py")
+    rt.define_cluster(2)
+    args = ["--data", data, "--epochs", str(EPOCHS), "--save-freq", str(SAVE_FREQ)]
+    # The same job without a fault: the weights to reach.
+    rt.launch_all(script="train.py", args=args, timeout=120)
+    plain_steps, plain = weights(rt)
+    assert plain_steps == EPOCHS * STEPS
+
+    attempts = rt.supervise(script="train.py", max_restarts=1, timeout=120, stream=False,
+                            args=[*args, "--backup", str(tmp_path / "bk"),
+                                  "--kill-at", str(KILL_AT), "--kill-task", "worker:1"])
+    assert len(attempts) == 2 and attempts[0].restarted
+    assert attempts[0].root_cause.returncode == -signal.SIGKILL
+    assert str(attempts[0].root_cause.task) == "worker:1"
+    final, resumed = weights(rt)
+    assert final == EPOCHS * STEPS  # Keras 3 alone ends at 24 + 4 = 28: epoch 1 again from its start
+    done = {s for a in attempts for r in a.runs for s, _ in steps_of(r)}
+    assert done == set(range(1, final + 1))  # no step skipped
+    assert redone(attempts) == [KILL_AT - 12]  # only the steps after the newest backup
+    assert [steps_of(r)[0][0] for r in attempts[1].runs] == [13, 13]
+    assert close(resumed, plain), (resumed, plain)  # the same batches, in the same order
+    for run in attempts[1].runs:
+        lines = run.lines()
+        assert sum("BackupAndRestore: epoch 1 resumes after its batch 4" in ln for ln in lines) == 1
+        assert json.loads(next(ln for ln in reversed(lines)
+                               if ln.startswith("RESULT "))[7:])["epochs_run"] == [1, 2]
+    assert not (tmp_path / "bk").exists()  # the backup goes once training is done
+
+
+@pytest.mark.tf
+def test_without_the_mend_keras3_runs_the_epoch_again(rt, tmp_path):
+    """One task, the mend off: Keras 3 restores epoch 1 and runs it from its first batch."""
+    shutil.copy(PROGRAM, "train.py")
+    rt.define_cluster(1)
+    attempts = rt.supervise(script="train.py", max_restarts=1, timeout=120, stream=False,
+                            keras_fix=False,
+                            args=["--data", "repeat", "--epochs", str(EPOCHS), "--save-freq",
+                                  str(SAVE_FREQ), "--backup", str(tmp_path / "bk"),
+                                  "--kill-at", "7", "--kill-task", "worker:0"])
+    assert len(attempts) == 2
+    (result,) = results(rt).values()
+    # The newest backup is of step 6 (epoch 0's 6th batch); epoch 0 runs again: 6 steps more.
+    assert result["iterations"] == EPOCHS * STEPS + 6
+    assert steps_of(attempts[1].runs[0])[0][0] == 7
+
+
+def test_the_backup_records_its_position_and_reads_it_back(tmp_path):
+    meta = tmp_path / "training_metadata.json"
+    meta.write_text(json.dumps({"epoch": 1, "batch": 3}))
+    kerasresume.mark(str(meta), 4)
+    assert json.loads(meta.read_text()) == {"epoch": 1, "batch": 3, kerasresume.POSITION: 4}
+    assert kerasresume.position(meta) == 4
+    assert kerasresume.position(tmp_path / "none.json") is None
+    meta.write_text("{not json")
+    assert kerasresume.position(meta) is None
+
+
+def _batches(n):
+    return iter(range(n))
+
+
+@pytest.mark.parametrize("shape", ["pairs", "triples"])
+def test_the_restored_epoch_draws_the_done_batches_and_goes_on(shape):
+    """(step, iterator) as Keras 3.5 to 3.14 yield them, (first, last, iterator) as 3.15 does;
+    with steps_per_execution 2, 8 batches and 4 done: 4 drawn, steps 4 and 6 left."""
+    data = _batches(8)
+    items = [(s, data) if shape == "pairs" else (s, s + 1, data) for s in range(0, 8, 2)]
+    left = list(kerasresume._skipping(iter(items), 4, 2))
+    assert [item[0] for item in left] == [4, 6]
+    assert next(data) == 4  # the next step trains on batch 4
+
+
+def test_an_input_that_runs_out_while_drawn_is_left_to_keras():
+    data = _batches(3)
+    items = [(s, data) for s in range(8)]
+    left = list(kerasresume._skipping(iter(items), 5, 1))
+    # Drawing stops at step 3 (the input is empty); the steps after it go to Keras, whose first
+    # step finds the input empty and ends the epoch, as without the mend.
+    assert [item[0] for item in left] == [4, 5, 6, 7]
