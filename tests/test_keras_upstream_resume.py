@@ -50,7 +50,7 @@ def test_the_installed_keras_runs_the_restored_epoch_again():
 def test_the_mend_resumes_after_the_backups_batch():
     code, out = repro("--with-mwhelpers")
     assert code == 0 and "FIXED" in out and "steps 13 to 24" in out, out
-    assert "BackupAndRestore: epoch 1 resumes after its batch 4" in out
+    assert "BackupAndRestore: epoch 1 resumes after its first 4 batches" in out
 
 
 def test_the_patch_resumes_and_its_keras_test_passes(patched, tmp_path):

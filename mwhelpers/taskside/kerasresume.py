@@ -49,11 +49,11 @@ from .kerasbase import PATCHED, keras_version, local_path, say_once, source_of, 
 ISSUE = "docs/keras-backup-resume.md"
 POSITION = "mwhelpers_batches_done"  # the key each backup's metadata gets
 RESUMING = ("[mwhelpers] Keras {version} BackupAndRestore: epoch {epoch} resumes after its "
-            "batch {done} (the backup's; Keras 3 would run the epoch again from its first batch: "
-            "the batches before are drawn from the input, not trained again; " + ISSUE
-            + "; turn off: MWHELPERS_KERAS_FIX=0)")
+            "first {done} batches, where the backup was taken (Keras 3 alone would run the epoch "
+            "again from its first batch; those {done} are drawn from the input, not trained "
+            "again; " + ISSUE + "; turn off: MWHELPERS_KERAS_FIX=0)")
 NOT_RESUMING = ("[mwhelpers] Keras {version} BackupAndRestore: epoch {epoch} runs again from its "
-                "first batch as Keras 3 does, not from the backup's batch {done}: {why}")
+                "first batch as Keras 3 does, not after the backup's first {done} batches: {why}")
 _pending = threading.local()  # .skip: batches the next training epoch draws and drops
 _iterator_mended = False  # whether this Keras's epoch iterator honours _pending
 
