@@ -50,7 +50,6 @@ _FIX_SKIPPED = "[mwhelpers] the Keras 3 multi-worker fix"
 # What a program that trains with Keras 3's LossScaleOptimizer shows in its source, and the line
 # mwhelpers' mend of it (taskside/kerasmixed.py) writes when it runs.
 _LOSS_SCALE_USE = ("mixed_float16", "LossScaleOptimizer")
-_LOSS_SCALE_MENDED = kerasmixed.NOTICE.split("{version}", 1)[1].split("(", 1)[0]
 # TensorFlow's words when the members of one collective did not agree on it (its collective
 # parameter resolver; what each looks like in a task's log: tests/recorded/README.md).
 # TensorFlow pairs the collectives of the tasks by their group and instance keys, and under
@@ -515,7 +514,7 @@ def _keras3_loss_scale(job: _Job, waiting: Sequence[TaskRun],
         lines = job.lines(r)
         facts = job.facts(r)
         if facts is None or not facts["keras"].startswith("Keras 3") or \
-                any(_LOSS_SCALE_MENDED in ln for ln in lines):
+                any(kerasmixed.MENDED in ln for ln in lines):
             return None
         text = _source_text(r, places[r].frame.file)
         if not any(word in text for word in _LOSS_SCALE_USE):

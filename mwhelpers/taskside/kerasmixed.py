@@ -48,7 +48,8 @@ LOCAL_CHECK = "finite_grads=[ops.all(ops.isfinite(g))forgintensor_grads]"
 MERGE_CALL_PATH = "call_for_each_replica(self.check_finite,args=(grads,))"
 REPLICA_PATH = "finite=self.check_finite(grads)"
 
-NOTICE = ("[mwhelpers] Keras {version}: LossScaleOptimizer mended for multi-worker "
+MENDED = "LossScaleOptimizer mended for multi-worker"  # what the diagnosis looks for
+NOTICE = ("[mwhelpers] Keras {version}: " + MENDED + " "
           "MultiWorkerMirroredStrategy (" + ISSUE + "; the workers decide together whether the "
           "gradients are finite, so an overflow on one skips the step on all); turn off: "
           "MWHELPERS_KERAS_FIX=0")
