@@ -42,6 +42,7 @@ from .kerasbase import (
 
 TARGET = "keras.src.optimizers.loss_scale_optimizer"
 ISSUE = "docs/keras-lossscale.md"
+METHOD = "check_finite"  # the one method replaced, on LossScaleOptimizer
 # The lines, whitespace removed, as Keras 3.15 writes them: the check looks at one replica's
 # gradients, and both ways of applying a step decide with it before any all-reduce.
 LOCAL_CHECK = "finite_grads=[ops.all(ops.isfinite(g))forgintensor_grads]"
@@ -98,20 +99,20 @@ def patch(module: ModuleType) -> bool:
             say_once("lossscale-upstream", NOTHING_TO_MEND.format(version=version))
         setattr(module, PATCHED, True)
         return False
-    original = cls.check_finite
+    original = getattr(cls, METHOD)
 
     def check_finite(self: object, grads: object) -> object:
         finite = original(self, grads)
         tf = sys.modules.get("tensorflow")
         context = tf.distribute.get_replica_context() if tf is not None else None
-        if context is None or not is_multi_worker(context.strategy):
+        if tf is None or context is None or not is_multi_worker(context.strategy):
             return finite  # the cross-replica context, one process, another strategy
         say_once("lossscale-notice", NOTICE.format(version=version))
         not_finite = tf.cast(tf.logical_not(finite), tf.float32)
         return tf.equal(context.all_reduce(tf.distribute.ReduceOp.SUM, not_finite), 0.0)
 
-    check_finite.__name__ = "check_finite"
+    check_finite.__name__ = METHOD
     check_finite.__wrapped__ = original  # type: ignore[attr-defined]
-    cls.check_finite = check_finite  # type: ignore[attr-defined]
+    setattr(cls, METHOD, check_finite)
     setattr(module, PATCHED, True)
     return True
