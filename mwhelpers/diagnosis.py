@@ -30,7 +30,7 @@ from . import stacks
 from .failures import PEER_LOST, explained, last_exception
 from .follow import progress_of
 from .proctree import signal_of
-from .taskside import taskfacts
+from .taskside import kerasmixed, taskfacts
 
 if TYPE_CHECKING:
     from .cluster import Task
@@ -47,6 +47,9 @@ _MULTI_STEP_WHERE = "multi_step_on_iterator"
 # What mwhelpers' fix of keras-team/keras#20585 writes in a task's log (kerasfix.py).
 _FIX_OFF = "MWHELPERS_KERAS_FIX=0"
 _FIX_SKIPPED = "[mwhelpers] the Keras 3 multi-worker fix"
+# What a program that trains with Keras 3's LossScaleOptimizer shows in its source, and the line
+# mwhelpers' mend of it (taskside/kerasmixed.py) writes when it runs.
+_LOSS_SCALE_USE = ("mixed_float16", "LossScaleOptimizer")
 # TensorFlow's words when the members of one collective did not agree on it (its collective
 # parameter resolver; what each looks like in a task's log: tests/recorded/README.md).
 # TensorFlow pairs the collectives of the tasks by their group and instance keys, and under
@@ -482,6 +485,9 @@ def explain_stuck(stuck: Sequence[TaskRun], runs: Sequence[TaskRun] = (),
             f"{'it' if len(done) == 1 else 'them'}: the workers did not run the same number "
             "of steps",
             _SAME_STEPS))
+    elif waiting and not behind and not done and \
+            (finding := _keras3_loss_scale(job, waiting, places)) is not None:
+        found.append(finding)
     elif waiting and behind:
         found.append(Finding(
             "task-behind",
@@ -494,6 +500,57 @@ def explain_stuck(stuck: Sequence[TaskRun], runs: Sequence[TaskRun] = (),
             f"{'does' if len(behind) == 1 else 'do'} not get past that line (slow or blocked "
             "input, a wait on a file or a lock); every worker must reach every step"))
     return lines, found[:2]
+
+
+def _keras3_loss_scale(job: _Job, waiting: Sequence[TaskRun],
+                       places: dict[TaskRun, stacks.Where]) -> Finding | None:
+    """Every stuck task waits inside TensorFlow, training with Keras 3's LossScaleOptimizer
+    (its program sets mixed_float16 or names the optimizer) that mwhelpers did not mend: the
+    hang of a step that one worker skipped alone (docs/keras-lossscale.md)."""
+    if len(waiting) < 2:
+        return None
+    kerases = set()
+    for r in waiting:
+        lines = job.lines(r)
+        facts = job.facts(r)
+        if facts is None or not facts["keras"].startswith("Keras 3") or \
+                any(kerasmixed.MENDED in ln for ln in lines):
+            return None
+        text = _source_text(r, places[r].frame.file)
+        if not any(word in text for word in _LOSS_SCALE_USE):
+            return None
+        kerases.add(facts["keras"])
+    skipped = next((ln[len("[mwhelpers] "):] for r in waiting for ln in job.lines(r)
+                    if ln.startswith(_FIX_SKIPPED) and kerasmixed.ISSUE in ln), None)
+    if skipped:
+        why = f"mwhelpers' mend of it was not applied: {skipped}"
+    elif any(not getattr(r, "keras_fix", True) for r in waiting):
+        why = f"mwhelpers' Keras mends were turned off ({_FIX_OFF} or --no-keras-fix)"
+    else:
+        why = "the program did not get mwhelpers' mend of it"
+    return Finding(
+        "keras3-loss-scale",
+        f"{_names(r.task for r in waiting)} waited inside TensorFlow, training with "
+        f"mixed_float16 (LossScaleOptimizer) and {_names(sorted(kerases))} unmended: Keras 3 "
+        "decides whether to "
+        "skip a step from each worker's own gradients, before they are all-reduced, so when "
+        "one worker's gradients overflow float16 it skips the step alone and the others wait "
+        f"in that step's all-reduce for ever ({kerasmixed.ISSUE}); {why}",
+        f"leave mwhelpers' Keras fix on (no --no-keras-fix, no {_FIX_OFF}): the workers then "
+        "decide together and skip the step on all of them; a program mwhelpers did not start "
+        "calls mwhelpers.fix_keras_multi_worker() before fit; or train in float32, or with "
+        "tf_keras (TF_USE_LEGACY_KERAS=1), which all-reduces the gradients before it checks them")
+
+
+def _source_text(run: TaskRun, file: str) -> str:
+    """The text of ``file`` from a task's stack ('' when it cannot be read)."""
+    for path in (file, run.script if _in_cell(run, file) else None):
+        if path and os.path.isfile(path):
+            try:
+                return Path(path).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                pass
+    return ""
 
 
 def _in_cell(run: TaskRun, file: str) -> bool:

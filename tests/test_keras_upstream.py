@@ -8,6 +8,10 @@ programs it did not start (``fix_keras_multi_worker()``) in notebook 03's ``%%ba
 Once the installed Keras has fixed the bug itself (its trainer no longer holds the failing
 lines), the tests that need the bug skip and say so.  Applying the patch needs GNU patch
 (Debian's ``patch`` package): without it that test skips, except under CI=true.
+
+The same for the LossScaleOptimizer hang (docs/keras-lossscale/): its patch applied to a copy
+of the installed Keras must make the reproducer report FIXED; the unmended hang is shown
+through the magics in tests/test_keras3_mixed.py.
 """
 
 import importlib.util
@@ -100,3 +104,45 @@ def test_the_upstream_patch_makes_both_workers_train(patched_keras):
     assert code == 0 and verdict(output) == FIXED, output
     # The workers ran the patched copy, not the installed Keras.
     assert output.count(f"({patched_keras / 'keras'})") == 2, output
+
+
+# -- Keras 3's LossScaleOptimizer under multi-worker MWMS (docs/keras-lossscale/) --------------
+LSO_HERE = ROOT / "docs" / "keras-lossscale"
+LSO_REPRO, LSO_PATCH = LSO_HERE / "repro.py", LSO_HERE / "loss_scale_optimizer.patch"
+LSO_FIXED = "FIXED: both workers skipped the step, weights and loss scale equal"
+# The line of keras/src/optimizers/loss_scale_optimizer.py that checks one replica's gradients
+# only (3.15.1): the patch applies only where it is.
+LSO_LINE = "return ops.all(ops.convert_to_tensor(finite_grads))"
+LSO_FILE = KERAS_DIR / "src" / "optimizers" / "loss_scale_optimizer.py" if KERAS_DIR else None
+LSO_REASON = "" if LSO_FILE is not None and LSO_FILE.is_file() and \
+    "".join(LSO_LINE.split()) in "".join(LSO_FILE.read_text().split()) else \
+    f"the installed Keras ({LSO_FILE}) no longer has the line of docs/keras-lossscale.md"
+
+
+def lso_repro(*args):
+    done = subprocess.run([sys.executable, str(LSO_REPRO), "--timeout", "90", *args],
+                          capture_output=True, text=True, timeout=120)
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="session")
+def lso_patched_keras(tmp_path_factory):
+    """A copy of the installed Keras with docs/keras-lossscale/loss_scale_optimizer.patch."""
+    if shutil.which("patch") is None:
+        reason = "GNU patch is not installed (Debian package: patch)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must apply the upstream patch, but: {reason}")
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("patched-keras-lossscale")
+    shutil.copytree(KERAS_DIR, root / "keras", copy_function=shutil.copy2)
+    done = subprocess.run(["patch", "-p1", "--forward", "-i", str(LSO_PATCH)], cwd=root,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root
+
+
+@pytest.mark.skipif(bool(LSO_REASON), reason=LSO_REASON)
+def test_the_loss_scale_patch_makes_both_workers_skip_the_step(lso_patched_keras):
+    code, output = lso_repro("--patched-keras", str(lso_patched_keras))
+    assert code == 0 and verdict(output) == LSO_FIXED, output
+    assert output.count(f"({lso_patched_keras / 'keras'})") == 2, output

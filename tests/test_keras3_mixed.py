@@ -1,0 +1,217 @@
+"""Keras 3's LossScaleOptimizer (``mixed_float16``) under MultiWorkerMirroredStrategy, mended by
+mwhelpers (taskside/kerasmixed.py, docs/keras-lossscale.md).
+
+Two real workers through the magics run tests/programs/keras3_mixed.py, where one global
+batch overflows float16 on worker 1 only.  Mended, both skip that step and end with the same
+weights and loss scale as one process on the same global batches; unmended (--no-keras-fix, a
+custom loop, as fit itself needs the fit mend) both hang and the stuck report names it.  The
+mend's rules (what it changes, what it leaves alone) and the diagnosis rule's controls run
+without workers below.
+"""
+
+import json
+import shutil
+import sys
+import time
+import types
+
+import pytest
+from conftest import ROOT, results
+
+from mwhelpers import diagnosis
+from mwhelpers.errors import WorkerTimeout
+from mwhelpers.taskname import Task
+from mwhelpers.taskside import kerasbase, kerasfix, kerasmixed
+
+PROGRAM = ROOT / "tests" / "programs" / "keras3_mixed.py"
+NOTICE = "[mwhelpers] Keras 3.15.1: LossScaleOptimizer mended for multi-worker"
+FACTS = "[mwhelpers] this task: TensorFlow 2.21.0 with Keras 3.15.1 (TF_USE_LEGACY_KERAS=unset at import)"
+
+
+@pytest.fixture
+def keras3(monkeypatch):
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+    monkeypatch.delenv(kerasfix.KERAS_FIX_ENV, raising=False)
+    shutil.copy(PROGRAM, "mixed.py")
+
+
+def said(run, prefix):
+    return [ln for ln in run.lines() if ln.startswith(prefix)]
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("how", ["fit", "loop"])
+def test_an_overflow_on_one_worker_skips_the_step_on_every_worker(ip, rt, keras3, how):
+    ip.run_line_magic("cluster", "2")
+    ip.run_line_magic("worker", f"0 --bg mixed.py {how} 4")
+    ip.run_line_magic("worker", f"1 --bg mixed.py {how} 4")
+    ip.run_line_magic("waitworkers", "--timeout 60")
+    res = results(rt)
+    w0, w1 = res["worker:0"], res["worker:1"]
+    for r in (w0, w1):
+        # 12 steps, the 5th skipped (the inner optimizer counts 11) and the scale halved once,
+        # as one process does on the same global batches.
+        assert (r["iterations"], r["loss_scale"]) == (11, 512.0)
+        assert (r["alone"]["iterations"], r["alone"]["loss_scale"]) == (11, 512.0)
+        assert r["weights_sum"] == pytest.approx(r["alone"]["weights_sum"], rel=1e-5)
+    assert w0["weights_sum"] == w1["weights_sum"]  # the same weights on both, bit for bit
+    for run in rt.runs.values():
+        assert len(said(run, NOTICE)) == 1, run.tail(40)
+        assert kerasmixed.ISSUE in said(run, NOTICE)[0]
+        assert len(said(run, "step ")) == 12
+
+
+@pytest.mark.tf
+def test_unmended_both_hang_and_the_stuck_report_names_it(ip, rt, keras3):
+    ip.run_line_magic("cluster", "2")
+    for i in (0, 1):
+        ip.run_line_magic("worker", f"{i} --bg --no-keras-fix mixed.py loop 4")
+    deadline = time.monotonic() + 60  # both log step 3, then stop in step 4
+    while not all(said(r, "step 3") for r in rt.runs.values()):
+        assert time.monotonic() < deadline, [r.tail(20) for r in rt.runs.values()]
+        time.sleep(0.1)
+    with pytest.raises(WorkerTimeout) as err:
+        ip.run_line_magic("waitworkers", "--timeout 4")
+    text = str(err.value)
+    assert [d["key"] for d in err.value.diagnosis] == ["keras3-loss-scale"]
+    assert "  worker:1 was inside TensorFlow, called from mixed.py line 72, in loop: " \
+           "train(batch)" in text
+    assert ("What this means: worker:0 and worker:1 waited inside TensorFlow, training with "
+            "mixed_float16 (LossScaleOptimizer) and Keras 3.15.1 unmended") in text
+    assert "mwhelpers' Keras mends were turned off (MWHELPERS_KERAS_FIX=0 or --no-keras-fix)" \
+        in text
+    assert "What to do: leave mwhelpers' Keras fix on" in text
+    for run in rt.runs.values():
+        assert not said(run, "step 4") and not said(run, NOTICE)
+
+
+# -- the rules of the mend, on stand-ins for Keras's module, without workers ------------------
+
+CHECK = ("tensor_grads = [g for g in grads if g is not None]\n"
+         "        finite_grads = [ops.all(ops.isfinite(g)) for g in tensor_grads]\n"
+         "        return ops.all(ops.convert_to_tensor(finite_grads))")
+TF_APPLY = ("finite_per_replica = distribution.extended.call_for_each_replica(\n"
+            "            self.check_finite, args=(grads,))")
+COMMON = "finite = self.check_finite(grads)"
+
+
+def _module(folder, name, check=CHECK, tf_apply=TF_APPLY, common=COMMON):
+    """A stand-in for keras.src.optimizers.loss_scale_optimizer with the given method bodies
+    (None: the method is missing)."""
+    source = "class LossScaleOptimizer:\n"
+    for method, body in (("check_finite", check), ("_tf_apply", tf_apply),
+                         ("_common_apply", common)):
+        if body is not None:
+            source += f"    def {method}(self, grads, trainable_variables=None):\n        {body}\n"
+    path = folder / f"{name}.py"
+    path.write_text(source)
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    sys.modules[name] = module
+    exec(compile(source, str(path), "exec"), module.__dict__)
+    return module
+
+
+@pytest.mark.parametrize("version, kwargs, changed, said_line", [
+    ("3.15.1", {}, True, None),  # the notice comes with the first multi-worker step
+    ("3.0.5", {}, True, None),
+    ("3.16.0", {"check": "return all_reduce_of(local(grads))"}, False,
+     "does not decide from one replica's gradients the way 3.15 does"),
+    ("3.16.0", {"common": "finite = self.all_finite(grads)"}, False,
+     "does not decide from one replica's gradients the way 3.15 does"),
+    ("3.15.1", {"tf_apply": None}, False, "LossScaleOptimizer has no _tf_apply"),
+    ("3.17.0", {}, False, "outside the releases it was tested with"),
+    ("2.15.0", {}, False, "outside the releases it was tested with"),
+])
+def test_the_mend_changes_only_a_keras_that_has_the_lines(monkeypatch, capsys, tmp_path, version,
+                                                          kwargs, changed, said_line):
+    monkeypatch.setattr(kerasbase, "_said", set())
+    monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__=version))
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
+                                                "task": {"type": "worker", "index": 0}}))
+    name = f"fake_lso_{version.replace('.', '_')}_{len(kwargs)}_{'_'.join(kwargs)}"
+    module = _module(tmp_path, name, **kwargs)
+    before = module.LossScaleOptimizer.check_finite
+    assert kerasmixed.patch(module) is changed
+    after = module.LossScaleOptimizer.check_finite
+    assert (after is not before) is changed
+    assert kerasmixed.patch(module) is False  # idempotent: wrapped once
+    assert getattr(module.LossScaleOptimizer.check_finite, "__wrapped__", before) is before
+    err = capsys.readouterr().err
+    if said_line is None:
+        assert err == ""
+    else:
+        assert said_line in err and len(err.splitlines()) == 1, err
+        assert kerasmixed.ISSUE in err
+
+
+def test_the_mend_is_silent_outside_a_multi_worker_job(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(kerasbase, "_said", set())
+    monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__="3.99"))
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert kerasmixed.patch(_module(tmp_path, "fake_lso_alone")) is False
+    assert capsys.readouterr().err == ""
+
+
+def test_the_mend_is_armed_with_the_others():
+    armed = []
+    kerasfix.install(lambda name, callback: armed.append(name))
+    assert kerasmixed.TARGET in armed
+
+
+@pytest.mark.tf
+def test_the_installed_keras_has_the_lines_and_one_process_runs_it_unchanged(monkeypatch):
+    """The real Keras 3.15.1 module is mended; in one process (no strategy) the mended check is
+    Keras's own, without a collective."""
+    import numpy as np
+    from keras.src.optimizers import loss_scale_optimizer as module
+
+    cls, why = kerasmixed.plan(module, kerasbase.keras_version() or "")
+    assert (cls, why) == (module.LossScaleOptimizer, None)
+    import keras
+
+    optimizer = keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD())
+    monkeypatch.setattr(module.LossScaleOptimizer, "check_finite",
+                        module.LossScaleOptimizer.check_finite)  # both undone after the test
+    monkeypatch.setattr(module, kerasbase.PATCHED, False, raising=False)
+    kerasmixed.patch(module)
+    assert hasattr(module.LossScaleOptimizer.check_finite, "__wrapped__")
+    assert bool(optimizer.check_finite([np.ones(2, "float32")]))
+    assert not bool(optimizer.check_finite([np.array([1.0, np.inf], "float32")]))
+
+
+# -- the diagnosis rule's evidence, on stand-ins for stuck runs --------------------------------
+
+class _Run:
+    """What the stuck-job diagnosis reads of a run."""
+
+    def __init__(self, index, script, extra=()):
+        self.task = Task("worker", index)
+        self.script, self.cell, self.cwd, self.keras_fix, self.returncode = \
+            script, False, None, False, None
+        site = "/venv/lib/python3.11/site-packages/tensorflow/python/eager/execute.py"
+        self._lines = [FACTS, *extra, "step 3",
+                       "Current thread 0x00007f828c46bb80 (most recent call first):",
+                       f'  File "{site}", line 53 in quick_execute',
+                       f'  File "{script}", line 2 in <module>',
+                       '  File "/x/mwhelpers/taskside/_bootstrap.py", line 235 in main']
+
+    def lines(self):
+        return self._lines
+
+
+@pytest.mark.parametrize("program, extra, found", [
+    ("import keras\nkeras.mixed_precision.set_global_policy('mixed_float16')\n", (), True),
+    ("import keras\nopt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())\n", (),
+     True),
+    ("import keras\nmodel.fit(x, y)\n", (), False),  # no loss scaling: not this hang
+    ("import keras\nkeras.mixed_precision.set_global_policy('mixed_float16')\n",
+     (NOTICE + " (docs/keras-lossscale.md; ...)",), False),  # mended: something else
+])
+def test_the_stuck_rule_needs_its_evidence(tmp_path, program, extra, found):
+    script = tmp_path / "train.py"
+    script.write_text(program)
+    runs = [_Run(i, str(script), extra) for i in (0, 1)]
+    lines, findings = diagnosis.explain_stuck(runs, runs)
+    assert len(lines) == 2
+    assert [f.key for f in findings] == (["keras3-loss-scale"] if found else [])
