@@ -26,7 +26,9 @@ Environments:
   (``[mwhelpers] Keras X: fit and evaluate mended ...``, keras-team/keras#20585) and no line
   saying it was not applied; the same program with ``--no-keras-fix`` still fails the known way
   (a ValueError, reported as WorkerFailed in the cell), so the matrix notices when Keras mends
-  it upstream.
+  it upstream. Under ``supervise``, a worker SIGKILLed between two backups of
+  ``BackupAndRestore(save_freq=3)`` is restarted and the epoch resumes after the backup's batch
+  (``mwhelpers/taskside/kerasresume.py``): exactly epochs x steps optimizer steps.
 * ``keras3-floor``: Python 3.10, TensorFlow 2.16.2 with Keras 3.5.0, IPython 8.26 and
   ipykernel 6.29.5, ``TF_USE_LEGACY_KERAS`` unset: the oldest TensorFlow with the oldest Keras 3
   under which the workers train one model together. 3.5.0 is the first release with both
@@ -34,8 +36,8 @@ Environments:
   all-reduce them, if at all, inside a merge_call, where nothing is reduced (MWMS takes that
   path unless the step runs under XLA on GPUs only), so on CPU each worker trains alone
   (fixed by keras-team/keras#19969). The tutorial's ``fit`` program trains on 2 workers with
-  the fix's line in both logs, as in ``keras3``. (3.5 to 3.7 sum the workers' gradients
-  without scaling the loss, so a step is N times the single-process one,
+  the fix's line in both logs, and the resume after a SIGKILL, as in ``keras3``. (3.5 to 3.7
+  sum the workers' gradients without scaling the loss, so a step is N times the single-process one,
   keras-team/keras#20609; upstream, not mended here. Measured per release in
   docs/keras-versions.md.)
 * ``bare``: Python 3.12 with ipykernel alone, no mwhelpers: a notebook's first code cell,
@@ -369,10 +371,38 @@ def custom_loop(k, workdir, spec):
     return facts
 
 
+RESUME = ROOT / "tests" / "programs" / "resume_train.py"
+RESUMES = "BackupAndRestore: epoch 1 resumes after its first 4 batches"
+
+
+def resume_after_a_kill(k, workdir):
+    """Keras 3's BackupAndRestore under supervise: worker 1 SIGKILLs itself after step 13 (3
+    epochs of 8 steps, a backup every 3); the restart resumes after step 12's backup
+    (mwhelpers/taskside/kerasresume.py) and the job ends at exactly 24 steps."""
+    out = k.ok("import mwhelpers\n"
+               "attempts = mwhelpers.runtime().supervise(script='resume_train.py', max_restarts=1,"
+               " timeout=300, stream=False, args=['--data', 'repeat', '--backup', 'bk',"
+               " '--kill-at', '13'])\n"
+               "print('ATTEMPTS', len(attempts))", timeout=600)
+    check("ATTEMPTS 2" in out, out[-3000:])
+    steps = []
+    for i in (0, 1):
+        text = logs_of(workdir, i)
+        check(text.count(RESUMES) == 1, f"worker {i}: no line saying the epoch resumed:\n"
+                                        f"{text[-3000:]}")
+        result = json.loads([ln for ln in text.splitlines() if ln.startswith("RESULT ")][-1][7:])
+        check(result["iterations"] == 24, f"worker {i} ended at step {result['iterations']}")
+        steps.append([int(ln.split()[1]) for ln in text.splitlines() if ln.startswith("STEP ")])
+    check(steps[0] == list(range(13, 25)), f"the restart's steps: {steps[0]}")
+    return ["BackupAndRestore(save_freq=3) under supervise: after a SIGKILL at step 13 the "
+            "restart resumed at step 13 and ended at exactly 24 steps"]
+
+
 def in_kernel(name, spec, py, work):
     workdir = work / f"{name}-work"
     shutil.rmtree(workdir, ignore_errors=True)
     shutil.copytree(PROGRAMS, workdir)
+    shutil.copy(RESUME, workdir)
     k = Kernel(py, workdir, kernel_env(py, spec["legacy_keras"]))
     facts = []
     try:
@@ -393,6 +423,8 @@ def in_kernel(name, spec, py, work):
         facts += tutorial_fit(k, workdir, spec)
         if spec.get("unmended_fails"):
             facts += tutorial_fit_unmended(k, workdir)
+        if not spec["legacy_keras"]:
+            facts += resume_after_a_kill(k, workdir)
     finally:
         k.close()
     return facts

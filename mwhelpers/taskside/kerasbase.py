@@ -3,8 +3,10 @@ notices, and whether a model trains under multi-worker MultiWorkerMirroredStrate
 
 The mends themselves: ``kerasfix.py`` (``fit`` and ``evaluate``, keras-team/keras#20585, and
 the entry point :func:`kerasfix.install`), ``kerascallbacks.py`` (BackupAndRestore and
-ModelCheckpoint), ``kerasmixed.py`` (LossScaleOptimizer's finite check).  Each changes a Keras only in the releases it was tested with, only where
-Keras's source still holds what it mends, and says in one line when it steps aside.
+ModelCheckpoint), ``kerasresume.py`` (BackupAndRestore resumes at the saved batch),
+``kerasmixed.py`` (LossScaleOptimizer's finite check).  Each changes a Keras only in the
+releases it was tested with, only where Keras's source still holds what it mends, and says in
+one line when it steps aside.
 
 This file imports only the standard library: a task loads it without the mwhelpers package.
 """
