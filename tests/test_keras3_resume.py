@@ -118,3 +118,55 @@ def test_an_input_that_runs_out_while_drawn_is_left_to_keras():
     # Drawing stops at step 3 (the input is empty); the steps after it go to Keras, whose first
     # step finds the input empty and ends the epoch, as without the mend.
     assert [item[0] for item in left] == [4, 5, 6, 7]
+
+
+READS = '''
+import json
+
+
+class Backup35:
+    def on_train_begin(self, logs=None):
+        training_metadata = json.loads("{}")
+        epoch = training_metadata["epoch"]
+        self.model._initial_epoch = epoch
+
+
+class Backup315:
+    def on_train_begin(self, logs=None):
+        self._load_model()
+
+    def _load_model(self):
+        training_metadata = json.loads("{}")
+        epoch = training_metadata["epoch"]
+        self.model._initial_epoch = epoch
+
+
+class FixedUpstream(Backup315):
+    def _load_model(self):
+        training_metadata = json.loads("{}")
+        self.model._initial_epoch = training_metadata["epoch"]
+        self.model._initial_step = training_metadata["batch"]
+'''
+
+
+def test_the_resume_reads_where_each_keras_restores_the_epoch(tmp_path, monkeypatch):
+    """Keras 3.5 restores in on_train_begin, 3.10 and later in _load_model; one that reads the
+    batch itself has fixed it upstream and is left alone."""
+    import importlib.util
+    import sys
+    import types
+
+    path = tmp_path / "fake_backups.py"
+    path.write_text(READS)
+    spec = importlib.util.spec_from_file_location("fake_backups", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__="3.15.1"))
+    monkeypatch.setattr(kerasresume, "_iterator_mended", True)
+    assert kerasresume.why_not(module.Backup35) is None
+    assert kerasresume.why_not(module.Backup315) is None
+    assert "reads the batch itself" in kerasresume.why_not(module.FixedUpstream)
+    monkeypatch.setattr(kerasresume, "_iterator_mended", False)
+    assert "epoch iterator" in kerasresume.why_not(module.Backup315)
+    monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__="3.17.0"))
+    assert "outside the releases" in kerasresume.why_not(module.Backup315)

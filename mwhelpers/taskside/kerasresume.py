@@ -107,7 +107,10 @@ def why_not(backup_class: type) -> str | None:
         return why
     if not _iterator_mended:
         return "its TensorFlow trainer's epoch iterator is not one this was written for"
-    text = source_of(getattr(backup_class, "_load_model", None) or (lambda: None))
+    # Where Keras reads the backup: _load_model (3.10 and 3.15 have it), on_train_begin itself (3.5).
+    begin = getattr(backup_class, "on_train_begin", None)
+    load = getattr(backup_class, "_load_model", None) or getattr(begin, "__wrapped__", begin)
+    text = source_of(load or (lambda: None))
     if text is None or 'training_metadata["epoch"]' not in text:
         return "its BackupAndRestore does not restore the epoch the way this was written for"
     if 'training_metadata["batch"]' in text:
