@@ -51,7 +51,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from . import kerascallbacks
+from . import kerascallbacks, keraspss
 from .kerasbase import (
     KERAS_FIX_ENV,
     PATCHED,
@@ -271,6 +271,7 @@ def install(after_import: Callable[[str, Callable[[ModuleType], object]], None])
     after_import(TRAINER, safely(patch_trainer, ISSUE))
     after_import(kerascallbacks.BACKUP, safely(kerascallbacks.patch_callbacks, ISSUE))
     after_import(kerascallbacks.CHECKPOINT, safely(kerascallbacks.patch_callbacks, ISSUE))
+    after_import(keraspss.TARGET, safely(keraspss.patch, keraspss.ISSUE))
 
 
 def fix_keras_multi_worker() -> bool:
