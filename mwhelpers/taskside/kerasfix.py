@@ -51,7 +51,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from . import kerascallbacks, kerasmixed, kerasresume
+from . import kerascallbacks, kerasmixed, keraspss, kerasresume, kerastensorboard
 from .kerasbase import (
     KERAS_FIX_ENV,
     PATCHED,
@@ -273,6 +273,8 @@ def install(after_import: Callable[[str, Callable[[ModuleType], object]], None])
     after_import(kerascallbacks.BACKUP, safely(kerascallbacks.patch_callbacks, ISSUE))
     after_import(kerascallbacks.CHECKPOINT, safely(kerascallbacks.patch_callbacks, ISSUE))
     after_import(kerasmixed.TARGET, safely(kerasmixed.patch, kerasmixed.ISSUE))
+    after_import(keraspss.TARGET, safely(keraspss.patch, keraspss.ISSUE))
+    after_import(kerastensorboard.TARGET, safely(kerastensorboard.patch, kerastensorboard.ISSUE))
 
 
 def fix_keras_multi_worker() -> bool:

@@ -1,0 +1,129 @@
+"""Keras 3's ``optimizer.iterations`` under ParameterServerStrategy: every step counted.
+
+Keras 3 adds 1 to an optimizer's step counter at the end of every ``apply``
+(``self._iterations.assign_add(1)`` in ``keras/src/optimizers/base_optimizer.py``), and a
+Keras variable's ``assign_add`` is ``self.assign(self + value)``
+(``keras/src/backend/common/variables.py``): a read, then a write.  Under
+ParameterServerStrategy the counter lives on a parameter server and the workers of a
+``ClusterCoordinator`` step at the same time: two steps read N, both write N + 1, and one
+step is lost from the count (the team measured 298 of 400).  Whatever reads the counter sees
+fewer steps than ran: a learning-rate schedule, Adam's bias correction, a checkpoint.
+
+Here an optimizer whose counter lives under a ParameterServerStrategy gets, on that one
+variable, an ``assign_add`` that is TensorFlow's own: one ``AssignAddVariableOp`` on the
+parameter server, which no other step can split.  Nothing else changes: other variables,
+other strategies and other backends run Keras's code.  Only while Keras's source still holds
+the read-then-write; a Keras that has changed it is left alone, said in one line.
+
+Armed with the ``fit`` mend (:func:`kerasfix.install`), on the same terms.  This file
+imports only the standard library and its siblings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from types import ModuleType
+
+from .kerasbase import PATCHED, SKIPPED, keras_version, say_once, source_of, untested
+
+TARGET = "keras.src.optimizers.base_optimizer"
+ISSUE = "docs/keras-pss-iterations.md"
+VARIABLES = "keras.src.backend.common.variables"
+STATELESS = "keras.src.backend.common.stateless_scope"
+# What is mended, whitespace removed, as Keras 3.0 to 3.15 write it.
+INCREMENT = "self._iterations.assign_add(1)"
+READ_THEN_WRITE = "defassign_add(self,value):returnself.assign(self+value)"
+NOTICE = ("[mwhelpers] Keras {version} under ParameterServerStrategy: optimizer.iterations "
+          "counts every step (one assign_add on the parameter server; Keras reads, then "
+          "writes, and loses concurrent steps; " + ISSUE + "; turn off: MWHELPERS_KERAS_FIX=0)")
+
+
+def _parameter_server_variable(variable: object) -> bool:
+    """True when ``variable`` (a ``tf.Variable``) was made under a ParameterServerStrategy."""
+    tf = sys.modules.get("tensorflow")
+    strategy = getattr(variable, "_distribute_strategy", None)
+    try:
+        return tf is not None and strategy is not None and isinstance(
+            strategy, tf.distribute.experimental.ParameterServerStrategy)
+    except AttributeError:
+        return False
+
+
+def _plan(module: ModuleType) -> tuple[type | None, str | None]:
+    """(Keras's BaseOptimizer, None) when this Keras has the read-then-write increment, else
+    (None, why): the version is untested or the source is not what this mends."""
+    version = keras_version()
+    why = untested(version)
+    if why:
+        return None, why
+    cls = getattr(module, "BaseOptimizer", None)
+    apply = getattr(cls, "apply", None)
+    add = getattr(getattr(sys.modules.get(VARIABLES), "Variable", None), "assign_add", None)
+    if not isinstance(cls, type) or not callable(apply) or not callable(add):
+        return None, f"Keras {version} has no BaseOptimizer.apply or Variable.assign_add"
+    apply_text, add_text = source_of(apply), source_of(add)
+    if apply_text is None or add_text is None:
+        return None, f"Keras {version}'s source cannot be read"
+    if INCREMENT not in apply_text or READ_THEN_WRITE not in add_text:
+        return None, (f"Keras {version} no longer counts steps with a Keras variable's "
+                      "read-then-write assign_add")
+    return cls, None
+
+
+def _atomic_add(variable: object, original: object) -> object:
+    """An ``assign_add`` for the Keras variable ``variable``: TensorFlow's own on its value."""
+    version = keras_version()
+
+    def assign_add(value: object) -> object:
+        stateless = sys.modules.get(STATELESS)
+        if stateless is not None and stateless.in_stateless_scope():
+            return original(value)  # type: ignore[operator]
+        say_once("pss-iterations", NOTICE.format(version=version))
+        tf = sys.modules["tensorflow"]
+        inner = variable.value  # type: ignore[attr-defined]
+        return inner.assign_add(tf.cast(value, inner.dtype))
+
+    assign_add.__wrapped__ = original  # type: ignore[attr-defined]
+    return assign_add
+
+
+def patch(module: ModuleType) -> None:
+    """Mend ``keras.src.optimizers.base_optimizer``: each optimizer made after this whose step
+    counter lives under a ParameterServerStrategy counts with one atomic ``assign_add``."""
+    cls, why = _plan(module)
+    if cls is None:
+        if _ps_job():
+            say_once(f"skipped-{ISSUE}", SKIPPED.format(issue=ISSUE, why=why))
+        return
+    init = vars(cls)["__init__"]
+    if getattr(init, PATCHED, False):
+        return
+    expected = sys.modules[VARIABLES].Variable.assign_add
+
+    def __init__(self: object, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)
+        counter = getattr(self, "_iterations", None)
+        if counter is None or not _parameter_server_variable(getattr(counter, "value", None)):
+            return
+        add = getattr(type(counter), "assign_add", None)
+        text = source_of(add) if callable(add) else None
+        if add is not expected and READ_THEN_WRITE not in (text or ""):
+            say_once(f"skipped-{ISSUE}", SKIPPED.format(
+                issue=ISSUE, why=f"Keras {keras_version()}'s {type(counter).__name__} has an "
+                                 "assign_add of its own"))
+            return
+        counter.assign_add = _atomic_add(counter, counter.assign_add)
+
+    __init__.__wrapped__ = init  # type: ignore[attr-defined]
+    setattr(__init__, PATCHED, True)
+    setattr(cls, "__init__", __init__)  # noqa: B010 (mypy: assigning to a method)
+
+
+def _ps_job() -> bool:
+    """True when TF_CONFIG names a ps job (where stepping aside is worth a line)."""
+    try:
+        return bool(json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {}).get("ps"))
+    except (ValueError, AttributeError):
+        return False

@@ -1,0 +1,112 @@
+"""Keras 3's TensorBoard callback under multi-worker MultiWorkerMirroredStrategy.
+
+Keras 3's ``TensorBoard`` has no notion of a chief: every worker writes its event files
+into the folder the user named (``set_model`` takes ``log_dir`` as it is, in
+``keras/src/callbacks/tensorboard.py``), and the chart then mixes the workers' runs.
+Under multi-worker MWMS, the chief writes where the user asked and every other worker
+writes to ``<log_dir>/workertemp_<task id>/``, removed when its training ends (the same
+naming as the checkpointing callbacks' mend).  Each worker still writes what it wrote:
+only where its files go changes.
+
+Armed with the ``fit`` mend (:func:`kerasfix.install`), on the same terms.  This file
+imports only the standard library and its siblings.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from .kerasbase import (
+    PATCHED,
+    SKIPPED,
+    keras_version,
+    local_path,
+    multi_worker_job,
+    remove_tree,
+    say_once,
+    source_of,
+    untested,
+    worker_of,
+)
+
+TARGET = "keras.src.callbacks.tensorboard"
+ISSUE = "docs/keras-tensorboard.md"
+# What is mended, whitespace removed, as Keras 3.0 to 3.15 write it: the folder is log_dir.
+WRITE_DIR = "self._log_write_dir=self.log_dir"
+NOTICE = ("[mwhelpers] Keras {version} TensorBoard under multi-worker MWMS: {who} "
+          "(Keras 3 callbacks have no chief; " + ISSUE + "; turn off: MWHELPERS_KERAS_FIX=0)")
+CHIEF_WRITES = "this task is the chief and writes {path}; the others write to {temp} and delete it"
+OTHER_WRITES = "the chief writes {path}; this task writes to {temp} and deletes it"
+
+if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of other hosts)
+    from typing import Protocol
+
+    class TensorBoardCallback(Protocol):
+        """What the mended methods use of ``self`` (Keras's own attributes)."""
+
+        model: object
+        log_dir: str
+
+
+def _why_not(cls: object) -> str | None:
+    version = keras_version()
+    why = untested(version)
+    if why:
+        return why
+    needed = ("set_model", "on_train_end")
+    if not isinstance(cls, type) or not all(callable(getattr(cls, n, None)) for n in needed):
+        return f"Keras {version}'s TensorBoard has no {' or '.join(needed)}"
+    text = source_of(getattr(cls, "set_model"))  # noqa: B009 (a class of unknown type)
+    if text is None:
+        return f"Keras {version}'s source cannot be read"
+    if WRITE_DIR not in text:
+        return f"Keras {version}'s TensorBoard.set_model no longer writes to log_dir as it is"
+    return None
+
+
+def patch(module: ModuleType) -> None:
+    """Make ``keras.src.callbacks.tensorboard.TensorBoard`` chief-aware."""
+    cls = getattr(module, "TensorBoard", None)
+    why = _why_not(cls)
+    if why:
+        if multi_worker_job():
+            say_once(f"skipped-{ISSUE}", SKIPPED.format(issue=ISSUE, why=why))
+        return
+    assert isinstance(cls, type)
+    if getattr(cls, PATCHED, False):
+        return
+    set_model, train_end = vars(cls)["set_model"], vars(cls)["on_train_end"]
+
+    def _set_model(self: TensorBoardCallback, model: object) -> object:
+        worker = worker_of(model)
+        if worker is None or not local_path(self.log_dir):
+            return set_model(self, model)
+        _, chief, temp_name = worker
+        folder = str(self.log_dir)
+        temp = os.path.join(folder, temp_name)
+        say_once(f"tensorboard-{folder}", NOTICE.format(
+            version=keras_version(), who=(CHIEF_WRITES if chief else OTHER_WRITES).format(
+                path=folder, temp=os.path.join(folder, "workertemp_<id>") if chief else temp)))
+        if chief:
+            return set_model(self, model)
+        # Keras takes its folders from log_dir in set_model: lend it the temporary one.
+        self.log_dir = temp
+        try:
+            return set_model(self, model)
+        finally:
+            self.log_dir = folder
+
+    def on_train_end(self: TensorBoardCallback, logs: object = None) -> object:
+        result = train_end(self, logs)  # closes the writers
+        worker = worker_of(self.model)
+        if worker is not None and not worker[1] and local_path(self.log_dir):
+            remove_tree(os.path.join(str(self.log_dir), worker[2]))
+        return result
+
+    _set_model.__name__ = "set_model"
+    for f, original in ((_set_model, set_model), (on_train_end, train_end)):
+        setattr(f, "__wrapped__", original)  # noqa: B010
+        setattr(cls, f.__name__, f)
+    setattr(cls, PATCHED, True)

@@ -1,0 +1,147 @@
+"""Keras 3's ``optimizer.iterations`` under ParameterServerStrategy, mended by mwhelpers
+(``mwhelpers/taskside/keraspss.py``, docs/keras-pss-iterations.md).
+
+A real cluster through the magics (a chief that coordinates, two workers, one ps): with the
+mend the optimizer counts every scheduled step; with ``--no-keras-fix`` it loses some (two
+workers stepping at once both read N and write N + 1).  The mend's own rules (what it
+changes, when it steps aside) without a cluster below.
+"""
+
+import json
+import shutil
+import sys
+import types
+
+import pytest
+from conftest import ROOT
+
+from mwhelpers.taskside import kerasbase, keraspss
+
+PROGRAM = ROOT / "tests" / "programs" / "keras3_pss_count.py"
+NOTICE = "[mwhelpers] Keras 3.15.1 under ParameterServerStrategy: optimizer.iterations counts"
+STEPS = 300
+
+
+def said(run, prefix):
+    return [ln for ln in run.lines() if ln.startswith(prefix)]
+
+
+def chief_result(rt):
+    lines = said(rt.get_run("chief:0"), "RESULT ")
+    assert lines, "\n".join(rt.get_run("chief:0").tail(40))
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.tf
+def test_iterations_counts_every_step_of_a_coordinator_loop(ip, rt, monkeypatch):
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+    monkeypatch.delenv(kerasbase.KERAS_FIX_ENV, raising=False)
+    shutil.copy(PROGRAM, "count.py")
+    ip.run_line_magic("cluster", "2 --chief --ps 1")
+    ip.run_line_magic("worker", "ps:0,worker:0,worker:1 --bg count.py")
+    ip.run_line_magic("worker", f"chief:0 count.py {STEPS}")
+    mended = chief_result(rt)
+    assert len(said(rt.get_run("chief:0"), NOTICE)) == 1, rt.get_run("chief:0").tail(40)
+    ip.run_line_magic("worker", f"chief:0 --no-keras-fix count.py {STEPS}")
+    unmended = chief_result(rt)
+    rt.end_all(policy="now")  # the servers serve until ended
+    print("mended", mended, "unmended", unmended)
+    assert not said(rt.get_run("chief:0"), NOTICE)
+    for r in (mended, unmended):
+        assert r["counted"] == STEPS, r  # every step ran once
+        assert r["device"] == "/job:ps/replica:0/task:0/device:CPU:0"
+    assert mended["iterations"] == STEPS, mended
+    assert unmended["iterations"] < STEPS, unmended  # the test can fail: Keras alone loses steps
+
+
+# -- the rules of the mend, on stand-ins for Keras's modules, without a cluster ----------------
+
+def _modules(folder, monkeypatch, name, increment, assign_add, version="3.15.1"):
+    """Stand-ins for keras.src.optimizers.base_optimizer and keras.src.backend.common.variables
+    with the given source lines, and a TensorFlow that knows ParameterServerStrategy."""
+    monkeypatch.setattr(kerasbase, "_said", set())
+    monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__=version))
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"chief": ["a:1"], "worker": ["b:2", "c:3"], '
+                                    '"ps": ["d:4"]}, "task": {"type": "chief", "index": 0}}')
+
+    class ParameterServerStrategy:
+        pass
+
+    tf = types.SimpleNamespace(cast=lambda value, dtype: value, distribute=types.SimpleNamespace(
+        experimental=types.SimpleNamespace(ParameterServerStrategy=ParameterServerStrategy)))
+    monkeypatch.setitem(sys.modules, "tensorflow", tf)
+    sources = {
+        keraspss.VARIABLES: ("class Variable:\n"
+                             "    def __init__(self, value):\n"
+                             "        self.value = value\n"
+                             "    def assign_add(self, value):\n"
+                             f"        {assign_add}\n"),
+        name: ("class BaseOptimizer:\n"
+               "    def __init__(self, counter):\n"
+               "        self._iterations = counter\n"
+               "    def apply(self, grads):\n"
+               f"        {increment}\n"),
+    }
+    modules = []
+    for module_name, source in sources.items():
+        path = folder / f"{module_name.replace('.', '_')}_{name}.py"
+        path.write_text(source)
+        module = types.ModuleType(module_name)
+        module.__file__ = str(path)
+        exec(compile(source, str(path), "exec"), module.__dict__)
+        monkeypatch.setitem(sys.modules, module_name, module)
+        modules.append(module)
+    return modules[0].Variable, modules[1], ParameterServerStrategy
+
+
+class _Inner:
+    """A tf.Variable's stand-in: counts its own (atomic) assign_add calls."""
+
+    dtype = "int64"
+
+    def __init__(self, strategy):
+        self._distribute_strategy = strategy
+        self.added = []
+
+    def assign_add(self, value):
+        self.added.append(value)
+
+
+READ_THEN_WRITE = "return self.assign(self + value)"
+
+
+def test_the_mend_makes_only_a_parameter_server_counter_atomic(monkeypatch, capsys, tmp_path):
+    Variable, module, ps = _modules(tmp_path, monkeypatch, "pss_mended",
+                                    "self._iterations.assign_add(1)", READ_THEN_WRITE)
+    init = module.BaseOptimizer.__init__
+    keraspss.patch(module)
+    keraspss.patch(module)  # idempotent: wrapped once
+    assert module.BaseOptimizer.__init__.__wrapped__ is init
+    assert capsys.readouterr().err == ""  # said with the first step, not at import
+    on_ps, alone = _Inner(ps()), _Inner(None)
+    mended, unmended = (module.BaseOptimizer(Variable(v)) for v in (on_ps, alone))
+    assert "assign_add" in vars(mended._iterations) and "assign_add" not in vars(unmended._iterations)
+    mended.apply([])
+    mended.apply([])
+    assert on_ps.added == [1, 1]  # TensorFlow's own assign_add, on the parameter server
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("[mwhelpers] Keras 3.15.1 under ParameterServerStrategy") and \
+        "MWHELPERS_KERAS_FIX=0" in line
+
+
+@pytest.mark.parametrize("version, increment, assign_add, why", [
+    ("3.15.1", "self._iterations.assign_add(1)", "return self._value.assign_add(value)",
+     "no longer counts steps with a Keras variable's read-then-write assign_add"),
+    ("3.15.1", "self._iterations.assign(self._iterations + 1)", READ_THEN_WRITE,
+     "no longer counts steps"),
+    ("3.17.0", "self._iterations.assign_add(1)", READ_THEN_WRITE,
+     "outside the releases it was tested with"),
+])
+def test_the_mend_steps_aside_where_keras_differs(monkeypatch, capsys, tmp_path, version,
+                                                  increment, assign_add, why):
+    _, module, _ = _modules(tmp_path, monkeypatch, "pss_aside", increment, assign_add, version)
+    init = module.BaseOptimizer.__init__
+    keraspss.patch(module)
+    assert module.BaseOptimizer.__init__ is init
+    (line,) = capsys.readouterr().err.splitlines()
+    assert why in line and keraspss.ISSUE in line, line
