@@ -37,35 +37,38 @@ def close(a, b):
 
 
 @pytest.mark.tf
-@pytest.mark.parametrize("data", ["finite", "repeat", "function"])
-def test_a_killed_worker_resumes_at_the_saved_batch(rt, tmp_path, data):
+def test_a_killed_worker_resumes_at_the_saved_batch(rt, tmp_path):
+    """One run without a fault (the three inputs give the same batches in the same order, so
+    the same weights), then one supervised run per input with the fault."""
     shutil.copy(PROGRAM, "train.py")
     rt.define_cluster(2)
-    args = ["--data", data, "--epochs", str(EPOCHS), "--save-freq", str(SAVE_FREQ)]
-    # The same job without a fault: the weights to reach.
-    rt.launch_all(script="train.py", args=args, timeout=120)
+    common = ["--epochs", str(EPOCHS), "--save-freq", str(SAVE_FREQ)]
+    rt.launch_all(script="train.py", args=["--data", "finite", *common], timeout=120)
     plain_steps, plain = weights(rt)
     assert plain_steps == EPOCHS * STEPS
-
-    attempts = rt.supervise(script="train.py", max_restarts=1, timeout=120, stream=False,
-                            args=[*args, "--backup", str(tmp_path / "bk"),
-                                  "--kill-at", str(KILL_AT), "--kill-task", "worker:1"])
-    assert len(attempts) == 2 and attempts[0].restarted
-    assert attempts[0].root_cause.returncode == -signal.SIGKILL
-    assert str(attempts[0].root_cause.task) == "worker:1"
-    final, resumed = weights(rt)
-    assert final == EPOCHS * STEPS  # Keras 3 alone ends at 24 + 4 = 28: epoch 1 again from its start
-    done = {s for a in attempts for r in a.runs for s, _ in steps_of(r)}
-    assert done == set(range(1, final + 1))  # no step skipped
-    assert redone(attempts) == [KILL_AT - 12]  # only the steps after the newest backup
-    assert [steps_of(r)[0][0] for r in attempts[1].runs] == [13, 13]
-    assert close(resumed, plain), (resumed, plain)  # the same batches, in the same order
-    for run in attempts[1].runs:
-        lines = run.lines()
-        assert sum("BackupAndRestore: epoch 1 resumes after its first 4 batches" in ln for ln in lines) == 1
-        assert json.loads(next(ln for ln in reversed(lines)
-                               if ln.startswith("RESULT "))[7:])["epochs_run"] == [1, 2]
-    assert not (tmp_path / "bk").exists()  # the backup goes once training is done
+    for data in ("finite", "repeat", "function"):
+        attempts = rt.supervise(
+            script="train.py", max_restarts=1, timeout=120, stream=False,
+            args=["--data", data, *common, "--backup", str(tmp_path / data),
+                  "--kill-at", str(KILL_AT), "--kill-task", "worker:1",
+                  "--marker", str(tmp_path / f"{data}.killed")])
+        assert len(attempts) == 2 and attempts[0].restarted, data
+        assert attempts[0].root_cause.returncode == -signal.SIGKILL
+        assert str(attempts[0].root_cause.task) == "worker:1"
+        final, resumed = weights(rt)
+        assert final == EPOCHS * STEPS, data  # Keras 3 alone ends at 28: epoch 1 again from its start
+        done = {s for a in attempts for r in a.runs for s, _ in steps_of(r)}
+        assert done == set(range(1, final + 1)), data  # no step skipped
+        assert redone(attempts) == [KILL_AT - 12], data  # only the steps after the newest backup
+        assert [steps_of(r)[0][0] for r in attempts[1].runs] == [13, 13], data
+        assert close(resumed, plain), (data, resumed, plain)  # the same batches, in the same order
+        for run in attempts[1].runs:
+            lines = run.lines()
+            assert sum("BackupAndRestore: epoch 1 resumes after its first 4 batches" in ln
+                       for ln in lines) == 1, data
+            assert json.loads(next(ln for ln in reversed(lines)
+                                   if ln.startswith("RESULT "))[7:])["epochs_run"] == [1, 2]
+        assert not (tmp_path / data).exists()  # the backup goes once training is done
 
 
 @pytest.mark.tf
