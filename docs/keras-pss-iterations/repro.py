@@ -6,10 +6,13 @@ it schedules STEPS training steps that call a Keras optimizer's
 apply_gradients, and compares optimizer.iterations with a plain tf.Variable
 that each step also increments.
 
-    python repro.py [STEPS]
+    python repro.py [STEPS] [--with-mwhelpers]
 
 Expected: both counts equal STEPS. Seen with Keras 3.15.1 and TF 2.21:
-the tf.Variable counts STEPS, optimizer.iterations fewer.
+the tf.Variable counts STEPS, optimizer.iterations fewer. Exit status: 0 and
+"FIXED" when they are equal, 1 and "BUG" when optimizer.iterations lost steps.
+``--with-mwhelpers`` calls mwhelpers.fix_keras_multi_worker() in the
+coordinator first.
 """
 
 import json
@@ -74,7 +77,12 @@ def coordinate(cluster, steps):
 
 
 def main():
-    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 400
+    args = [a for a in sys.argv[1:] if a != "--with-mwhelpers"]
+    if "--with-mwhelpers" in sys.argv[1:]:
+        import mwhelpers
+
+        mwhelpers.fix_keras_multi_worker()
+    steps = int(args[0]) if args else 400
     ports = free_ports(4)
     cluster = {"chief": [f"localhost:{ports[0]}"],
                "worker": [f"localhost:{ports[1]}", f"localhost:{ports[2]}"],
@@ -96,6 +104,7 @@ def main():
     if iterations != counted:
         print("BUG: optimizer.iterations lost", counted - iterations, "steps")
         sys.exit(1)
+    print("FIXED: optimizer.iterations counted every step")
 
 
 if __name__ == "__main__":
