@@ -1,0 +1,171 @@
+"""TensorBoard under MultiWorkerMirroredStrategy with two workers.
+
+Upstream path: keras/src/callbacks/tensorboard_multi_worker_test.py.
+Each worker is a fresh Python process with its own TF_CONFIG, as a
+multi-worker job runs; both listen on 127.0.0.1. Worker 0 is the chief.
+Both train with a custom loop that calls the callback's hooks as `fit`
+does, and write to the same `log_dir`. Only the chief may write there; the
+other worker writes to `log_dir/workertemp_1`, removed when training ends.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+
+import keras
+from keras.src import backend
+from keras.src import testing
+
+WORKER = textwrap.dedent(
+    """
+    import json
+    import os
+    import sys
+
+    import numpy as np
+    import tensorflow as tf
+
+    import keras
+
+    log_dir = sys.argv[1]
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        model.optimizer.build(model.trainable_variables)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        model.optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    @tf.function
+    def train(x, y):
+        loss = strategy.run(step, args=(x, y))
+        return strategy.reduce("MEAN", loss, axis=None)
+
+    def own_event_folders():
+        folders = set()
+        for root, _, names in os.walk(log_dir):
+            for name in names:
+                if name.split(".")[-3] == str(os.getpid()):
+                    folders.add(os.path.relpath(root, log_dir))
+        return sorted(folders)
+
+    x = np.ones((8, 3), "float32")
+    callbacks = keras.callbacks.CallbackList(
+        [keras.callbacks.TensorBoard(log_dir)], model=model
+    )
+    callbacks.on_train_begin()
+    for epoch in range(2):
+        callbacks.on_epoch_begin(epoch)
+        callbacks.on_train_batch_begin(0)
+        loss = float(train(x, x[:, :1]))
+        callbacks.on_train_batch_end(0, {"loss": loss})
+        callbacks.on_test_begin()
+        callbacks.on_test_end({"loss": loss})
+        callbacks.on_epoch_end(epoch, {"loss": loss, "val_loss": loss})
+    before_end = own_event_folders()
+    callbacks.on_train_end()
+    print("RESULT " + json.dumps({"pid": os.getpid(), "before": before_end}))
+    """
+)
+
+
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _run_workers(count, log_dir, timeout=120):
+    """Runs WORKER in `count` processes; returns [(exit code, output)]."""
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(count)]}
+    # The workers import the same Keras as this test.
+    keras_root = os.path.dirname(os.path.dirname(keras.__file__))
+    path = [keras_root, os.environ.get("PYTHONPATH", "")]
+    env = dict(
+        os.environ,
+        KERAS_BACKEND="tensorflow",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONPATH=os.pathsep.join(p for p in path if p),
+    )
+    procs = []
+    try:
+        for index in range(count):
+            task = {"type": "worker", "index": index}
+            env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": task})
+            log = tempfile.TemporaryFile("w+")
+            procs.append(
+                (
+                    subprocess.Popen(
+                        [sys.executable, "-c", WORKER, log_dir],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                    ),
+                    log,
+                )
+            )
+        results = []
+        for proc, log in procs:
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                code = "timeout"
+            log.seek(0)
+            results.append((code, log.read()))
+        return results
+    finally:
+        for proc, log in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+
+
+@pytest.mark.skipif(
+    backend.backend() != "tensorflow",
+    reason="MultiWorkerMirroredStrategy is a TensorFlow strategy.",
+)
+class TensorBoardMultiWorkerTest(testing.TestCase):
+    def test_only_the_chief_writes_to_log_dir(self):
+        log_dir = self.get_temp_dir()
+        results = []
+        for code, output in _run_workers(2, log_dir):
+            self.assertEqual(code, 0, msg=output[-3000:])
+            lines = [
+                ln for ln in output.splitlines() if ln.startswith("RESULT")
+            ]
+            self.assertLen(lines, 1, msg=output[-3000:])
+            results.append(json.loads(lines[0][len("RESULT ") :]))
+        chief, other = results
+        # While training, each worker wrote its own train and validation
+        # files: the chief to `log_dir`, the other to its temporary folder.
+        self.assertEqual(chief["before"], ["train", "validation"])
+        self.assertEqual(
+            other["before"],
+            [
+                os.path.join("workertemp_1", "train"),
+                os.path.join("workertemp_1", "validation"),
+            ],
+        )
+        # Afterwards only the chief's files are left.
+        self.assertEqual(sorted(os.listdir(log_dir)), ["train", "validation"])
+        for folder in ("train", "validation"):
+            names = os.listdir(os.path.join(log_dir, folder))
+            self.assertLen(names, 1)
+            self.assertEqual(names[0].split(".")[-3], str(chief["pid"]))
