@@ -40,14 +40,18 @@ def test_only_the_chief_writes_to_the_log_dir(ip, rt, monkeypatch, tmp_path, men
     assert res["worker:0"]["weights_sum"] == res["worker:1"]["weights_sum"]  # trained together
     files = event_files(tmp_path / "logs_tb")
     leftovers = [p.name for p in (tmp_path / "logs_tb").iterdir() if p.name.startswith("workertemp")]
-    print(files, leftovers)
-    assert not leftovers
+    writers = {int(p.name.split(".")[-3]) for p in (tmp_path / "logs_tb").rglob("events.out.*")}
+    print(files, leftovers, writers)
+    assert not leftovers  # also after the evaluate and the predict that followed fit
     if mended:
-        assert files == {"train": 1, "validation": 1}, files
+        assert writers == {rt.get_run("worker:0").pid}  # the chief's files only
+        # fit's; evaluate's and predict's set_model each write the graph again into train/, and
+        # evaluate writes its results into validation/ (Keras's own new writers, bug or not).
+        assert files == {"train": 3, "validation": 2}, files
         for run in rt.runs.values():
             assert len([ln for ln in run.lines() if ln.startswith(NOTICE)]) == 1, run.tail(30)
         (other,) = [ln for ln in rt.get_run("worker:1").lines() if ln.startswith(NOTICE)]
         assert "this task writes to " in other and "workertemp_1 and deletes it" in other
     else:
         assert not any(NOTICE in ln for run in rt.runs.values() for ln in run.lines())
-        assert files == {"train": 2, "validation": 2}, files  # the test can fail
+        assert writers == {rt.get_run(t).pid for t in ("worker:0", "worker:1")}  # the test can fail

@@ -48,6 +48,8 @@ if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of oth
 
         model: object
         log_dir: str
+        _mwhelpers_training: bool
+        _writers: dict[str, object]
 
 
 def _why_not(cls: object) -> str | None:
@@ -78,6 +80,9 @@ def patch(module: ModuleType) -> None:
     if getattr(cls, PATCHED, False):
         return
     set_model, train_end = vars(cls)["set_model"], vars(cls)["on_train_end"]
+    train_begin, test_end = vars(cls)["on_train_begin"], vars(cls)["on_test_end"]
+    # Callback's own (TensorBoard writes nothing at predict, yet its set_model made writers).
+    predict_end = getattr(cls, "on_predict_end")  # noqa: B009 (a class of unknown type)
 
     def _set_model(self: TensorBoardCallback, model: object) -> object:
         worker = worker_of(model)
@@ -98,15 +103,46 @@ def patch(module: ModuleType) -> None:
         finally:
             self.log_dir = folder
 
-    def on_train_end(self: TensorBoardCallback, logs: object = None) -> object:
-        result = train_end(self, logs)  # closes the writers
+    def remove_temp(self: TensorBoardCallback) -> None:
         worker = worker_of(self.model)
         if worker is not None and not worker[1] and local_path(self.log_dir):
             remove_tree(os.path.join(str(self.log_dir), worker[2]))
+
+    def on_train_begin(self: TensorBoardCallback, logs: object = None) -> object:
+        self._mwhelpers_training = True
+        return train_begin(self, logs)
+
+    def on_train_end(self: TensorBoardCallback, logs: object = None) -> object:
+        self._mwhelpers_training = False
+        result = train_end(self, logs)  # closes the writers
+        remove_temp(self)
+        return result
+
+    def end_alone(self: TensorBoardCallback) -> None:
+        """After an evaluate or predict of its own (not fit's validation), whose set_model
+        made new writers: they end here, and so does the temporary folder of a worker that is
+        not the chief (the next call makes new ones)."""
+        worker = worker_of(self.model)
+        if not getattr(self, "_mwhelpers_training", False) and worker is not None and not worker[1]:
+            for writer in getattr(self, "_writers", {}).values():
+                writer.close()
+            self._writers = {}
+            remove_temp(self)
+
+    def on_test_end(self: TensorBoardCallback, logs: object = None) -> object:
+        result = test_end(self, logs)
+        end_alone(self)
+        return result
+
+    def on_predict_end(self: TensorBoardCallback, logs: object = None) -> object:
+        result = predict_end(self, logs)
+        end_alone(self)
         return result
 
     _set_model.__name__ = "set_model"
-    for f, original in ((_set_model, set_model), (on_train_end, train_end)):
+    for f, original in ((_set_model, set_model), (on_train_end, train_end),
+                        (on_train_begin, train_begin), (on_test_end, test_end),
+                        (on_predict_end, predict_end)):
         setattr(f, "__wrapped__", original)  # noqa: B010
         setattr(cls, f.__name__, f)
     setattr(cls, PATCHED, True)

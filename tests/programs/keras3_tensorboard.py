@@ -18,7 +18,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 if sys.argv[2:] == ["plain"]:
-    for name in ("set_model", "on_train_end"):
+    for name in ("set_model", "on_train_begin", "on_train_end", "on_test_end", "on_predict_end"):
         method = getattr(keras.callbacks.TensorBoard, name)
         setattr(keras.callbacks.TensorBoard, name, getattr(method, "__wrapped__", method))
 rng = np.random.default_rng(0)
@@ -28,9 +28,12 @@ with strategy.scope():
     keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+board = keras.callbacks.TensorBoard(sys.argv[1])
 model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=2,
-          validation_data=(x[:64], y[:64]),
-          callbacks=[keras.callbacks.TensorBoard(sys.argv[1])])
+          validation_data=(x[:64], y[:64]), callbacks=[board])
+# The same callback again, outside fit: each call's set_model makes new writers.
+model.evaluate(x[:64], y[:64], batch_size=32, verbose=0, callbacks=[board])
+model.predict(x[:64], batch_size=32, verbose=0, callbacks=[board])
 task = json.loads(os.environ["TF_CONFIG"])["task"]
 print("RESULT " + json.dumps({
     "task": f"{task['type']}:{task['index']}",
