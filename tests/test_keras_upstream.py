@@ -16,13 +16,13 @@ through the magics in tests/test_keras3_mixed.py.
 
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from upstream import patched_copy
 
 HERE = ROOT / "docs" / "keras-20585"
 REPRO, PATCH = HERE / "repro.py", HERE / "trainer.patch"
@@ -83,19 +83,7 @@ def verdict(output):
 def patched_keras(tmp_path_factory):
     """A copy of the installed Keras with docs/keras-20585/trainer.patch applied (once per
     session); the directory that holds its ``keras`` package."""
-    if shutil.which("patch") is None:
-        reason = "GNU patch is not installed (Debian package: patch)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must apply the upstream patch, but: {reason}")
-        pytest.skip(reason)
-    root = tmp_path_factory.mktemp("patched-keras")
-    # copy2 keeps the modification times, so the copied bytecode stays valid (except the
-    # patched trainer's) and the workers start as fast as with the installed Keras.
-    shutil.copytree(KERAS_DIR, root / "keras", copy_function=shutil.copy2)
-    done = subprocess.run(["patch", "-p1", "--forward", "-i", str(PATCH)], cwd=root,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return root
+    return patched_copy(tmp_path_factory, KERAS_DIR, PATCH, "patched-keras", must_apply=True)
 
 
 @needs_bug
@@ -128,17 +116,8 @@ def lso_repro(*args):
 @pytest.fixture(scope="session")
 def lso_patched_keras(tmp_path_factory):
     """A copy of the installed Keras with docs/keras-lossscale/loss_scale_optimizer.patch."""
-    if shutil.which("patch") is None:
-        reason = "GNU patch is not installed (Debian package: patch)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must apply the upstream patch, but: {reason}")
-        pytest.skip(reason)
-    root = tmp_path_factory.mktemp("patched-keras-lossscale")
-    shutil.copytree(KERAS_DIR, root / "keras", copy_function=shutil.copy2)
-    done = subprocess.run(["patch", "-p1", "--forward", "-i", str(LSO_PATCH)], cwd=root,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return root
+    return patched_copy(tmp_path_factory, KERAS_DIR, LSO_PATCH, "patched-keras-lossscale",
+                        must_apply=True)
 
 
 @pytest.mark.skipif(bool(LSO_REASON), reason=LSO_REASON)

@@ -4,14 +4,10 @@ installed Keras, only the chief with mwhelpers' mend, and only the chief with th
 a copy of the installed Keras, whose own-style test passes too.  Applying the patch needs GNU
 patch: without it those tests skip, except under CI=true."""
 
-import os
-import shutil
-import subprocess
-import sys
-
 import pytest
 from conftest import ROOT
 from test_keras_upstream import KERAS_DIR
+from upstream import keras_test, patched_copy, run_script
 
 HERE = ROOT / "docs" / "keras-tensorboard"
 REPRO, PATCH = HERE / "repro.py", HERE / "tensorboard.patch"
@@ -21,27 +17,12 @@ pytestmark = [pytest.mark.tf, pytest.mark.skipif(KERAS_DIR is None, reason="no K
 
 
 def repro(*args):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, str(REPRO), *args], capture_output=True, text=True,
-                          timeout=200, env=env)
-    return done.returncode, done.stdout + done.stderr
+    return run_script(REPRO, *args, root=ROOT, timeout=200)
 
 
 @pytest.fixture(scope="module")
 def patched(tmp_path_factory):
-    if shutil.which("patch") is None:
-        reason = "GNU patch is not installed (Debian package: patch)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must apply the upstream patch, but: {reason}")
-        pytest.skip(reason)
-    root = tmp_path_factory.mktemp("tensorboard-keras")
-    shutil.copytree(KERAS_DIR, root / "keras", copy_function=shutil.copy2)
-    done = subprocess.run(["patch", "-p1", "--forward", "-i", str(PATCH)], cwd=root,
-                          capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        pytest.skip("the patch does not apply to the installed Keras (changed upstream): "
-                    + done.stdout[-300:])
-    return root
+    return patched_copy(tmp_path_factory, KERAS_DIR, PATCH, "tensorboard-keras")
 
 
 def test_the_installed_keras_lets_both_workers_write_to_the_log_dir():
@@ -60,11 +41,5 @@ def test_the_mend_leaves_only_the_chiefs_files():
 def test_the_patch_leaves_only_the_chiefs_files_and_its_keras_test_passes(patched, tmp_path):
     code, out = repro("--patched-keras", str(patched))
     assert code == 0 and FIXED in out and f"({patched / 'keras'})" in out, out
-    test = patched / "keras" / "src" / "callbacks" / KERAS_TEST.name
-    shutil.copy(KERAS_TEST, test)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-p", "no:xdist", "--rootdir", str(patched), str(test)],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(patched),
-                               "KERAS_BACKEND": "tensorflow"})
-    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr
+    code, out = keras_test(patched, KERAS_TEST, "src/callbacks", tmp_path)
+    assert code == 0 and "1 passed" in out, out

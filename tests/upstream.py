@@ -1,0 +1,58 @@
+"""What the tests of the upstream write-ups (docs/keras-*.md) share: a copy of the installed
+Keras with a write-up's patch applied, and a Keras-style test run on such a copy.
+
+Applying a patch needs GNU patch (Debian's ``patch`` package): without it the tests that need
+one skip, except under CI=true, where they fail.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+def patched_copy(tmp_path_factory, keras_dir, patch, name, must_apply=False):
+    """The folder holding a copy of ``keras_dir`` (the installed ``keras`` package) with
+    ``patch`` applied.  A patch that no longer applies (Keras changed upstream) skips, or
+    fails with ``must_apply``."""
+    if shutil.which("patch") is None:
+        reason = "GNU patch is not installed (Debian package: patch)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must apply the upstream patch, but: {reason}")
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp(name)
+    # copy2 keeps the modification times, so the copied bytecode stays valid (except the
+    # patched files') and the copy imports as fast as the installed Keras.
+    shutil.copytree(keras_dir, root / "keras", copy_function=shutil.copy2)
+    done = subprocess.run(["patch", "-p1", "--forward", "-i", str(patch)], cwd=root,
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        if must_apply:
+            pytest.fail(done.stdout + done.stderr)
+        pytest.skip(f"{patch.name} does not apply to the installed Keras (changed upstream): "
+                    + done.stdout[-300:])
+    return root
+
+
+def keras_test(patched, source, where, tmp_path, timeout=300):
+    """Run the Keras-style test file ``source`` as ``keras/<where>/<its name>`` of the
+    ``patched`` copy, with pytest; (exit code, output)."""
+    test = patched / "keras" / where / source.name
+    shutil.copy(source, test)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", "--rootdir", str(patched), str(test)],
+                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(patched),
+                               "KERAS_BACKEND": "tensorflow"})
+    return done.returncode, done.stdout + done.stderr
+
+
+def run_script(script, *args, path=None, root=None, timeout=300):
+    """Run ``script`` with this Python, ``path`` (a patched copy) then ``root`` (this checkout,
+    for ``--with-mwhelpers``) first on its path; (exit code, output)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (path, root) if p)}
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+    return done.returncode, done.stdout + done.stderr
