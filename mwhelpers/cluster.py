@@ -195,6 +195,24 @@ class Cluster:
             {"cluster": self.cluster_spec(), "task": {"type": task.type, "index": task.index}}
         )
 
+    def processes(self) -> list[Task]:
+        """The tasks that train together (chief first, then the workers): the processes of
+        ``keras.distribution`` and JAX, numbered from 0 in this order."""
+        return [t for t in self.tasks if t.type in ("chief", "worker")]
+
+    def keras_distribution(self, task: str | int | Task) -> dict[str, str]:
+        """What ``keras.distribution.initialize()`` reads (Keras's ``KERAS_DISTRIBUTION_*``
+        variables: every process's address, their number, this one's id; JAX makes process
+        0's address its coordinator) for ``task``; {} for a task that does not train (ps,
+        evaluator)."""
+        task = self.check_task(task)
+        processes = self.processes()
+        if task not in processes:
+            return {}
+        return {"KERAS_DISTRIBUTION_JOB_ADDRESSES": ",".join(map(self.address, processes)),
+                "KERAS_DISTRIBUTION_NUM_PROCESSES": str(len(processes)),
+                "KERAS_DISTRIBUTION_PROCESS_ID": str(processes.index(task))}
+
     # -- life cycle ----------------------------------------------------------
     def close(self) -> None:
         """Give the ports back (other notebooks may then use them)."""
@@ -232,7 +250,19 @@ class Cluster:
             where = f"  on {host}" if self.remote else ""
             gpus = "" if gpus is None else f"  GPUs {gpus}"
             lines.append(f"  {task:<{width}}{where}  port {port}{gpus}  TF_CONFIG={cfg}")
+        lines.append(f"  {self._keras_line()}")
         return "\n".join(lines)
+
+    def _keras_line(self) -> str:
+        """What the training tasks get for keras.distribution (JAX), in one line."""
+        processes = self.processes()
+        if not processes:
+            return "(no chief or worker: no keras.distribution variables)"
+        first = self.keras_distribution(processes[0])
+        return ("keras.distribution.initialize() (JAX): KERAS_DISTRIBUTION_JOB_ADDRESSES="
+                f"{first['KERAS_DISTRIBUTION_JOB_ADDRESSES']}, KERAS_DISTRIBUTION_NUM_PROCESSES="
+                f"{first['KERAS_DISTRIBUTION_NUM_PROCESSES']}, KERAS_DISTRIBUTION_PROCESS_ID="
+                + ", ".join(f"{i} on {t}" for i, t in enumerate(processes)))
 
     def _repr_html_(self) -> str:
         gpu_head = "<th>GPUs</th>" if self.gpus is not None else ""
@@ -248,4 +278,5 @@ class Cluster:
             f" {html.escape(self._where())}</p>"
             f"<table><thead><tr><th>task</th><th>host</th><th>port</th>{gpu_head}<th>TF_CONFIG</th></tr>"
             f"</thead><tbody>{rows}</tbody></table>"
+            f"<p><small>{html.escape(self._keras_line())}</small></p>"
         )

@@ -60,6 +60,9 @@ def port_accepts(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
+JAX_CPU_COLLECTIVES = "JAX_CPU_COLLECTIVES_IMPLEMENTATION"  # JAX's flag, read from the environment
+
+
 def fast_reconnect(env: Mapping[str, str], ms: int) -> dict[str, str]:
     """``TF_GRPC_DEFAULT_OPTIONS`` for a task with gRPC's first reconnect back-off at ``ms``.
 
@@ -240,6 +243,10 @@ class Spawner:
         if "inline" in os.environ.get("MPLBACKEND", ""):
             env["MPLBACKEND"] = "Agg"
         env["TF_CONFIG"] = self.cluster.tf_config(task)
+        keras_distribution = self.cluster.keras_distribution(task)
+        env.update(keras_distribution)  # the same place, as keras.distribution (JAX) reads it
+        if keras_distribution:  # JAX's collectives across processes on CPUs
+            env.setdefault(JAX_CPU_COLLECTIVES, "gloo")
         if self.cluster.gpus is not None:  # its own GPUs (a --env given at launch still wins)
             # (none for a task that the cluster's GPU map leaves out, as its table says)
             env["CUDA_VISIBLE_DEVICES"] = self.cluster.gpus_of(task) or ""

@@ -171,6 +171,11 @@ rank = int(env["SLURM_PROCID"])
 workers = [f"{addr[n]}:{base + i}" for i, n in enumerate(order)]
 env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
                                "task": {"type": "worker", "index": rank}})
+# The same place as keras.distribution.initialize() (JAX) reads it, and JAX's CPU collectives.
+env["KERAS_DISTRIBUTION_JOB_ADDRESSES"] = ",".join(workers)
+env["KERAS_DISTRIBUTION_NUM_PROCESSES"] = str(len(workers))
+env["KERAS_DISTRIBUTION_PROCESS_ID"] = str(rank)
+env.setdefault("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")
 print(f"[{env['SLURMD_NODENAME']} task {rank}] TF_CONFIG={env['TF_CONFIG']}", flush=True)
 os.execv(sys.executable, [sys.executable, "-u", *sys.argv[1:]])
 '''
