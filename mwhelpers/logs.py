@@ -118,7 +118,8 @@ _ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is call
 # The task's TensorFlow and Keras, written by mwhelpers' start-up for the diagnosis (taskfacts.py).
 _FACTS = "[mwhelpers] this task: "
 # mwhelpers' start-up deferring Keras's pyplot import (lazyplot.py): a log line, not news.
-_LAZY = "[mwhelpers] matplotlib is imported when a plot needs it"
+_LAZY = ("[mwhelpers] matplotlib is imported when a plot needs it",
+         "[mwhelpers] JAX is imported when it is used")
 # A program's machine-readable result line (mwhelpers.results): read by rt.results(), kept in the log.
 _RESULT = f"{_RESULT_TAG} {{"
 # Lines that continue a hidden record on the next line.
@@ -151,7 +152,7 @@ class QuietFilter:
         if m:
             self._after_hidden = m.group(1) == "I" or bool(_START_UP_NOISE.search(line))
             return not self._after_hidden
-        if line.startswith((_ABSL_PREAMBLE, _FACTS, _LAZY, _RESULT)):
+        if line.startswith((_ABSL_PREAMBLE, _FACTS, *_LAZY, _RESULT)):
             return False
         if self._after_hidden and _CONTINUATION.match(line):
             return False

@@ -132,6 +132,10 @@ LAZY_PYPLOT: Setting[bool] = Setting(
     "`0` lets Keras import `matplotlib.pyplot` when a task imports Keras (by default "
     "the import waits until a plot needs it: about 0.4 s less CPU at every start)",
     "1 or 0")
+LAZY_JAX: Setting[bool] = Setting(
+    "MWHELPERS_LAZY_JAX", switch, True, "on",
+    "`0` lets TensorFlow import JAX as it loads, where JAX is installed (by default JAX "
+    "waits until it is used: about 3 s less CPU at every start)", "1 or 0")
 WARM_START: Setting[bool] = Setting(
     "MWHELPERS_WARM_START", switch, True, "on",
     "`0` starts every local task in a fresh interpreter; by default a task whose "
@@ -149,7 +153,7 @@ PORT_BASE: Setting[int | None] = Setting(
     "a port number between 1024 and 65535")
 
 SETTINGS: tuple[Setting[object], ...] = (
-    LOG_DIR, PORT_RANGE, SSH, HEARTBEAT, STALL_FIX, KERAS_FIX, LAZY_PYPLOT, WARM_START,
+    LOG_DIR, PORT_RANGE, SSH, HEARTBEAT, STALL_FIX, KERAS_FIX, LAZY_PYPLOT, LAZY_JAX, WARM_START,
     RECONNECT_MS, PORT_BASE,
 )
 

@@ -18,6 +18,8 @@ extra process, and imports nothing heavy.  It:
   Keras (``kerasfix.py``, keras-team/keras#20585);
 * unless ``MWHELPERS_LAZY_PYPLOT=0``, lets Keras's own ``import matplotlib.pyplot``
   wait until a plot needs it (``lazyplot.py``: 0.4 s of CPU at every start);
+* unless ``MWHELPERS_LAZY_JAX=0``, lets TensorFlow Lite's ``import jax`` wait until JAX is
+  used (``lazyjax.py``: about 3 s of CPU at every start where JAX is installed);
 * once the program has imported TensorFlow, writes one line saying which
   TensorFlow and Keras it got (``taskfacts.py``), for the failure diagnosis;
 * with ``--standby`` (``supervise(standby=True)``: the next attempt's process started
@@ -112,6 +114,9 @@ def _arm_import_hooks() -> None:
     lazyplot = _load("lazyplot")
     if tfdata.switched_on(os.environ, lazyplot.ENV):
         lazyplot.install(tfdata.wrapped_spec)
+    lazyjax = _load("lazyjax")
+    if tfdata.switched_on(os.environ, lazyjax.ENV):
+        lazyjax.install(tfdata.wrapped_spec)
 
 
 def _wait_as_standby() -> None:

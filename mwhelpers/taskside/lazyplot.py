@@ -59,12 +59,21 @@ def _installed(name: str) -> bool:
         return False
 
 
-class _Around(importlib.abc.MetaPathFinder):
-    """Runs each of ``KERAS_MODULES`` with the stand-ins in ``sys.modules``."""
+class Deferral(importlib.abc.MetaPathFinder):
+    """Runs each of the modules ``watched`` (once each) with stand-ins in ``sys.modules`` for
+    the modules ``deferred`` (``make()`` builds them), which leave as soon as it has run; says
+    ``notice`` once, on stderr.  Nothing is deferred where a deferred module is imported
+    already or not installed: the watched module's own ``try``/``except ImportError`` must
+    see what is really there.  (Also :mod:`lazyjax`'s.)"""
 
-    def __init__(self, wrapped_spec: WrappedSpec) -> None:
+    def __init__(self, wrapped_spec: WrappedSpec, watched: Sequence[str],
+                 deferred: Sequence[str], make: Callable[[], dict[str, ModuleType]],
+                 notice: str) -> None:
         self.wrapped_spec = wrapped_spec
-        self.waiting = set(KERAS_MODULES)
+        self.waiting = set(watched)
+        self.deferred = tuple(deferred)
+        self.make = make
+        self.notice = notice
         self.said = False
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
@@ -77,15 +86,11 @@ class _Around(importlib.abc.MetaPathFinder):
         return self.wrapped_spec(self, fullname, path, target, self._run)
 
     def _run(self, run: Callable[[ModuleType], None], module: ModuleType) -> None:
-        if any(name in sys.modules for name in DEFERRED) or not _installed("matplotlib"):
-            # matplotlib is loaded already (by the program, or by the other gallery module
-            # while it runs with the stand-ins), or it is not installed: Keras's own
-            # ``try``/``except ImportError`` must see what is really there
+        if any(name in sys.modules for name in self.deferred) \
+                or not _installed(self.deferred[0]):
             run(module)
             return
-        stand_ins = {name: Deferred(name) for name in DEFERRED}
-        for name in DEFERRED[1:]:  # ``from matplotlib import patches`` reads an attribute
-            setattr(stand_ins["matplotlib"], name.rsplit(".", 1)[1], stand_ins[name])
+        stand_ins = self.make()
         sys.modules.update(stand_ins)
         try:
             run(module)
@@ -95,8 +100,15 @@ class _Around(importlib.abc.MetaPathFinder):
                     del sys.modules[name]
         if not self.said:
             self.said = True
-            sys.stderr.write(NOTICE + "\n")
+            sys.stderr.write(self.notice + "\n")
             sys.stderr.flush()
+
+
+def _pyplot_stand_ins() -> dict[str, ModuleType]:
+    stand_ins: dict[str, ModuleType] = {name: Deferred(name) for name in DEFERRED}
+    for name in DEFERRED[1:]:  # ``from matplotlib import patches`` reads an attribute
+        setattr(stand_ins["matplotlib"], name.rsplit(".", 1)[1], stand_ins[name])
+    return stand_ins
 
 
 def install(wrapped_spec: WrappedSpec) -> bool:
@@ -105,6 +117,7 @@ def install(wrapped_spec: WrappedSpec) -> bool:
     (passed in: in a task's start-up both modules are loaded by path)."""
     if any(name in sys.modules for name in KERAS_MODULES):
         return False
-    if not any(isinstance(f, _Around) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Around(wrapped_spec))
+    if not any(isinstance(f, Deferral) and f.notice == NOTICE for f in sys.meta_path):
+        sys.meta_path.insert(0, Deferral(wrapped_spec, KERAS_MODULES, DEFERRED,
+                                         _pyplot_stand_ins, NOTICE))
     return True
