@@ -30,6 +30,7 @@ from conftest import (
 )
 
 from mwhelpers.errors import InfrastructureError, UsageError
+from mwhelpers.taskside import jaxgloo
 from mwhelpers.workshop.testhosts import missing
 
 REASON = missing(slurm=True)
@@ -350,6 +351,38 @@ def supervise_under_chaos(rt, tmp_path, kills, seed):
     print(f"{kills} kills {[(k[1], k[3]) for k in monkey.kills]}; steps done twice per restart: "
           f"{again}; the tasks of an attempt were launched within {spread:.3f} s")
     return attempts, monkey.kills
+
+
+JAX_TRAIN = ROOT / "tests" / "programs" / "jax_train.py"
+
+
+def check_trained_on_jax(res, cluster):
+    """Both processes of jax_train.py trained one model with JAX (keras.distribution, gloo):
+    ids 0 and 1 in TF_CONFIG's order, one device each, equal losses and weights."""
+    assert set(res) == {"worker:0", "worker:1"}, res
+    assert [res[t]["process"] for t in ("worker:0", "worker:1")] == [0, 1]
+    for r in res.values():
+        assert r["processes"] == 2 and r["devices"] == 2 and r["local_devices"] == 1
+        assert r["loss"][-1] < r["loss"][0] * 0.5  # it learns
+    assert res["worker:0"]["weights"] == res["worker:1"]["weights"]
+    assert res["worker:0"]["loss"] == res["worker:1"]["loss"]
+
+
+@pytest.mark.tf
+def test_keras3_on_jax_trains_across_two_ssh_hosts(remote_rt, env):
+    """jax_train.py on two processes on two hosts, through the same call as locally:
+    jax.distributed's coordinator on worker:0's port and gloo's own connections between
+    the hosts (each task's gloo listens on the address TF_CONFIG names for it)."""
+    t = time.monotonic()
+    cluster = remote_rt.define_cluster(2, backend="ssh", hosts=env.names)
+    remote_rt.launch_all(script=str(JAX_TRAIN), args=["--epochs", "2", "--steps", "4"], timeout=90)
+    check_trained_on_jax(results(remote_rt), cluster)
+    hosts = [cluster.host_of(t) for t in ("worker:0", "worker:1")]
+    assert hosts == env.names
+    for task, host in zip(("worker:0", "worker:1"), hosts, strict=True):
+        # gloo listened on the host's own address (its name resolves to loopback there)
+        assert jaxgloo.NOTICE.format(host=env.addresses[host]) in remote_rt.get_run(task).lines()
+    print(f"trained on {hosts} in {time.monotonic() - t:.1f} s")
 
 
 # The two longest tests here (about 40 and 85 s on 2 cores) are a group of their own: another

@@ -18,6 +18,9 @@ extra process, and imports nothing heavy.  It:
   Keras (``kerasfix.py``, keras-team/keras#20585);
 * unless ``MWHELPERS_LAZY_PYPLOT=0``, lets Keras's own ``import matplotlib.pyplot``
   wait until a plot needs it (``lazyplot.py``: 0.4 s of CPU at every start);
+* once the program imports JAX, has JAX's gloo CPU collectives listen on the address TF_CONFIG
+  names for this task rather than on what the machine's name resolves to, often loopback
+  (``jaxgloo.py``; ``MWHELPERS_JAX_GLOO_HOST=0`` leaves JAX's choice);
 * once the program has imported TensorFlow, writes one line saying which
   TensorFlow and Keras it got (``taskfacts.py``), for the failure diagnosis;
 * with ``--standby`` (``supervise(standby=True)``: the next attempt's process started
@@ -109,6 +112,7 @@ def _arm_import_hooks() -> None:
     if kerasfix.fix_wanted(os.environ):
         kerasfix.install(tfdata.after_import)
     tfdata.after_import("tensorflow", _load("taskfacts").say)
+    _load("jaxgloo").install(tfdata.after_import)
     lazyplot = _load("lazyplot")
     if tfdata.switched_on(os.environ, lazyplot.ENV):
         lazyplot.install(tfdata.wrapped_spec)
