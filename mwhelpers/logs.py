@@ -120,6 +120,9 @@ _FACTS = "[mwhelpers] this task: "
 # mwhelpers' start-up deferring Keras's pyplot import (lazyplot.py): a log line, not news.
 _LAZY = ("[mwhelpers] matplotlib is imported when a plot needs it",
          "[mwhelpers] JAX is imported when it is used")
+# mwhelpers' start-up putting JAX's gloo on the task's address (jaxgloo.py), and gloo's own
+# line once its peers are connected: log lines, not news.
+_GLOO = ("[mwhelpers] JAX's gloo collectives listen on ", "[Gloo] Rank ")
 # A program's machine-readable result line (mwhelpers.results): read by rt.results(), kept in the log.
 _RESULT = f"{_RESULT_TAG} {{"
 # Lines that continue a hidden record on the next line.
@@ -131,7 +134,8 @@ class QuietFilter:
 
     Hidden: TensorFlow's informational C++ records (``I...`` lines, with the
     lines that continue them), absl's start-up preamble, mwhelpers' lines
-    naming the task's TensorFlow and Keras and deferring Keras's pyplot import, the CUDA and
+    naming the task's TensorFlow and Keras, deferring Keras's pyplot import and placing JAX's
+    gloo (with gloo's own "connected" line), the CUDA and
     oneDNN start-up messages of CPU-only machines, and the program's
     ``RESULT {...}`` lines (JSON for the kernel, see :mod:`mwhelpers.results`).  Shown: everything else,
     the program's own output and TensorFlow's other warnings and errors.
@@ -152,7 +156,7 @@ class QuietFilter:
         if m:
             self._after_hidden = m.group(1) == "I" or bool(_START_UP_NOISE.search(line))
             return not self._after_hidden
-        if line.startswith((_ABSL_PREAMBLE, _FACTS, *_LAZY, _RESULT)):
+        if line.startswith((_ABSL_PREAMBLE, _FACTS, *_LAZY, *_GLOO, _RESULT)):
             return False
         if self._after_hidden and _CONTINUATION.match(line):
             return False

@@ -40,6 +40,13 @@ Environments:
   sum the workers' gradients without scaling the loss, so a step is N times the single-process one,
   keras-team/keras#20609; upstream, not mended here. Measured per release in
   docs/keras-versions.md.)
+* ``jax``: Python 3.11, TensorFlow 2.21 (tensorflow-cpu), the Keras 3 pip resolves for it and
+  ``jax[cpu]`` 0.10.2, ``TF_USE_LEGACY_KERAS`` unset, the newest IPython and ipykernel. Through
+  the magics (``%cluster 2``, ``%worker all --bg jax_train.py``, ``%waitworkers``), Keras 3 on
+  JAX trains a DataParallel model on 2 processes (``keras.distribution.initialize()`` from the
+  KERAS_DISTRIBUTION_* variables mwhelpers sets, gloo for the CPU collectives): process ids 0
+  and 1, 2 devices, equal weights and losses on both, the loss down, and each log saying where
+  gloo listened (``mwhelpers/taskside/jaxgloo.py``).
 * ``bare``: Python 3.12 with ipykernel alone, no mwhelpers: a notebook's first code cell,
   ``%load_ext mwhelpers``, fails naming mwhelpers; installed with ``%pip`` from the checkout as
   the notebook's introduction says, then in a new kernel, the first cell and the magics work.
@@ -71,6 +78,7 @@ from mwhelpers.packages import TF_DISTRIBUTIONS  # noqa: E402
 from mwhelpers.results import last  # noqa: E402
 
 PROGRAMS = ROOT / "tests" / "programs" / "tutorial"
+JAX_TRAIN = ROOT / "tests" / "programs" / "jax_train.py"
 
 OTHER_CHECKS = ("bare", "conda")
 ENVS = {
@@ -100,6 +108,16 @@ ENVS = {
         "custom_loop": False,
         "unmended_fails": False,
         "expect": {"tensorflow-cpu": "2.16.2", "keras": "3.5.0", "ipython": "8.26.0"},
+    },
+    "jax": {
+        "python": "3.11",
+        "user": ["tensorflow-cpu==2.21.0", "jax[cpu]==0.10.2", "ipython==9.18.1",
+                 "ipykernel==7.4.0"],
+        "user_no_deps": [],
+        "legacy_keras": False,
+        "jax": True,  # Keras 3 on JAX across 2 processes, jax_train.py; nothing else
+        "expect": {"tensorflow-cpu": "2.21.0", "jax": "0.10.2", "jaxlib": "0.10.2",
+                   "ipython": "9.18.1"},
     },
 }
 NOTICE = "[mwhelpers] tf.data autotuning is off"
@@ -398,11 +416,38 @@ def resume_after_a_kill(k, workdir):
             "restart resumed at step 13 and ended at exactly 24 steps"]
 
 
+GLOO = "[mwhelpers] JAX's gloo collectives listen on "  # jaxgloo.NOTICE's start
+
+
+def jax_data_parallel(k, workdir):
+    """Keras 3 on JAX, 2 processes through the magics: both trained one model (ids 0 and 1,
+    equal weights and losses, the loss down), gloo on each task's address."""
+    k.ok("%worker all --bg jax_train.py --epochs 2 --steps 8", timeout=300)
+    k.ok("%waitworkers --timeout 300", timeout=400)
+    results = []
+    for i in (0, 1):
+        text = logs_of(workdir, i)
+        result = last(text.splitlines())
+        check(result is not None, f"worker {i} printed no RESULT:\n{text[-3000:]}")
+        check(text.count(GLOO) == 1, f"worker {i}: no line saying where gloo listened:\n"
+                                     f"{text[-3000:]}")
+        results.append(result)
+    check([r["process"] for r in results] == [0, 1], results)
+    check(all(r["processes"] == 2 and r["devices"] == 2 for r in results), results)
+    check(results[0]["weights"] == results[1]["weights"], results)
+    check(results[0]["loss"] == results[1]["loss"], results)
+    check(results[0]["loss"][-1] < results[0]["loss"][0] * 0.5, results)
+    return [f"Keras 3 on JAX (DataParallel, gloo) trained on 2 processes through the magics: "
+            f"ids 0 and 1, weights equal, loss {results[0]['loss'][0]:.3f} -> "
+            f"{results[0]['loss'][-1]:.3f}"]
+
+
 def in_kernel(name, spec, py, work):
     workdir = work / f"{name}-work"
     shutil.rmtree(workdir, ignore_errors=True)
     shutil.copytree(PROGRAMS, workdir)
     shutil.copy(RESUME, workdir)
+    shutil.copy(JAX_TRAIN, workdir)
     k = Kernel(py, workdir, kernel_env(py, spec["legacy_keras"]))
     facts = []
     try:
@@ -418,6 +463,10 @@ def in_kernel(name, spec, py, work):
         facts.append(next(ln for ln in out.splitlines() if ln.startswith("python ")))
         k.ok("%load_ext mwhelpers")
         check("worker:1" in k.ok("%cluster 2"), "the cluster was not shown")
+        if spec.get("jax"):
+            out = k.ok("import keras, jax\nprint('keras', keras.__version__, '| jax', jax.__version__)")
+            facts.append(out.strip().splitlines()[-1])
+            return facts + jax_data_parallel(k, workdir)
         if spec.get("custom_loop"):
             facts += custom_loop(k, workdir, spec)
         facts += tutorial_fit(k, workdir, spec)

@@ -30,6 +30,7 @@ from conftest import (
 )
 
 from mwhelpers.errors import InfrastructureError, UsageError
+from mwhelpers.taskside import jaxgloo
 from mwhelpers.workshop.testhosts import missing
 
 REASON = missing(slurm=True)
@@ -352,6 +353,38 @@ def supervise_under_chaos(rt, tmp_path, kills, seed):
     return attempts, monkey.kills
 
 
+JAX_TRAIN = ROOT / "tests" / "programs" / "jax_train.py"
+
+
+def check_trained_on_jax(res):
+    """Both processes of jax_train.py trained one model with JAX (keras.distribution, gloo):
+    ids 0 and 1 in TF_CONFIG's order, one device each, equal losses and weights."""
+    assert set(res) == {"worker:0", "worker:1"}, res
+    assert [res[t]["process"] for t in ("worker:0", "worker:1")] == [0, 1]
+    for r in res.values():
+        assert r["processes"] == 2 and r["devices"] == 2 and r["local_devices"] == 1
+        assert r["loss"][-1] < r["loss"][0] * 0.5  # it learns
+    assert res["worker:0"]["weights"] == res["worker:1"]["weights"]
+    assert res["worker:0"]["loss"] == res["worker:1"]["loss"]
+
+
+@pytest.mark.tf
+def test_keras3_on_jax_trains_across_two_ssh_hosts(remote_rt, env):
+    """jax_train.py on two processes on two hosts, through the same call as locally:
+    jax.distributed's coordinator on worker:0's port and gloo's own connections between
+    the hosts (each task's gloo listens on the address TF_CONFIG names for it)."""
+    t = time.monotonic()
+    cluster = remote_rt.define_cluster(2, backend="ssh", hosts=env.names)
+    remote_rt.launch_all(script=str(JAX_TRAIN), args=["--epochs", "2", "--steps", "4"], timeout=90)
+    check_trained_on_jax(results(remote_rt))
+    hosts = [cluster.host_of(t) for t in ("worker:0", "worker:1")]
+    assert hosts == env.names
+    for task, host in zip(("worker:0", "worker:1"), hosts, strict=True):
+        # gloo listened on the host's own address (its name resolves to loopback there)
+        assert jaxgloo.NOTICE.format(host=env.addresses[host]) in remote_rt.get_run(task).lines()
+    print(f"trained on {hosts} in {time.monotonic() - t:.1f} s")
+
+
 # The two longest tests here (about 40 and 85 s on 2 cores) are a group of their own: another
 # test process can take them, with a set of test hosts of its own, instead of one process
 # running every multi-host test in a row.
@@ -376,6 +409,20 @@ def test_slurm_outside_an_allocation_says_how_to_get_one(remote_rt, env):
 def test_a_killed_slurm_worker_is_restarted_from_its_backup(remote_rt, env, allocation, tmp_path):
     remote_rt.define_cluster(2, backend="slurm")
     supervise_under_chaos(remote_rt, tmp_path, kills=1, seed=2)
+
+
+@pytest.mark.tf
+def test_keras3_on_jax_trains_across_two_slurm_nodes(remote_rt, env, allocation):
+    """jax_train.py as two job steps of the allocation, one per node, through the same call
+    as locally and over SSH."""
+    t = time.monotonic()
+    cluster = remote_rt.define_cluster(2, backend="slurm")
+    assert [cluster.host_of(t) for t in ("worker:0", "worker:1")] == env.names
+    remote_rt.launch_all(script=str(JAX_TRAIN), args=["--epochs", "2", "--steps", "4"], timeout=90)
+    check_trained_on_jax(results(remote_rt))
+    for task, host in zip(("worker:0", "worker:1"), env.names, strict=True):
+        assert jaxgloo.NOTICE.format(host=env.addresses[host]) in remote_rt.get_run(task).lines()
+    print(f"trained on the allocation's nodes in {time.monotonic() - t:.1f} s")
 
 
 def _squeue(job):
@@ -417,6 +464,36 @@ def test_sbatch_script_puts_two_tasks_on_one_node_on_two_ports(env, tmp_path):
     bound = sorted(json.loads(line[len("WHERE "):])["bound"] for line in out.splitlines()
                    if line.startswith("WHERE "))
     assert bound == sorted(workers), out
+
+
+@pytest.mark.tf
+def test_sbatch_script_trains_keras3_on_jax_across_two_nodes(env, tmp_path):
+    """write_sbatch with jax_train.py, one task per node: each task's rule gives it the
+    keras.distribution variables and gloo, its start-up gloo's address; the job's output
+    holds both processes' results, equal."""
+    from mwhelpers.backends.slurm import write_sbatch
+
+    t = time.monotonic()
+    script = write_sbatch(tmp_path / "jax.sbatch", JAX_TRAIN, tasks=2, nodes=2, cwd=tmp_path,
+                          args=["--epochs", "2", "--steps", "4"],
+                          output=str(tmp_path / "out-%j.txt"))
+    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=30)
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip().split(";")[0]
+    try:
+        _wait_job(job, lambda s: s == "", 120)
+    finally:
+        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+    out = (tmp_path / f"out-{job}.txt").read_text()
+    found = [json.loads(ln[len("RESULT "):]) for ln in out.splitlines() if ln.startswith("RESULT ")]
+    assert len(found) == 2, out[-5000:]
+    res = {f"worker:{r['process']}": r for r in found}
+    check_trained_on_jax(res)
+    for host in env.names:  # each listened on its node's address
+        assert jaxgloo.NOTICE.format(host=env.addresses[host]) in out.splitlines(), out[-5000:]
+    assert gone_within(env, 10)
+    print(f"batch job {job} trained in {time.monotonic() - t:.1f} s")
 
 
 def test_scancel_ends_a_batch_job_whose_workers_ignore_sigterm(env, tmp_path):

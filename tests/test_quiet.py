@@ -44,6 +44,16 @@ def test_a_program_line_after_a_hidden_record_is_shown():
     assert f.keep("/job:worker/replica:0/task:1")  # only right after a hidden record
 
 
+def test_jax_gloo_lines_stay_in_the_log():
+    from mwhelpers.taskside import jaxgloo
+
+    f = QuietFilter()
+    assert not f.keep(jaxgloo.NOTICE.format(host="10.0.0.1"))
+    assert not f.keep("[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected "
+                      "peer ranks is : 1")
+    assert f.keep("Epoch 1/2")
+
+
 PROGRAM = ("import sys\nsys.stdout.write(" + repr(START) + ")\n"
            "sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)\n")
 

@@ -20,6 +20,9 @@ extra process, and imports nothing heavy.  It:
   wait until a plot needs it (``lazyplot.py``: 0.4 s of CPU at every start);
 * unless ``MWHELPERS_LAZY_JAX=0``, lets TensorFlow Lite's ``import jax`` wait until JAX is
   used (``lazyjax.py``: about 3 s of CPU at every start where JAX is installed);
+* once the program imports JAX, has JAX's gloo CPU collectives listen on the address TF_CONFIG
+  names for this task rather than on what the machine's name resolves to, often loopback
+  (``jaxgloo.py``; ``MWHELPERS_JAX_GLOO_HOST=0`` leaves JAX's choice);
 * once the program has imported TensorFlow, writes one line saying which
   TensorFlow and Keras it got (``taskfacts.py``), for the failure diagnosis;
 * with ``--standby`` (``supervise(standby=True)``: the next attempt's process started
@@ -111,6 +114,7 @@ def _arm_import_hooks() -> None:
     if kerasfix.fix_wanted(os.environ):
         kerasfix.install(tfdata.after_import)
     tfdata.after_import("tensorflow", _load("taskfacts").say)
+    _load("jaxgloo").install(tfdata.after_import)
     lazyplot = _load("lazyplot")
     if tfdata.switched_on(os.environ, lazyplot.ENV):
         lazyplot.install(tfdata.wrapped_spec)
