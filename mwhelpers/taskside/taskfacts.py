@@ -4,15 +4,14 @@ The worker start-up (``_bootstrap.py``) loads this file by path and, right
 after the program imports TensorFlow, writes one line to the task's log::
 
     [mwhelpers] this task: TensorFlow 2.21.0 with tf_keras 2.21.0 (TF_USE_LEGACY_KERAS=1 at import)
-    [mwhelpers] this task: TensorFlow 2.21.0 with Keras 3.15.1 on JAX 0.10.2 (TF_USE_LEGACY_KERAS=unset at import)
 
-Keras 3 on another backend than TensorFlow says which, with its version ("with Keras 3.15.1
-on JAX 0.10.2"): the TensorFlow-only parts of mwhelpers (the stall workaround, the Keras
-mends) then change nothing.  It is what the program itself saw: a ``TF_USE_LEGACY_KERAS`` set in the
-program before ``import tensorflow`` counts, one set later does not (TensorFlow
-reads it then).  The kernel reads these lines back (:func:`parse`) to tell
-when the tasks of one job did not run the same TensorFlow or Keras.  Cells
-do not show the line (:class:`mwhelpers.logs.QuietFilter`); the log keeps it.
+Keras 3 on another backend than TensorFlow says which, with its version ("with Keras
+3.15.1 on JAX 0.10.2"): the TensorFlow-only parts of mwhelpers (the stall workaround, the
+Keras mends) then change nothing. It is what the program itself saw: a
+``TF_USE_LEGACY_KERAS`` set in the program before ``import tensorflow`` counts, one set
+later does not (TensorFlow reads it then). The kernel reads these lines back
+(:func:`parse`) to tell when the tasks of one job did not run the same TensorFlow or
+Keras. Cells do not show the line (:class:`mwhelpers.logs.QuietFilter`); the log keeps it.
 
 Standard library only: the start-up loads it without the mwhelpers package.
 """

@@ -12,7 +12,7 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
-import keras  # noqa: E402
+import keras
 
 keras.distribution.initialize()  # KERAS_DISTRIBUTION_JOB_ADDRESSES, _NUM_PROCESSES, _PROCESS_ID
 
