@@ -26,7 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import stacks
+from . import jaxdiagnosis, stacks
 from .failures import PEER_LOST, explained, last_exception
 from .follow import progress_of
 from .proctree import signal_of
@@ -157,7 +157,8 @@ def explain_failure(failures: Sequence[Failure], runs: Iterable[TaskRun] = ()) -
     job = _Job(list(runs) or [])
     found: list[Finding] = []
     for rule in (_settings_differ, _keras3_fit, _steps_per_execution, _op_before_strategy,
-                 _collectives_differ, _module_missing, _peer_finished_first, _foreign_sigkill):
+                 _collectives_differ, _jax_port_taken, _jax_gave_up, _module_missing,
+                 _peer_finished_first, _foreign_sigkill):
         finding = rule(job, failures)
         if finding is not None:
             found.append(finding)
@@ -339,6 +340,20 @@ def _op_before_strategy(job: _Job, failures: Sequence[Failure]) -> Finding | Non
     return None
 
 
+def _jax_port_taken(job: _Job, failures: Sequence[Failure]) -> Finding | None:
+    for f, run, lines in job.failed_logs(failures):
+        found = jaxdiagnosis.port_taken(f.task, job.raised(f, lines), job.traceback(f, lines),
+                                        lines, run.port if run else 0)
+        if found:
+            return Finding(*found)
+    return None
+
+
+def _jax_gave_up(job: _Job, failures: Sequence[Failure]) -> Finding | None:
+    found = jaxdiagnosis.gave_up(job.runs, job.lines)
+    return Finding(*found) if found else None
+
+
 def _module_missing(job: _Job, failures: Sequence[Failure]) -> Finding | None:
     root = failures[0]
     run = job.run_of(root)
@@ -452,9 +467,12 @@ def explain_stuck(stuck: Sequence[TaskRun], runs: Sequence[TaskRun] = (),
             places[r] = place
     lines: list[str] = []
     for r, place in places.items():
-        inside = "inside TensorFlow, called from" if place.in_framework else "at"
+        inside = f"inside {place.framework}, called from" if place.in_framework else "at"
         lines.append(f"  {r.task} was {inside} {_at(r, place)}")
     found: list[Finding] = []
+    jax = jaxdiagnosis.stuck(stuck, job.runs, not_ready, job.lines)
+    if jax:  # Keras 3 on JAX: what follows is about TensorFlow's servers
+        return lines, [Finding(*jax)]
     absent = [(t, why) for t, why in not_ready if why == "never launched"]
     if absent:
         found.append(Finding(

@@ -9,7 +9,13 @@
 * ``fit`` under MultiWorkerMirroredStrategy when the task will get Keras 3
   (it fails: keras-team/keras#20585);
 * a TF_CONFIG that the program sets itself, which replaces the one the
-  cluster gives the task.
+  cluster gives the task;
+* Keras 3 on JAX across processes (``keras.distribution.initialize`` or
+  ``jax.distributed.initialize``): addresses, a process count or a process id
+  written into the program that differ from the cluster's (they replace the
+  ``KERAS_DISTRIBUTION_*`` variables mwhelpers gives each chief and worker),
+  and such a program launched as a task that is not one of the processes (ps,
+  evaluator: no such variables, and JAX finds no coordinator).
 
 The program is parsed, not run.  Its statements are followed in the order
 they run: top-level code, the ``if __name__ == "__main__":`` block, and the
@@ -50,6 +56,14 @@ _OPS = re.compile(
     r"|^keras\.(Sequential|Model|models\.(Sequential|Model|load_model|clone_model)"
     r"|saving\.load_model)$")
 _MAX_DEPTH = 4
+# What starts Keras 3 on JAX across processes, with the names of its first three arguments.
+_JAX_INITS = {
+    "keras.distribution.initialize": ("job_addresses", "num_processes", "process_id"),
+    "jax.distributed.initialize": ("coordinator_address", "num_processes", "process_id"),
+}
+_KERAS_DISTRIBUTION = {"KERAS_DISTRIBUTION_JOB_ADDRESSES": "job_addresses",
+                       "KERAS_DISTRIBUTION_NUM_PROCESSES": "num_processes",
+                       "KERAS_DISTRIBUTION_PROCESS_ID": "process_id"}
 
 
 def _qualify(name: str) -> str:
@@ -250,17 +264,111 @@ def _steps_per_execution(program: _Program) -> tuple[ast.Call, str] | None:
     return None
 
 
+def _jax_inits(program: _Program) -> list[tuple[ast.Call, str]]:
+    """The calls that start Keras 3 on JAX across processes, with their qualified names."""
+    return [(n, name) for n in ast.walk(program.tree) if isinstance(n, ast.Call)
+            and (name := program.qualified(n.func) or "") in _JAX_INITS]
+
+
+def initializes_jax(source: str) -> bool:
+    """Whether the program ``source`` calls ``keras.distribution.initialize`` or
+    ``jax.distributed.initialize`` (False when it does not parse): its processes other than
+    process 0 open no port (only JAX's coordinator, on process 0's, does)."""
+    try:
+        return bool(_jax_inits(_Program("program.py", source)))
+    except (SyntaxError, ValueError):
+        return False
+
+
+def _hard_coded(program: _Program) -> list[tuple[str, str, object]]:
+    """``(where, what, value)`` for each constant that the program gives keras.distribution
+    or JAX in place of mwhelpers' variables: an argument of an initialize call ('job_addresses',
+    'coordinator_address', 'num_processes', 'process_id'), or a KERAS_DISTRIBUTION_* variable
+    it sets (named by its argument)."""
+    found: list[tuple[str, str, object]] = []
+    for call, name in _jax_inits(program):
+        names = _JAX_INITS[name]
+        given = [(names[i], a) for i, a in enumerate(call.args[:3])]
+        given += [(k.arg, k.value) for k in call.keywords if k.arg in names]
+        for what, value in given:
+            if isinstance(value, ast.Constant) and value.value is not None:
+                found.append((program.where(call), what, value.value))
+    for node in ast.walk(program.tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            for target in node.targets:
+                key = _environ_key(target)
+                if isinstance(key, str) and key in _KERAS_DISTRIBUTION:
+                    found.append((program.where(node), _KERAS_DISTRIBUTION[key], node.value.value))
+    return found
+
+
+def _differs(what: str, value: object, given: Mapping[str, str]) -> bool:
+    """Whether ``value`` (given to ``what`` in the program) differs from what a process's
+    KERAS_DISTRIBUTION_* variables ``given`` say."""
+    addresses = given["KERAS_DISTRIBUTION_JOB_ADDRESSES"]
+    text = str(value).strip()
+    if what == "job_addresses" and "," in text:
+        return text != addresses
+    if what in ("job_addresses", "coordinator_address"):  # JAX needs only the coordinator's
+        return text != addresses.split(",")[0]
+    key = "KERAS_DISTRIBUTION_NUM_PROCESSES" if what == "num_processes" \
+        else "KERAS_DISTRIBUTION_PROCESS_ID"
+    return text != given[key]
+
+
+def _jax_warnings(program: _Program, processes: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """Keras 3 on JAX across processes: what the program gives in place of the cluster's
+    KERAS_DISTRIBUTION_* variables, and tasks that are not processes (``processes``: each
+    task that runs the program, with the variables it gets, {} for ps and evaluator)."""
+    inits = _jax_inits(program)
+    if not inits or not processes:
+        return []
+    warnings = []
+    trained = {t: v for t, v in processes.items() if v}
+    for where, what, value in _hard_coded(program):
+        wrong = [t for t, v in trained.items() if _differs(what, value, v)]
+        if not wrong:
+            continue
+        first = trained[wrong[0]]
+        theirs = {"num_processes": first["KERAS_DISTRIBUTION_NUM_PROCESSES"],
+                  "process_id": first["KERAS_DISTRIBUTION_PROCESS_ID"]}.get(
+            what, first["KERAS_DISTRIBUTION_JOB_ADDRESSES"])
+        warnings.append(
+            f"{where} gives keras.distribution/JAX {what}={value!r}, but the cluster gives "
+            f"{_names_of(wrong)} {theirs} (KERAS_DISTRIBUTION_*, from %cluster): what the program "
+            "writes replaces what mwhelpers gives, so its processes would not be the cluster you "
+            "defined and JAX would wait for a coordinator or processes that are not there. Call "
+            "keras.distribution.initialize() without arguments and leave the "
+            "KERAS_DISTRIBUTION_* variables alone.")
+    others = [t for t, v in processes.items() if not v]
+    if others:
+        warnings.append(
+            f"{program.where(inits[0][0])} calls {inits[0][1]}, and {_names_of(others)} "
+            f"{'is not a process' if len(others) == 1 else 'are not processes'} of Keras 3 on "
+            "JAX (only the chief and the workers are): such a task gets no KERAS_DISTRIBUTION_* "
+            "variables, and JAX there fails with 'coordinator_address should be defined'. Launch "
+            "this program as the chief and worker tasks only.")
+    return warnings
+
+
+def _names_of(tasks: Sequence[str]) -> str:
+    return tasks[0] if len(tasks) == 1 else ", ".join(tasks[:-1]) + " and " + tasks[-1]
+
+
 def check(source: str, path: str | os.PathLike[str], env: Mapping[str, str],
           keras_version: str | None = None, tf_version: str | None = None,
           folders: Sequence[str | os.PathLike[str]] = (), cell: bool = False,
-          keras_fix: bool = True) -> list[str]:
+          keras_fix: bool = True,
+          processes: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
     """Warnings (plain sentences) about ``source`` (the program at ``path``; ``cell``: a
     notebook cell's code) run with the environment ``env``.  ``keras_version`` and
     ``tf_version``: what the task's Python has installed (None: unknown, the Keras checks
     are skipped).  ``keras_fix``: whether the task's start-up mends Keras 3's multi-worker
     fit (:mod:`mwhelpers.taskside.kerasfix`).  ``folders``: where modules
-    beside the program are looked for.  A program that does not parse gets no warnings
-    (running it will say what is wrong)."""
+    beside the program are looked for.  ``processes``: each task that will run the program,
+    with the KERAS_DISTRIBUTION_* variables the cluster gives it ({} for a task that is not
+    a process: ps, evaluator); None: not known, the JAX checks are skipped.  A program that
+    does not parse gets no warnings (running it will say what is wrong)."""
     try:
         program = _Program(path, source, cell)
     except (SyntaxError, ValueError):
@@ -313,6 +421,7 @@ def check(source: str, path: str | os.PathLike[str], env: Mapping[str, str],
             f"{sets_config} sets TF_CONFIG itself: that replaces the TF_CONFIG mwhelpers gives each "
             "task from the cluster (%cluster), so the tasks would not be the cluster you "
             "defined. Delete that line, or set it only when TF_CONFIG is not already set.")
+    warnings += _jax_warnings(program, processes or {})
     return warnings
 
 
@@ -329,10 +438,12 @@ class Lookout:
         self.echo = echo
         self._said: set[tuple[int, str]] = set()  # (program text hash, warning)
 
-    def look(self, request: LaunchRequest, python: str, keras_fix: bool) -> list[str]:
+    def look(self, request: LaunchRequest, python: str, keras_fix: bool,
+             processes: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
         """Warn, never refuse, about the mistakes that can be seen in ``request``'s program,
-        to be run by the Python ``python`` with the Keras fix on or off; returns every
-        warning (those said before too)."""
+        to be run by the Python ``python`` with the Keras fix on or off (``processes``: the
+        tasks that run it, with their KERAS_DISTRIBUTION_* variables, as for :func:`check`);
+        returns every warning (those said before too)."""
         if request.code is not None:
             source, path, folders = request.code, "cell.py", [os.getcwd()]
         else:
@@ -348,7 +459,7 @@ class Lookout:
         try:
             warnings = check(source, path, {**os.environ, **request.env}, keras_version,
                              tf_version, folders, cell=request.code is not None,
-                             keras_fix=keras_fix)
+                             keras_fix=keras_fix, processes=processes)
         except Exception as e:  # a look that fails must not stop the launch
             warnings = [f"the program could not be looked at before its launch "
                         f"({type(e).__name__}: {e}); it runs all the same"]

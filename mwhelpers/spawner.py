@@ -37,7 +37,7 @@ from .cluster import Cluster, job_tasks
 from .errors import UsageError
 from .gpus import assign, check_per_task
 from .ports import holder_of, port_in_use, port_range
-from .precheck import Lookout
+from .precheck import Lookout, initializes_jax
 from .taskrun import LaunchRequest, RunReady, Standby, TaskRun
 from .taskside.kerasbase import KERAS_FIX_ENV
 from .taskside.tfdata import STALL_FIX_ENV
@@ -178,10 +178,14 @@ class Spawner:
                         f"port {port} of {task} is already taken by {holder_of(port)}; end "
                         "that process, or define the cluster again (%cluster) to get new ports")
         if look:  # once per program: the tasks of launch_all run the same one
-            programs = {(r.code, r.script, tuple(sorted(r.env.items())), self._keras_fix(r)): r
-                        for r in requests}
-            for (*_, keras_fix), request in programs.items():
-                self.lookout.look(request, self.launcher.python, keras_fix)
+            programs: dict[tuple[object, ...], list[tuple[Task, LaunchRequest]]] = {}
+            for task, r in zip(tasks, requests, strict=True):
+                key = (r.code, r.script, tuple(sorted(r.env.items())), self._keras_fix(r))
+                programs.setdefault(key, []).append((task, r))
+            for (*_, keras_fix), launched in programs.items():
+                processes = {str(t): self.cluster.keras_distribution(t) for t, _ in launched}
+                self.lookout.look(launched[0][1], self.launcher.python, bool(keras_fix),
+                                  processes)
         return tasks
 
     # -- starting ----------------------------------------------------------------------
@@ -285,8 +289,7 @@ class Spawner:
         else:
             assert request.script is not None  # a request holds code or a script
             script = request.script
-        ready: RunReady = ("port" if task.type in SERVER_JOBS else "start") \
-            if request.ready == "auto" else request.ready
+        ready: RunReady = self._ready(task, request, script)
         # The backend says what a task's environment starts from (another machine gets the
         # variables that matter, not the kernel's whole environment) and fills in its folder.
         base = self.launcher.task_env(os.environ)
@@ -297,6 +300,26 @@ class Spawner:
                           standby=standby)
         spec.env[exitrecord.EXIT_RECORD_ENV] = str(exitrecord.path_for(spec.log_path))
         return spec, ready, number
+
+    def _ready(self, task: Task, request: LaunchRequest, script: Path) -> RunReady:
+        """How ``task``'s readiness is known: its ``ready``, or by default its port for the
+        tasks that start a TensorFlow server on it, except a process other than 0 of Keras 3
+        on JAX, which opens none (only JAX's coordinator, on process 0's port, does): ready
+        once started."""
+        if request.ready != "auto":
+            return request.ready
+        if task.type not in SERVER_JOBS:
+            return "start"
+        process = self.cluster.keras_distribution(task).get("KERAS_DISTRIBUTION_PROCESS_ID")
+        if process not in (None, "0"):
+            try:
+                source = request.code if request.code is not None else script.read_text(
+                    encoding="utf-8", errors="replace")
+            except OSError:
+                return "port"
+            if initializes_jax(source):
+                return "start"
+        return "port"
 
     def _run(self, task: Task, process: Process, spec: LaunchSpec, ready: RunReady,
              attempt: int, keras_fix: bool) -> TaskRun:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 _HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 _LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python3\.\d+/|/lib64/python3\.\d+/")
-_FRAMEWORKS = re.compile(r"/(site|dist)-packages/(tensorflow|tf_keras|keras)/")
+_FRAMEWORKS = re.compile(r"/(site|dist)-packages/(tensorflow|tf_keras|keras|jax|jaxlib)/")
+_JAX = re.compile(r"/(site|dist)-packages/(jax|jaxlib)/")
 BOOTSTRAP = "_bootstrap.py"
 
 
@@ -104,8 +105,9 @@ class Where:
     """Where a task's program was when its stacks were dumped."""
 
     frame: Frame  # the innermost frame of the user's code
-    in_framework: bool  # the thread was inside TensorFlow or Keras, called from ``frame``
+    in_framework: bool  # the thread was inside TensorFlow, Keras or JAX, called from ``frame``
     source: str = ""  # the text of that line, when the file could be read
+    framework: str = "TensorFlow"  # 'JAX' when its innermost frame is JAX's (Keras 3 on JAX)
 
 
 def where(lines: Sequence[str],
@@ -118,7 +120,9 @@ def where(lines: Sequence[str],
         if frame.is_user:
             inner = frames[:i]
             source = read_line(frame.file, frame.line) if read_line else ""
-            return Where(frame, any(f.in_framework for f in inner), source)
+            jax = bool(inner) and _JAX.search(inner[0].file) is not None
+            return Where(frame, any(f.in_framework for f in inner), source,
+                         "JAX" if jax else "TensorFlow")
     return None
 
 

@@ -5,11 +5,13 @@ after the program imports TensorFlow, writes one line to the task's log::
 
     [mwhelpers] this task: TensorFlow 2.21.0 with tf_keras 2.21.0 (TF_USE_LEGACY_KERAS=1 at import)
 
-It is what the program itself saw: a ``TF_USE_LEGACY_KERAS`` set in the
-program before ``import tensorflow`` counts, one set later does not (TensorFlow
-reads it then).  The kernel reads these lines back (:func:`parse`) to tell
-when the tasks of one job did not run the same TensorFlow or Keras.  Cells
-do not show the line (:class:`mwhelpers.logs.QuietFilter`); the log keeps it.
+Keras 3 on another backend than TensorFlow says which, with its version ("with Keras
+3.15.1 on JAX 0.10.2"): the TensorFlow-only parts of mwhelpers (the stall workaround, the
+Keras mends) then change nothing. It is what the program itself saw: a
+``TF_USE_LEGACY_KERAS`` set in the program before ``import tensorflow`` counts, one set
+later does not (TensorFlow reads it then). The kernel reads these lines back
+(:func:`parse`) to tell when the tasks of one job did not run the same TensorFlow or
+Keras. Cells do not show the line (:class:`mwhelpers.logs.QuietFilter`); the log keeps it.
 
 Standard library only: the start-up loads it without the mwhelpers package.
 """
@@ -76,11 +78,43 @@ def keras_of(tf_version: str | None, legacy_value: str | None) -> str:
     return f"Keras {module_version('keras') or '(not installed)'}"
 
 
+_BACKENDS = {"jax": "JAX", "torch": "PyTorch", "numpy": "NumPy", "openvino": "OpenVINO"}
+
+
+def keras_backend(environ: Mapping[str, str] = os.environ) -> str:
+    """The backend Keras 3 runs on in this process: its configuration's when Keras has loaded
+    it, else ``KERAS_BACKEND``, else 'tensorflow' (Keras's default; its keras.json is not
+    read)."""
+    config = sys.modules.get("keras.src.backend.config")
+    try:
+        return str(config.backend()) if config is not None else \
+            environ.get("KERAS_BACKEND") or "tensorflow"
+    except Exception:  # a Keras half loaded
+        return environ.get("KERAS_BACKEND") or "tensorflow"
+
+
+def _on_backend(keras: str, environ: Mapping[str, str]) -> str:
+    """``keras`` ('Keras 3.15.1') with its backend when that is not TensorFlow: 'Keras 3.15.1
+    on JAX 0.10.2'."""
+    backend = keras_backend(environ)
+    if not keras.startswith("Keras 3") or backend == "tensorflow":
+        return keras
+    version = getattr(sys.modules.get(backend), "__version__", None)
+    if not version:
+        try:
+            from importlib.metadata import version as installed
+
+            version = installed(backend)
+        except Exception:
+            version = "(version unknown)"
+    return f"{keras} on {_BACKENDS.get(backend, backend)} {version}"
+
+
 def line_for(tf_module: object, environ: Mapping[str, str] = os.environ) -> str:
     version = getattr(tf_module, "__version__", None) or "unknown"
     legacy = environ.get(LEGACY_ENV, "unset") or "unset"
-    return f"{PREFIX}TensorFlow {version} with {keras_of(version, legacy)} " \
-           f"({LEGACY_ENV}={legacy} at import)"
+    keras = _on_backend(keras_of(version, legacy), environ)
+    return f"{PREFIX}TensorFlow {version} with {keras} ({LEGACY_ENV}={legacy} at import)"
 
 
 def say(tf_module: object) -> None:

@@ -1,0 +1,159 @@
+"""What a failed or stuck job of Keras 3 on JAX across processes means (keras.distribution).
+
+Rules of :mod:`mwhelpers.diagnosis` for JAX, each from evidence that leaves no doubt (what
+the tasks printed and the stacks a stuck task wrote; messages as JAX 0.10 writes them):
+
+* a task stuck in ``jax.distributed.initialize`` (every process waits there until all have
+  connected to JAX's coordinator, which process 0 starts on its port; JAX gives up after its
+  ``initialization_timeout``, 300 s when keras.distribution calls it): the coordinator
+  waiting for a process that never started, or a process waiting for a coordinator that
+  never started;
+* process 0 that could not start the coordinator because its port was taken
+  ("Failed to start RPC server", after gRPC's "Failed to add port to server");
+* tasks that JAX ended when its initialization_timeout ran out (it aborts them: "Terminating
+  process because the JAX distributed service detected fatal errors ... DEADLINE_EXCEEDED",
+  on the RPC CoordinationService/RegisterTask).
+
+Each rule returns ``(key, cause, advice)``, or None; :mod:`mwhelpers.diagnosis` makes
+its findings of them.  The processes are the chief and the workers in TF_CONFIG's order
+(chief first), numbered from 0, as :meth:`mwhelpers.cluster.Cluster.processes` gives them
+their ``KERAS_DISTRIBUTION_PROCESS_ID``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from . import stacks
+from .ports import holder_of
+
+if TYPE_CHECKING:
+    from .cluster import Task
+    from .taskrun import TaskRun
+
+Rule = tuple[str, str, str]  # (key, cause, advice)
+
+_DISTRIBUTED = "/jax/_src/distributed.py"
+_NO_SERVER = "Failed to start RPC server"
+_SERVICE = "get_distributed_runtime_service"  # where JAX starts its coordinator service
+_ABORTED = "Terminating process because the JAX distributed service detected fatal errors"
+_REGISTER = "CoordinationService/RegisterTask"
+_PORT_LINE = re.compile(r"Failed to add port to server: .* resolved for '(?P<address>[^']*:(?P<port>\d+))'")
+_GIVES_UP = ("JAX lets no process go on until all of them have connected to its coordinator "
+             "(it gives up after its initialization_timeout, 300 s as keras.distribution calls it)")
+_LAUNCH_ALL = ("launch every chief and worker task (%worker all --bg PROGRAM), or define the "
+               "cluster with as many tasks as the processes you run (%cluster N)")
+
+
+def in_initialize(lines: Sequence[str]) -> bool:
+    """Whether the last stack dump in a task's log ``lines`` has its program's main thread
+    inside ``jax.distributed.initialize`` (waiting for its peers or its coordinator)."""
+    return any(f.file.endswith(_DISTRIBUTED) and f.func == "initialize"
+               for f in stacks.main_stack(lines))
+
+
+def _processes(tasks: Iterable[Task]) -> list[Task]:
+    """The chief and the workers among ``tasks``, in the order of their process ids."""
+    known = {t for t in tasks if t.type in ("chief", "worker")}
+    return sorted(known, key=lambda t: (t.type != "chief", t.index))
+
+
+def _names(tasks: Sequence[object]) -> str:
+    names = [str(t) for t in tasks]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _numbered(tasks: Sequence[Task], processes: Sequence[Task]) -> str:
+    """'process 1 (worker:1)', 'processes 1 (worker:1) and 2 (worker:2)'."""
+    each = [f"{processes.index(t)} ({t})" for t in tasks]
+    return ("process " if len(each) == 1 else "processes ") + _names(each)
+
+
+def stuck(stuck_runs: Sequence[TaskRun], runs: Sequence[TaskRun],
+          not_ready: Sequence[tuple[Task, str]],
+          lines_of: Callable[[TaskRun], list[str]]) -> Rule | None:
+    """Why tasks stuck in ``jax.distributed.initialize`` waited: ``stuck_runs`` (their stacks
+    dumped; ``lines_of(run)`` reads a log), ``runs`` every run of the job, ``not_ready`` the
+    training tasks that never became ready, with why."""
+    waiting = [r for r in stuck_runs if in_initialize(lines_of(r))]
+    return _waited(waiting, runs, not_ready, "") if waiting else None
+
+
+def gave_up(runs: Sequence[TaskRun], lines_of: Callable[[TaskRun], list[str]]) -> Rule | None:
+    """Why tasks that JAX ended in ``jax.distributed.initialize`` after its
+    initialization_timeout (it aborts the process, "DEADLINE_EXCEEDED" on RegisterTask)
+    waited, among ``runs``, every run of the job."""
+    waiting = [r for r in runs if not r.running and _gave_up(lines_of(r))]
+    if not waiting:
+        return None
+    return _waited(waiting, runs, (), "; JAX ended them when its initialization_timeout ran "
+                   "out (\"DEADLINE_EXCEEDED\" on CoordinationService/RegisterTask)")
+
+
+def _gave_up(lines: Sequence[str]) -> bool:
+    text = "\n".join(lines[-60:])
+    return _ABORTED in text and _REGISTER in text and "DEADLINE_EXCEEDED" in text
+
+
+def _waited(waiting: Sequence[TaskRun], runs: Sequence[TaskRun],
+            not_ready: Sequence[tuple[Task, str]], ended: str) -> Rule:
+    processes = _processes([*(r.task for r in runs), *(t for t, _ in not_ready),
+                            *(r.task for r in waiting)])
+    waiting_tasks = [r.task for r in waiting]
+    latest = {r.task: r for r in runs}
+    absent = [t for t in processes if t not in waiting_tasks and
+              (t not in latest or not latest[t].running)]
+    never = {t for t, why in not_ready if why == "never launched"}
+
+    def how(tasks: Sequence[Task]) -> str:
+        one = len(tasks) == 1
+        said = "was never launched" if one else "were never launched"
+        if any(t not in never for t in tasks):
+            said += " or ended before it connected" if one else " or ended before they connected"
+        return said
+
+    coordinator = processes[0]
+    if coordinator in waiting_tasks and absent:
+        return ("jax-process-missing",
+                f"{coordinator} is JAX's coordinator (keras.distribution process 0 of "
+                f"{len(processes)}) and waited in jax.distributed.initialize for "
+                f"{_numbered(absent, processes)}, which {how(absent)}: {_GIVES_UP}{ended}",
+                _LAUNCH_ALL)
+    if coordinator in absent:
+        return ("jax-coordinator-missing",
+                f"{_names(waiting_tasks)} waited in jax.distributed.initialize to reach JAX's "
+                f"coordinator, which process 0 ({coordinator}) starts on its port, and "
+                f"{coordinator} {how([coordinator])}: {_GIVES_UP}{ended}",
+                f"launch {coordinator} too, with the others (%worker all --bg PROGRAM)")
+    return ("jax-not-connected",
+            f"{_names(waiting_tasks)} waited in jax.distributed.initialize: the processes "
+            f"never all connected to JAX's coordinator; {_GIVES_UP}{ended}",
+            "let every process reach the same coordinator (process 0's address) with the same "
+            "process count: call keras.distribution.initialize() without arguments and leave "
+            "the KERAS_DISTRIBUTION_* variables mwhelpers gives each task alone, and launch "
+            "every chief and worker task")
+
+
+def port_taken(task: str, raised: str, traceback: Sequence[str],
+               lines: Sequence[str], port: int) -> Rule | None:
+    """Process 0 (``task``) could not start JAX's coordinator: ``raised`` (the exception
+    that ended it, 'Type: message') with its ``traceback`` lines, its log ``lines``, the
+    task's ``port``."""
+    if _NO_SERVER not in raised or not any(_SERVICE in ln for ln in traceback):
+        return None
+    address = f"port {port}"
+    for line in lines:
+        m = _PORT_LINE.search(line)
+        if m:
+            port, address = int(m["port"]), f"port {m['port']} ({m['address']})"
+            break
+    holder = holder_of(port)
+    now = f"; {holder} holds it now" if holder != "another process" else ""
+    return ("jax-port-taken",
+            f"{task} is process 0 of keras.distribution and could not start JAX's coordinator "
+            f"on its {address}: another socket held the port when JAX tried to listen on it "
+            f"(\"{_NO_SERVER}\"){now}",
+            f"end whatever holds port {port} (ss -ltnp 'sport = :{port}' names it), or define "
+            "the cluster again (%cluster) to get free ports, and launch again")
