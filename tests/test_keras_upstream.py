@@ -108,8 +108,8 @@ LSO_REASON = "" if LSO_FILE is not None and LSO_FILE.is_file() and \
 
 
 def lso_repro(*args):
-    done = subprocess.run([sys.executable, str(LSO_REPRO), "--timeout", "90", *args],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, str(LSO_REPRO), "--timeout", "180", *args],
+                          capture_output=True, text=True, timeout=240)
     return done.returncode, done.stdout + done.stderr
 
 

@@ -1,5 +1,6 @@
-"""A test for Keras's suite (keras/src/callbacks/backup_and_restore_resume_test.py): a fit
-stopped between two backups resumes after the newest backup's batch."""
+"""A test for Keras's suite
+(keras/src/callbacks/backup_and_restore_resume_test.py): a fit stopped between
+two backups resumes after the newest backup's batch."""
 
 import os
 
@@ -42,7 +43,9 @@ class BackupAndRestoreResumeTest(testing.TestCase):
         y = np.random.rand(128, 1).astype("float32")
         backup_dir = os.path.join(self.get_temp_dir(), "backup")
         # 3 epochs of 8 batches, a backup every 3 batches: steps 3, 6, 9, 12...
-        first = StopAfter(14)  # epoch 1, its 6th batch; the newest backup: step 12
+        first = StopAfter(
+            14
+        )  # epoch 1, its 6th batch; the newest backup: step 12
         with self.assertRaises(Stop):
             make_model().fit(
                 x,

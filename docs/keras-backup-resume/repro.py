@@ -1,17 +1,19 @@
-"""Reproducer: Keras 3's BackupAndRestore(save_freq=N) runs the restored epoch again from its
-first batch, so a fault redoes up to an epoch and the job ends with too many optimizer steps.
+"""Reproducer: Keras 3's BackupAndRestore(save_freq=N) runs the restored epoch
+again from its first batch, so a fault redoes up to an epoch and the job ends
+with too many optimizer steps.
 
     python repro.py                   # the installed Keras
     python repro.py --with-mwhelpers  # mwhelpers.fix_keras_multi_worker() first
 
-One process, no distribution strategy: the fault is in the callback and the trainer, not in
-tf.distribute.  A model trains 3 epochs of 8 batches with a backup every 3 batches, so the
-backups are of steps 3, 6, 9, 12, ...  The first fit stops with an exception right after
-step 14 (epoch 1, its 6th batch); the newest backup is of step 12 (epoch 1, its 4th batch).
-A second fit, with a new model and a new callback as after a restart, restores it.
-Exit status: 0 when the second fit starts at step 13 and the job ends with 3 x 8 = 24
-optimizer steps ("FIXED"); 1 when it starts epoch 1 again and ends with more ("BUG
-PRESENT").  Needs only TensorFlow and Keras 3.
+One process, no distribution strategy: the fault is in the callback and the
+trainer, not in tf.distribute. A model trains 3 epochs of 8 batches with a
+backup every 3 batches, so the backups are of steps 3, 6, 9, 12, ... The first
+fit stops with an exception right after step 14 (epoch 1, its 6th batch); the
+newest backup is of step 12 (epoch 1, its 4th batch). A second fit, with a new
+model and a new callback as after a restart, restores it. Exit status: 0 when
+the second fit starts at step 13 and the job ends with 3 x 8 = 24 optimizer
+steps ("FIXED"); 1 when it starts epoch 1 again and ends with more ("BUG
+PRESENT"). Needs only TensorFlow and Keras 3.
 """
 
 import argparse
@@ -42,7 +44,9 @@ def main():
     y = x @ np.array([[1.0], [2.0], [-1.0], [0.5]], "float32")
 
     def new_model():
-        model = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(1)])
+        model = keras.Sequential(
+            [keras.layers.Input((4,)), keras.layers.Dense(1)]
+        )
         model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
         return model
 
@@ -59,23 +63,47 @@ def main():
     backup = tempfile.mkdtemp()
     first = Steps(stop_after=STOP_AFTER)
     try:
-        new_model().fit(x, y, batch_size=16, epochs=EPOCHS, verbose=0, callbacks=[
-            first, keras.callbacks.BackupAndRestore(backup, save_freq=SAVE_FREQ)])
+        new_model().fit(
+            x,
+            y,
+            batch_size=16,
+            epochs=EPOCHS,
+            verbose=0,
+            callbacks=[
+                first,
+                keras.callbacks.BackupAndRestore(backup, save_freq=SAVE_FREQ),
+            ],
+        )
     except Stop:
         pass
     second = Steps()
     model = new_model()
-    model.fit(x, y, batch_size=16, epochs=EPOCHS, verbose=0, callbacks=[
-        second, keras.callbacks.BackupAndRestore(backup, save_freq=SAVE_FREQ)])
+    model.fit(
+        x,
+        y,
+        batch_size=16,
+        epochs=EPOCHS,
+        verbose=0,
+        callbacks=[
+            second,
+            keras.callbacks.BackupAndRestore(backup, save_freq=SAVE_FREQ),
+        ],
+    )
     final = int(model.optimizer.iterations.numpy())
-    print(f"Keras {keras.__version__}: first fit stopped after step {first.seen[-1]}; "
-          f"the second fit ran steps {second.seen[0]} to {second.seen[-1]}; "
-          f"{final} optimizer steps in all for {EPOCHS} x {STEPS} = {EPOCHS * STEPS}")
+    asked = EPOCHS * STEPS
+    print(
+        f"Keras {keras.__version__}: "
+        f"first fit stopped after step {first.seen[-1]}; "
+        f"the second fit ran steps {second.seen[0]} to {second.seen[-1]}; "
+        f"{final} optimizer steps in all for {EPOCHS} x {STEPS} = {asked}"
+    )
     if final == EPOCHS * STEPS and second.seen[0] == 13:
         print("FIXED: the restored epoch resumed after the backup's batch")
         return 0
-    print(f"BUG PRESENT: the restored epoch ran again from its first batch "
-          f"({final - EPOCHS * STEPS} steps more than asked)")
+    print(
+        f"BUG PRESENT: the restored epoch ran again from its first batch "
+        f"({final - EPOCHS * STEPS} steps more than asked)"
+    )
     return 1
 
 
