@@ -14,7 +14,8 @@ real JAX when they are called; any other attribute read imports it at once.
 The stand-in leaves ``sys.modules`` as soon as the module has run, so the program's own
 ``import jax`` (Keras on JAX, for one) gets the real one.  Where TensorFlow no longer imports
 JAX there, nothing happens.  ``MWHELPERS_LAZY_JAX=0`` turns it off; the task's log says so
-in one line.
+in one line.  ``%load_ext mwhelpers`` arms the same in the kernel, silently, for the kernel's
+own ``import tensorflow``.
 
 Loaded by path in a task's start-up (``_bootstrap.py``): it imports nothing of the package.
 """
@@ -51,11 +52,19 @@ def _stand_ins() -> dict[str, ModuleType]:
     return {"jax": jax, "jax.monitoring": monitoring}
 
 
-def install(wrapped_spec: WrappedSpec) -> bool:
-    """Defer TensorFlow Lite's JAX import in this process; False when TensorFlow has loaded
-    that module already.  ``wrapped_spec``: :func:`tfdata.wrapped_spec`."""
+def install(wrapped_spec: WrappedSpec, say: bool = True) -> bool:
+    """Defer TensorFlow Lite's and Keras's JAX imports in this process; False when both
+    modules have loaded already.  ``wrapped_spec``: :func:`tfdata.wrapped_spec`.  ``say``:
+    write the notice once (a task's log; the kernel, where ``%load_ext mwhelpers`` arms it,
+    says nothing)."""
     if all(name in sys.modules for name in TF_MODULES):
         return False
     if not any(isinstance(f, Deferral) and f.notice == NOTICE for f in sys.meta_path):
-        sys.meta_path.insert(0, Deferral(wrapped_spec, TF_MODULES, ("jax",), _stand_ins, NOTICE))
+        sys.meta_path.insert(0, Deferral(wrapped_spec, TF_MODULES, ("jax",), _stand_ins, NOTICE,
+                                         say))
     return True
+
+
+def uninstall() -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path
+                        if not (isinstance(f, Deferral) and f.notice == NOTICE)]

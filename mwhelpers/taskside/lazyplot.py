@@ -68,8 +68,9 @@ class Deferral(importlib.abc.MetaPathFinder):
 
     def __init__(self, wrapped_spec: WrappedSpec, watched: Sequence[str],
                  deferred: Sequence[str], make: Callable[[], dict[str, ModuleType]],
-                 notice: str) -> None:
+                 notice: str, say: bool = True) -> None:
         self.wrapped_spec = wrapped_spec
+        self.say = say  # False: the notice is not written (the kernel's own import)
         self.waiting = set(watched)
         self.deferred = tuple(deferred)
         self.make = make
@@ -98,7 +99,7 @@ class Deferral(importlib.abc.MetaPathFinder):
             for name, stand_in in stand_ins.items():
                 if sys.modules.get(name) is stand_in:
                     del sys.modules[name]
-        if not self.said:
+        if not self.said and self.say:
             self.said = True
             sys.stderr.write(self.notice + "\n")
             sys.stderr.flush()
