@@ -26,7 +26,7 @@ PROGRAMS = ROOT / "tests" / "programs"
 HAVE_JAX = importlib.util.find_spec("jax") is not None
 needs_jax = pytest.mark.skipif(
     not HAVE_JAX and os.environ.get("CI") != "true",
-    reason="jax is not installed (pip install -r requirements/test.txt has it)")
+    reason="jax is not installed (the tutorials' lock, requirements/tutorials.txt, has it)")
 
 # The least a JAX process does: Keras on JAX, keras.distribution.initialize() from mwhelpers'
 # variables, one line once every process has joined.
@@ -233,3 +233,27 @@ def test_the_warning_reaches_the_cell_before_the_launch(ip, rt, write):
     warned = [ln for ln in rt.echo_lines if ln.startswith("[mwhelpers] warning")]
     assert len(warned) == 1 and "process_id=0, but the cluster gives worker:1 1" in warned[0]
     ip.run_line_magic("waitworkers", "--timeout 30")
+
+
+@needs_jax
+@pytest.mark.tf
+def test_a_killed_jax_process_is_restarted_and_resumes_at_the_backup(rt, jax_env, tmp_path):
+    """A SIGKILL of process 1 right after step 13 under supervise (3 epochs of 8 steps, each
+    process's own BackupAndRestore every 3 steps): every process is restarted, resumes after the
+    backup of step 12 (mwhelpers/taskside/kerasresume.py, on JAX's epoch iterator too) and the
+    job ends at exactly 24 steps."""
+    rt.define_cluster(2)
+    attempts = rt.supervise(script=str(PROGRAMS / "jax_train.py"), max_restarts=1, timeout=180,
+                            stream=False,
+                            args=["--epochs", "3", "--steps", "8", "--backup", str(tmp_path / "bk"),
+                                  "--save-freq", "3", "--kill-at", "13",
+                                  "--marker", str(tmp_path / "killed")])
+    assert len(attempts) == 2 and attempts[0].restarted
+    assert str(attempts[0].root_cause.task) == "worker:1"
+    for run in attempts[1].runs:
+        steps = [int(ln.split()[1]) for ln in run.lines() if ln.startswith("STEP ")]
+        assert steps == list(range(13, 25)), steps  # after the backup of step 12, to exactly 24
+        assert sum("epoch 1 resumes after its first 4 batches" in ln for ln in run.lines()) == 1
+    res = results(rt)
+    assert {r["iterations"] for r in res.values()} == {24}
+    assert res["worker:0"]["weights"] == res["worker:1"]["weights"]

@@ -269,6 +269,8 @@ def install(after_import: Callable[[str, Callable[[ModuleType], object]], None])
     """Mend Keras as soon as it loads its trainer and callbacks (now, where it already has);
     ``after_import(name, callback)`` is :func:`tfdata.after_import`."""
     after_import(TRAINER, safely(patch_trainer, ISSUE))
+    after_import(kerasresume.EPOCH_ITERATOR,
+                 safely(kerasresume.patch_epoch_iterator, kerasresume.ISSUE))
     after_import(TRAINER, safely(kerasresume.patch_epoch_iterator, kerasresume.ISSUE))
     after_import(kerascallbacks.BACKUP, safely(kerascallbacks.patch_callbacks, ISSUE))
     after_import(kerascallbacks.CHECKPOINT, safely(kerascallbacks.patch_callbacks, ISSUE))

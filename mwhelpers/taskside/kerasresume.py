@@ -7,7 +7,7 @@ those of batch ``b``, yet the epoch runs again from its first batch.  A fault th
 a whole epoch, not N batches, and the job ends with more optimizer steps than epochs x steps
 (tf_keras resumed at the saved batch).
 
-Here, with Keras's TensorFlow trainer:
+Here (Keras's TensorFlow trainer; JAX's and PyTorch's too from Keras 3.10):
 
 * every backup also records how many batches of its epoch were done (:data:`POSITION`, a key
   added to Keras's ``training_metadata.json``; Keras reads only ``epoch`` from it);
@@ -48,6 +48,7 @@ from .kerasbase import PATCHED, keras_version, local_path, say_once, source_of, 
 
 ISSUE = "docs/keras-backup-resume.md"
 POSITION = "mwhelpers_batches_done"  # the key each backup's metadata gets
+EPOCH_ITERATOR = "keras.src.trainers.epoch_iterator"
 RESUMING = ("[mwhelpers] Keras {version} BackupAndRestore: epoch {epoch} resumes after its "
             "first {done} batches, where the backup was taken (Keras 3 alone would run the epoch "
             "again from its first batch; those {done} are drawn from the input, not trained "
@@ -106,7 +107,7 @@ def why_not(backup_class: type) -> str | None:
     if why:
         return why
     if not _iterator_mended:
-        return "its TensorFlow trainer's epoch iterator is not one this was written for"
+        return "its epoch iterator is not one this was written for"
     # Where Keras reads the backup: _load_model (3.10 and 3.15 have it), on_train_begin itself (3.5).
     begin = getattr(backup_class, "on_train_begin", None)
     load = getattr(backup_class, "_load_model", None) or getattr(begin, "__wrapped__", begin)
@@ -191,20 +192,25 @@ def _wrap_generator(cls: type, name: str) -> None:
 
 
 def patch_epoch_iterator(module: ModuleType) -> bool:
-    """Let the TensorFlow trainer's epoch iterator draw and drop a restored epoch's done
-    batches: ``_enumerate_iterator`` (Keras 3.10 and later, what ``__iter__`` makes) or
-    ``enumerate_epoch`` (3.5 to 3.9).  True when this Keras's iterator is one of them."""
+    """Let Keras's epoch iterators draw and drop a restored epoch's done batches.  ``module``
+    is Keras's ``keras.src.trainers.epoch_iterator`` (its ``EpochIterator._enumerate_iterator``,
+    what ``__iter__`` makes in Keras 3.10 and later, for every backend) or the TensorFlow
+    trainer's module (its ``TFEpochIterator.enumerate_epoch``, Keras 3.5 to 3.9).  True when
+    this module has one of them (mended now or before)."""
     global _iterator_mended
-    cls = getattr(module, "TFEpochIterator", None)
+    cls = getattr(module, "EpochIterator", None)
+    if not isinstance(cls, type) or cls.__module__ != module.__name__:
+        cls = getattr(module, "TFEpochIterator", None)
     if not isinstance(cls, type):
         return False
     if getattr(cls, PATCHED + "_resume", False):
         return True
     text = source_of(getattr(cls, "__iter__", None) or (lambda: None)) or ""
-    if "self._epoch_iterator=self._enumerate_iterator()" in text:
+    if "_enumerate_iterator" in vars(cls) and \
+            "self._epoch_iterator=self._enumerate_iterator()" in text:
         name = "_enumerate_iterator"
-    elif callable(vars(cls).get("enumerate_epoch")):
-        name = "enumerate_epoch"
+    elif callable(vars(cls).get("enumerate_epoch")) and cls.__name__ == "TFEpochIterator":
+        name = "enumerate_epoch"  # (the base class's of 3.5 yields batches already drawn)
     else:
         return False
     _wrap_generator(cls, name)
