@@ -24,11 +24,10 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from . import quietimport, settings
+from . import quietimport
 from .errors import UsageError
 from .launchoptions import launch_help
 from .magicargs import cluster_parser, parse, parse_worker_line
-from .taskside import lazyjax, tfdata
 
 if TYPE_CHECKING:  # for the annotations only: loading the extension imports none of these
     from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
@@ -453,8 +452,6 @@ def load(ipython: InteractiveShell) -> None:
     magics = WorkerMagics(shell=ipython, session_name=ipython.user_ns.get("__session__"))
     ipython.register_magics(magics)
     quietimport.install(_verbose)
-    if settings.LAZY_JAX.read(os.environ):  # the kernel's TensorFlow without JAX (lazyjax.py)
-        lazyjax.install(tfdata.wrapped_spec, say=False)
     mark = _BackgroundCellMark(ipython)
     mark.register()
     _LOADED[ipython] = (magics, mark)
@@ -477,7 +474,9 @@ def unload(ipython: InteractiveShell) -> None:
     magics, mark = loaded
     mark.unregister()
     quietimport.uninstall()
-    lazyjax.uninstall()
+    lazyjax = sys.modules.get("mwhelpers.taskside.lazyjax")  # armed at the kernel's TF import
+    if lazyjax is not None:
+        lazyjax.uninstall()
     if magics._live is not None:
         magics._live.stop()
     table = ipython.magics_manager.magics

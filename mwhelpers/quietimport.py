@@ -12,7 +12,8 @@ pointed at a temporary file.  Afterwards, every line a worker's cell would show
 the CPU-only start-up messages) is written to the cell's stderr; the others are kept in
 :data:`hidden`, or written too when ``mwhelpers.runtime().verbose`` is true at that import.
 Nothing else changes: the module, its spec and its loader are TensorFlow's own once the
-import is done.
+import is done.  Where JAX is installed, that import also arms :mod:`mwhelpers.taskside.lazyjax`
+in the kernel (TensorFlow and Keras then import JAX only when it is used).
 """
 
 from __future__ import annotations
@@ -78,6 +79,17 @@ def show(lines: Sequence[str], verbose: bool) -> None:
         sys.stderr.flush()
 
 
+def _defer_jax() -> None:
+    """Where JAX is installed, the kernel's TensorFlow and Keras import it only when it is
+    used (:mod:`mwhelpers.taskside.lazyjax`, silently here; ``MWHELPERS_LAZY_JAX=0``: not)."""
+    from . import settings
+
+    if settings.LAZY_JAX.read(os.environ):
+        from .taskside import lazyjax, tfdata
+
+        lazyjax.install(tfdata.wrapped_spec, say=False)
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self, verbose: Callable[[], bool]) -> None:
         self.verbose = verbose
@@ -87,6 +99,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         if name != "tensorflow":
             return None
         uninstall()  # once: the first import only
+        _defer_jax()
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
             spec.loader = _QuietLoader(spec.loader, self.verbose)

@@ -152,9 +152,23 @@ PORT_BASE: Setting[int | None] = Setting(
     "in a batch script from `write_sbatch`: the first of the ports its tasks use",
     "a port number between 1024 and 65535")
 
+def host_or_off(text: str) -> str:
+    """An address or host name, or a word that says off (then ``""``)."""
+    text = text.strip()
+    if not text or any(c.isspace() for c in text):
+        raise ValueError("empty or with spaces")
+    return "" if text.lower() in OFF_WORDS else text
+
+
+JAX_GLOO_HOST: Setting[str] = Setting(
+    "MWHELPERS_JAX_GLOO_HOST", host_or_off, "", "the task's address",
+    "where JAX's gloo collectives listen in a task (by default the address of the task that "
+    "`KERAS_DISTRIBUTION_JOB_ADDRESSES` names; `0` keeps JAX's own choice, what the host name "
+    "resolves to)", "an address, or 0")
+
 SETTINGS: tuple[Setting[object], ...] = (
     LOG_DIR, PORT_RANGE, SSH, HEARTBEAT, STALL_FIX, KERAS_FIX, LAZY_PYPLOT, LAZY_JAX, WARM_START,
-    RECONNECT_MS, PORT_BASE,
+    RECONNECT_MS, PORT_BASE, JAX_GLOO_HOST,
 )
 
 # What mwhelpers puts in a task's environment (not settings: read them, do not set them).
