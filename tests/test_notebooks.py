@@ -285,6 +285,26 @@ def test_troubleshooting_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert "No background processes were running." in text  # every task ended on its own
 
 
+@pytest.mark.tf
+@pytest.mark.notebook
+def test_keras_on_jax_notebook_runs_under_nbclient(tmp_path, pythonpath):
+    nb = execute("12_keras_on_jax.ipynb", tmp_path)
+    text = outputs_text(nb)
+    assert "KERAS_DISTRIBUTION_JOB_ADDRESSES=localhost:" in text  # what %cluster gives each task
+    assert "process 0 against process 1: largest weight difference 0" in text
+    assert re.search(r"process 0 against one process: largest weight difference [\d.e-]+", text)
+    assert "worker:0 kept: ['0..31', '64..95']" in text and "worker:1 kept: ['32..63', '96..127']" in text
+    assert "all-reduces in the first: 1" in text and "all-reduces before XLA's optimizations: 0" in text
+    assert "['p0.keras', 'p1.keras']" in text
+    assert "Gloo all-reduce failed" in text and "(ended by the supervisor)" in text
+    assert "attempt 2: every task finished" in text
+    assert re.search(r"MWMS \(TensorFlow\) +[\d.]+ +[\d.]+ +[\d.]+", text)
+    assert re.search(r"JAX \(keras.distribution\) +[\d.]+ +[\d.]+ +[\d.]+", text)
+    assert "ref_obj = Optimizer(1.0)" in text and "multihost_utils.assert_equal(" in text
+    assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    assert (tmp_path / "ckpt" / "p0.keras").exists() and (tmp_path / "ckpt" / "p1.keras").exists()
+
+
 OWNER_ENV = "MWTEST_OWNER"  # inherited by a suite's kernels and workers: whose test started them
 
 
