@@ -141,19 +141,21 @@ def port_taken(task: str, raised: str, traceback: Sequence[str],
     """Process 0 (``task``) could not start JAX's coordinator: ``raised`` (the exception
     that ended it, 'Type: message') with its ``traceback`` lines, its log ``lines``, the
     task's ``port``."""
-    if _NO_SERVER not in raised or not any(_SERVICE in ln for ln in traceback):
+    raised_it = _NO_SERVER in raised and any(_SERVICE in ln for ln in traceback)
+    said = next((m for m in map(_PORT_LINE.search, lines) if m), None)
+    if not raised_it and said is None:
         return None
+    # JAX raises "Failed to start RPC server" after gRPC's line, or (JAX 0.10.2, about two
+    # runs in three here) crashes with SIGSEGV after that line: either names the port.
     address = f"port {port}"
-    for line in lines:
-        m = _PORT_LINE.search(line)
-        if m:
-            port, address = int(m["port"]), f"port {m['port']} ({m['address']})"
-            break
+    if said is not None:
+        port, address = int(said["port"]), f"port {said['port']} ({said['address']})"
+    how = f'"{_NO_SERVER}"' if raised_it else "gRPC's \"Failed to add port to server\""
     holder = holder_of(port)
     now = f"; {holder} holds it now" if holder != "another process" else ""
     return ("jax-port-taken",
             f"{task} is process 0 of keras.distribution and could not start JAX's coordinator "
             f"on its {address}: another socket held the port when JAX tried to listen on it "
-            f"(\"{_NO_SERVER}\"){now}",
+            f"({how}){now}",
             f"end whatever holds port {port} (ss -ltnp 'sport = :{port}' names it), or define "
             "the cluster again (%cluster) to get free ports, and launch again")

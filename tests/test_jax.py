@@ -95,9 +95,11 @@ def test_two_jax_processes_train_like_one(ip, rt, jax_env, tmp_path, capsys):
         lines = run.lines()
         (facts,) = [ln for ln in lines if FACTS in ln]
         assert "with Keras 3.15.1 on JAX " in facts, facts
-        # The TensorFlow-only mends stay silent on JAX.
-        assert not [ln for ln in lines if ln.startswith("[mwhelpers]") and FACTS not in ln
-                    and "matplotlib" not in ln], lines
+        # The TensorFlow-only mends stay silent on JAX; what it says is for JAX (gloo's address).
+        said = [ln for ln in lines if ln.startswith("[mwhelpers]") and FACTS not in ln
+                and "matplotlib" not in ln]
+        assert len(said) == 1 and said[0].startswith("[mwhelpers] JAX's gloo collectives listen "
+                                                     "on "), said
     timeline = rt.timeline()
     assert {str(r.task) for r in timeline.runs} == {"worker:0", "worker:1"}
 
@@ -144,17 +146,21 @@ def test_the_coordinators_port_taken_is_named(ip, rt, jax_env, write):
     with socket.socket() as squatter:
         squatter.bind(("", port))
         squatter.listen()
-        rt.wait_for_line("worker:0", "Failed to start RPC server", timeout=90)
+        # gRPC's line; then JAX raises "Failed to start RPC server", or (JAX 0.10.2, about two
+        # runs in three here) crashes with SIGSEGV
+        rt.wait_for_line("worker:0", "Failed to add port to server", timeout=90)
         assert rt.get_run("worker:0").wait(30) is not None
         ip.run_line_magic("killworker", "1")  # it would wait for its coordinator
         with pytest.raises(WorkerFailed) as err:
             ip.run_line_magic("waitworkers", "--timeout 30")
     root = err.value.failures[0]
-    assert root.task == "worker:0" and "Failed to start RPC server" in root.exit_record.message
+    assert root.task == "worker:0"
+    assert root.returncode == -11 or "Failed to start RPC server" in root.exit_record.message
     assert keys(root.diagnosis)[0] == "jax-port-taken"
     text = str(err.value)
     assert (f"worker:0 is process 0 of keras.distribution and could not start JAX's coordinator "
-            f"on its port {port} ([::]:{port}): another socket held the port") in text
+            f"on its port {port} ([::]:{port}): another socket held the port when JAX tried "
+            "to listen on it") in text
     assert all(not pid_alive(r.pid) for r in rt.history)
     assert {str(r.task) for r in rt.timeline().runs} == {"worker:0", "worker:1"}
 
