@@ -369,13 +369,15 @@ def check_trained_on_jax(res):
 
 
 @pytest.mark.tf
-def test_keras3_on_jax_trains_across_two_ssh_hosts(remote_rt, env):
-    """jax_train.py on two processes on two hosts, through the same call as locally:
-    jax.distributed's coordinator on worker:0's port and gloo's own connections between
-    the hosts (each task's gloo listens on the address TF_CONFIG names for it)."""
+def test_keras3_on_jax_trains_across_two_ssh_hosts(ip, remote_rt, env):
+    """jax_train.py on two processes on two hosts, through the same magics as locally (only
+    %cluster changes): jax.distributed's coordinator on worker:0's port and gloo's own
+    connections between the hosts (each task's gloo listens on the address TF_CONFIG names
+    for it)."""
     t = time.monotonic()
-    cluster = remote_rt.define_cluster(2, backend="ssh", hosts=env.names)
-    remote_rt.launch_all(script=str(JAX_TRAIN), args=["--epochs", "2", "--steps", "4"], timeout=90)
+    cluster = ip.run_line_magic("cluster", "2 --hosts " + ",".join(env.names))
+    ip.run_line_magic("worker", f"all --bg --timeout 90 {JAX_TRAIN} --epochs 2 --steps 4")
+    ip.run_line_magic("waitworkers", "--timeout 90")
     check_trained_on_jax(results(remote_rt))
     hosts = [cluster.host_of(t) for t in ("worker:0", "worker:1")]
     assert hosts == env.names
@@ -412,13 +414,14 @@ def test_a_killed_slurm_worker_is_restarted_from_its_backup(remote_rt, env, allo
 
 
 @pytest.mark.tf
-def test_keras3_on_jax_trains_across_two_slurm_nodes(remote_rt, env, allocation):
-    """jax_train.py as two job steps of the allocation, one per node, through the same call
-    as locally and over SSH."""
+def test_keras3_on_jax_trains_across_two_slurm_nodes(ip, remote_rt, env, allocation):
+    """jax_train.py as two job steps of the allocation, one per node, through the same magics
+    as locally and over SSH (only %cluster changes)."""
     t = time.monotonic()
-    cluster = remote_rt.define_cluster(2, backend="slurm")
+    cluster = ip.run_line_magic("cluster", "2 --slurm")
     assert [cluster.host_of(t) for t in ("worker:0", "worker:1")] == env.names
-    remote_rt.launch_all(script=str(JAX_TRAIN), args=["--epochs", "2", "--steps", "4"], timeout=90)
+    ip.run_line_magic("worker", f"all --bg --timeout 90 {JAX_TRAIN} --epochs 2 --steps 4")
+    ip.run_line_magic("waitworkers", "--timeout 90")
     check_trained_on_jax(results(remote_rt))
     for task, host in zip(("worker:0", "worker:1"), env.names, strict=True):
         assert jaxgloo.NOTICE.format(host=env.addresses[host]) in remote_rt.get_run(task).lines()
