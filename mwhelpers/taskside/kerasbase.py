@@ -63,6 +63,17 @@ def say_once(key: str, line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+def say_who_writes(key: str, callback: str, chief: bool, path: object, temp: str, verb: str,
+                   note: str = "") -> None:
+    """Say once (per ``key``) who writes ``path`` for a chief-aware ``callback`` under
+    multi-worker MWMS: the chief there, the others (``verb``: "save", "write") to ``temp``,
+    deleted after; ``note`` ends with "; " when given."""
+    who = (f"this task is the chief and writes {path}; the others {verb} to {temp} and delete it"
+           if chief else f"the chief writes {path}; this task {verb}s to {temp} and deletes it")
+    say_once(key, f"[mwhelpers] Keras {keras_version()} {callback} under multi-worker MWMS: {who} "
+                  f"(Keras 3 callbacks have no chief; {note}turn off: {KERAS_FIX_ENV}=0)")
+
+
 def fix_wanted(environ: Mapping[str, str]) -> bool:
     """False when ``MWHELPERS_KERAS_FIX`` says off (0, false, no, off); on by default."""
     return environ.get(KERAS_FIX_ENV, "1").strip().lower() not in ("0", "false", "no", "off")

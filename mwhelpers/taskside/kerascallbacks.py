@@ -39,16 +39,13 @@ from .kerasbase import (
     remove_empty,
     remove_tree,
     say_once,
+    say_who_writes,
     worker_of,
 )
 
 ISSUE = "keras-team/keras#20585"
 BACKUP = "keras.src.callbacks.backup_and_restore"
 CHECKPOINT = "keras.src.callbacks.model_checkpoint"
-CALLBACK_NOTICE = ("[mwhelpers] Keras {version} {callback} under multi-worker MWMS: {who} "
-                   "(Keras 3 callbacks have no chief; turn off: MWHELPERS_KERAS_FIX=0)")
-CHIEF_WRITES = "this task is the chief and writes {path}; the others save to {temp} and delete it"
-OTHER_WRITES = "the chief writes {path}; this task saves to {temp} and deletes it"
 
 if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of other hosts)
     from typing import Protocol
@@ -114,10 +111,8 @@ def _patch_backup(module: ModuleType) -> str | None:
         _, chief, temp_name = worker
         folder = str(self.backup_dir)
         temp = os.path.join(folder, temp_name)
-        say_once(f"backup-{folder}", CALLBACK_NOTICE.format(
-            version=keras_version(), callback="BackupAndRestore",
-            who=(CHIEF_WRITES if chief else OTHER_WRITES).format(
-                path=folder, temp=os.path.join(folder, "workertemp_<id>") if chief else temp)))
+        say_who_writes(f"backup-{folder}", "BackupAndRestore", chief, folder,
+                       os.path.join(folder, "workertemp_<id>") if chief else temp, "save")
         if not chief:
             save_to(self, paths(self, temp))
             remove_tree(temp)
@@ -219,9 +214,8 @@ def _patch_checkpoint(module: ModuleType) -> str | None:
             return path
         folder, name = os.path.split(str(path))
         temp = os.path.join(folder, worker[2] if not worker[1] else "workertemp_<id>", name)
-        say_once(f"checkpoint-{self.filepath}", CALLBACK_NOTICE.format(
-            version=keras_version(), callback="ModelCheckpoint",
-            who=(CHIEF_WRITES if worker[1] else OTHER_WRITES).format(path=path, temp=temp)))
+        say_who_writes(f"checkpoint-{self.filepath}", "ModelCheckpoint", worker[1], path, temp,
+                       "save")
         return path if worker[1] else temp
 
     def _save_model(self: CheckpointCallback, *args: object, **kwargs: object) -> object:

@@ -26,6 +26,7 @@ from .kerasbase import (
     multi_worker_job,
     remove_tree,
     say_once,
+    say_who_writes,
     source_of,
     untested,
     worker_of,
@@ -35,10 +36,6 @@ TARGET = "keras.src.callbacks.tensorboard"
 ISSUE = "docs/keras-tensorboard.md"
 # What is mended, whitespace removed, as Keras 3.0 to 3.15 write it: the folder is log_dir.
 WRITE_DIR = "self._log_write_dir=self.log_dir"
-NOTICE = ("[mwhelpers] Keras {version} TensorBoard under multi-worker MWMS: {who} "
-          "(Keras 3 callbacks have no chief; " + ISSUE + "; turn off: MWHELPERS_KERAS_FIX=0)")
-CHIEF_WRITES = "this task is the chief and writes {path}; the others write to {temp} and delete it"
-OTHER_WRITES = "the chief writes {path}; this task writes to {temp} and deletes it"
 
 if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of other hosts)
     from typing import Protocol
@@ -91,9 +88,9 @@ def patch(module: ModuleType) -> None:
         _, chief, temp_name = worker
         folder = str(self.log_dir)
         temp = os.path.join(folder, temp_name)
-        say_once(f"tensorboard-{folder}", NOTICE.format(
-            version=keras_version(), who=(CHIEF_WRITES if chief else OTHER_WRITES).format(
-                path=folder, temp=os.path.join(folder, "workertemp_<id>") if chief else temp)))
+        say_who_writes(f"tensorboard-{folder}", "TensorBoard", chief, folder,
+                       os.path.join(folder, "workertemp_<id>") if chief else temp, "write",
+                       ISSUE + "; ")
         if chief:
             return set_model(self, model)
         # Keras takes its folders from log_dir in set_model: lend it the temporary one.
