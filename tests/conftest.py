@@ -247,3 +247,17 @@ def check_trained_together(res, epochs):
         assert len(r["loss"]) == epochs and r["loss"][-1] < r["loss"][0] * 0.5
     assert res["worker:0"]["weights_sum"] == pytest.approx(res["worker:1"]["weights_sum"])
     assert res["worker:0"]["loss"] == pytest.approx(res["worker:1"]["loss"])
+
+
+def module_from_source(folder, name, source):
+    """A module ``name`` made of ``source``, written to ``folder`` so that ``inspect`` reads its
+    source (as the Keras mends do), and put in ``sys.modules``: a stand-in for one of Keras's."""
+    import types
+
+    path = folder / f"{name}.py"
+    path.write_text(source)
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    sys.modules[name] = module
+    exec(compile(source, str(path), "exec"), module.__dict__)
+    return module

@@ -17,7 +17,7 @@ import time
 import types
 
 import pytest
-from conftest import ROOT, results
+from conftest import ROOT, module_from_source, results
 
 from mwhelpers.taskside import kerasbase, kerasfix
 
@@ -123,13 +123,7 @@ def _module(folder, name, build_line, logs_line, cls="TensorFlowTrainer"):
         f"        {build_line}\n"
         "def reduce_per_replica(values, strategy, reduction):\n"
         f"    {logs_line}\n")
-    path = folder / f"{name}.py"
-    path.write_text(source)
-    module = types.ModuleType(name)
-    module.__file__ = str(path)
-    sys.modules[name] = module
-    exec(compile(source, str(path), "exec"), module.__dict__)
-    return module
+    return module_from_source(folder, name, source)
 
 
 BUGGY_BUILD = 'data_batch = self.distribute_strategy.reduce("MEAN", batch, axis=None)'

@@ -16,7 +16,7 @@ import time
 import types
 
 import pytest
-from conftest import ROOT, results
+from conftest import ROOT, module_from_source, results
 
 from mwhelpers import diagnosis
 from mwhelpers.errors import WorkerTimeout
@@ -103,13 +103,7 @@ def _module(folder, name, check=CHECK, tf_apply=TF_APPLY, common=COMMON):
                          ("_common_apply", common)):
         if body is not None:
             source += f"    def {method}(self, grads, trainable_variables=None):\n        {body}\n"
-    path = folder / f"{name}.py"
-    path.write_text(source)
-    module = types.ModuleType(name)
-    module.__file__ = str(path)
-    sys.modules[name] = module
-    exec(compile(source, str(path), "exec"), module.__dict__)
-    return module
+    return module_from_source(folder, name, source)
 
 
 @pytest.mark.parametrize("version, kwargs, changed, said_line", [

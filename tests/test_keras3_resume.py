@@ -13,7 +13,7 @@ import signal
 
 import pytest
 from chaos import redone, steps_of
-from conftest import ROOT, results
+from conftest import ROOT, module_from_source, results
 
 from mwhelpers.taskside import kerasresume
 
@@ -155,15 +155,10 @@ class FixedUpstream(Backup315):
 def test_the_resume_reads_where_each_keras_restores_the_epoch(tmp_path, monkeypatch):
     """Keras 3.5 restores in on_train_begin, 3.10 and later in _load_model; one that reads the
     batch itself has fixed it upstream and is left alone."""
-    import importlib.util
     import sys
     import types
 
-    path = tmp_path / "fake_backups.py"
-    path.write_text(READS)
-    spec = importlib.util.spec_from_file_location("fake_backups", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = module_from_source(tmp_path, "fake_backups", READS)
     monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__="3.15.1"))
     monkeypatch.setattr(kerasresume, "_iterator_mended", True)
     assert kerasresume.why_not(module.Backup35) is None
