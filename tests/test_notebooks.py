@@ -320,15 +320,15 @@ def run_suite(*args, pythonpath=str(ROOT), owner=None):
 @pytest.mark.notebook
 def test_suite_runs_a_notebook_with_papermill_and_writes_outputs(tmp_path):
     out = tmp_path / "out"
-    proc = run_suite(str(ROOT / "notebooks" / "00_mwhelpers_tour.ipynb"), "--output", str(out),
+    proc = run_suite(str(ROOT / "notebooks" / "13_mwhelpers_tour.ipynb"), "--output", str(out),
                      "-p", "full_size", "False")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "00_mwhelpers_tour.ipynb  ok" in proc.stdout
+    assert "13_mwhelpers_tour.ipynb  ok" in proc.stdout
     assert "1 passed, 0 failed" in proc.stdout
-    assert (out / "00_mwhelpers_tour.html").stat().st_size > 10_000
-    assert (out / "work" / "00_mwhelpers_tour" / "main.py").exists()  # its own working dir
+    assert (out / "13_mwhelpers_tour.html").stat().st_size > 10_000
+    assert (out / "work" / "13_mwhelpers_tour" / "main.py").exists()  # its own working dir
     # What the tour shows (the other tutorials run under nbclient below; this one, papermill).
-    text = outputs_text(nbformat.read(out / "00_mwhelpers_tour.ipynb", as_version=4))
+    text = outputs_text(nbformat.read(out / "13_mwhelpers_tour.ipynb", as_version=4))
     assert "[worker:1] CUDA_VISIBLE_DEVICES = ''" in text  # environment inheritance shown
     assert "[worker:1] [mwhelpers] Keras 3." in text and "fit and evaluate mended" in text
     assert "[worker:0] ready after" in text  # --bg waited for the port

@@ -1,0 +1,48 @@
+"""What every picture shares: colours, a blank canvas, a labelled box and an arrow."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+#: One colour per worker (worker 0, worker 1, ...), then the chief's, the kernel's and
+#: grey for what is idle, waiting or thrown away.
+WORKERS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd")
+CHIEF = "#d62728"
+KERNEL = "#7f7f7f"
+IDLE = "#d9d9d9"
+
+
+def canvas(width: float, height: float, *, inches: float = 1.0) -> tuple[Figure, Axes]:
+    """A figure with one axis spanning ``0..width`` by ``0..height``, no ticks or frame."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width * inches, height * inches))
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, height)
+    ax.axis("off")
+    return fig, ax
+
+
+def box(ax: Axes, x: float, y: float, w: float, h: float, text: str = "", *,
+        color: str = IDLE, fontsize: float = 9, alpha: float = 1.0) -> None:
+    """A filled rectangle with its lower-left corner at ``(x, y)`` and ``text`` centred."""
+    from matplotlib.patches import FancyBboxPatch
+
+    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.08",
+                                facecolor=color, edgecolor="#444444", alpha=alpha))
+    if text:
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize)
+
+
+def arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float], text: str = "", *,
+          color: str = "#444444", fontsize: float = 8) -> None:
+    """An arrow from ``start`` to ``end``, with ``text`` beside its middle."""
+    ax.annotate("", xy=end, xytext=start,
+                arrowprops={"arrowstyle": "->", "color": color, "lw": 1.4})
+    if text:
+        ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.08, text,
+                ha="center", va="bottom", fontsize=fontsize, color=color)
