@@ -3,6 +3,7 @@ the reference, built by Sphinx with myst-nb and furo, then read in a real browse
 Chromium, as in test_browser.py)."""
 
 import base64
+import re
 import struct
 import subprocess
 import sys
@@ -68,6 +69,8 @@ def test_the_site_has_the_notebooks_with_their_outputs_the_cheat_sheet_and_the_r
     first = (out / "01_first.html").read_text()
     assert "trained on 2 workers" in first and "Some prose." in first
     assert "the-run-that-executed-it" not in first  # papermill's cell is left out
+    # The footer names who holds the copyright, not "Copyright ©" alone.
+    assert re.search(r"Copyright\s*(©|&#169;|&copy;)\s*2026, the mwhelpers authors", first)
     second = (out / "02_second.html").read_text()
     images = list((out / "_images").glob("*.png"))  # each notebook's picture, as a file
     assert len(images) == 2

@@ -27,12 +27,17 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parents[2]
 TITLE = "TensorFlow distributed training from a notebook"
+# Who holds the copyright, as pyproject.toml's authors and LICENSE's Apache-2.0 notice say:
+# the theme's footer prints "Copyright © <this>" on every page.
+COPYRIGHT = "2026, the mwhelpers authors"
 GUIDE = ROOT / "docs" / "guide"
 # The guide's pages in the order a reader wants them; a page not named here comes after them.
 GUIDE_ORDER = ("extension", "keras3", "more-machines", "diagnosis", "layout")
 
 CONF = f'''project = {TITLE!r}
 html_title = {TITLE!r}
+author = "the mwhelpers authors"
+copyright = {COPYRIGHT!r}
 extensions = ["myst_nb", "sphinx.ext.autodoc"]
 nb_execution_mode = "off"           # the suite executed them; their outputs are shown as they are
 html_theme = "furo"
