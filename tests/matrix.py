@@ -99,6 +99,9 @@ ENVS = {
         "custom_loop": True,     # the Keras 3 custom loop, ctl_main.py
         "unmended_fails": True,  # main.py with --no-keras-fix fails the known way
         "expect": {"tensorflow-cpu": "2.21.0", "ipython": "9.18.1"},
+        # docs/keras-versions.md's row for this Keras, run by docs/keras-versions/run.py:
+        # fixed equals one process (True), or trains equal weights off it (False)
+        "versions_row": {"fixed_as_reference": True},
     },
     "keras3-floor": {
         "python": "3.10",
@@ -108,6 +111,7 @@ ENVS = {
         "custom_loop": False,
         "unmended_fails": False,
         "expect": {"tensorflow-cpu": "2.16.2", "keras": "3.5.0", "ipython": "8.26.0"},
+        "versions_row": {"fixed_as_reference": False},  # 3.5 to 3.7: each step N times larger
     },
     "jax": {
         "python": "3.11",
@@ -442,6 +446,39 @@ def jax_data_parallel(k, workdir):
             f"{results[0]['loss'][-1]:.3f}"]
 
 
+VERSIONS_RUN = ROOT / "docs" / "keras-versions" / "run.py"
+
+
+def versions_row(py, spec):
+    """docs/keras-versions.md's table row for this environment's Keras, run as that page says
+    (docs/keras-versions/run.py): one worker alone, two unmended, two mended, and
+    steps_per_execution=2 on two MWMS workers and under MirroredStrategy on two logical CPUs."""
+    done = subprocess.run([str(py), str(VERSIONS_RUN)], capture_output=True, text=True,
+                          timeout=1200)
+    check(done.returncode == 0, f"run.py failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    rows = {}
+    for line in done.stdout.splitlines():
+        m = re.match(r"(\w+) \(Keras ([^)]+)\): (\{.*\})$", line)
+        if m:
+            rows[m.group(1)] = (m.group(2), json.loads(m.group(3)))
+    check(set(rows) == {"reference", "unfixed", "fixed", "spe", "mirrored_spe"}, done.stdout)
+    keras = rows["reference"][0]
+    check(rows["reference"][1]["exit"] == "0", done.stdout)
+    check(rows["unfixed"][1].get("error", "").startswith("Attempt to convert a value (PerReplica"),
+          f"unmended fit did not fail the known way:\n{done.stdout}")
+    fixed = rows["fixed"][1]
+    check(fixed["exit"] == "0/0" and fixed["equal_weights"], done.stdout)
+    wanted = spec["versions_row"]["fixed_as_reference"]
+    check(fixed["as_reference"] == wanted, f"mended weights equal to one process's: "
+                                           f"{fixed['as_reference']}, wanted {wanted}")
+    for name in ("spe", "mirrored_spe"):
+        check(rows[name][1].get("error") == "You must feed a value for placeholder tensor",
+              f"{name}: steps_per_execution=2 did not fail the known way:\n{done.stdout}")
+    return [f"docs/keras-versions.md's row for Keras {keras}: unmended fit fails (PerReplica), "
+            f"mended trains equal weights ({'equal to' if wanted else 'not'} one process's), "
+            "steps_per_execution=2 fails under MWMS and under MirroredStrategy"]
+
+
 def in_kernel(name, spec, py, work):
     workdir = work / f"{name}-work"
     shutil.rmtree(workdir, ignore_errors=True)
@@ -476,6 +513,8 @@ def in_kernel(name, spec, py, work):
             facts += resume_after_a_kill(k, workdir)
     finally:
         k.close()
+    if spec.get("versions_row"):
+        facts += versions_row(py, spec)
     return facts
 
 

@@ -125,3 +125,15 @@ def test_the_loss_scale_patch_makes_both_workers_skip_the_step(lso_patched_keras
     code, output = lso_repro("--patched-keras", str(lso_patched_keras))
     assert code == 0 and verdict(output) == LSO_FIXED, output
     assert output.count(f"({lso_patched_keras / 'keras'})") == 2, output
+
+
+def test_steps_per_execution_above_one_fails_under_mirrored_strategy_too():
+    """docs/guide/keras3.md: steps_per_execution > 1 fails under any multi-replica strategy.
+    The kept program (docs/keras-versions/run.py) shows it in one process, MirroredStrategy on
+    two logical CPUs; the matrix runs it with two MWMS workers too."""
+    done = subprocess.run([sys.executable, str(ROOT / "docs" / "keras-versions" / "run.py"),
+                           "--runs", "mirrored_spe", "--timeout", "240"],
+                          capture_output=True, text=True, timeout=300)
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("mirrored_spe "))
+    assert '"replicas": "2"' in line, line  # two replicas really took part
+    assert '"error": "You must feed a value for placeholder tensor"' in line, line
