@@ -39,6 +39,10 @@ from .packages import installed
 from .taskside.kerasbase import TESTED as KERAS_FIX_TESTED
 from .taskside.kerasbase import major_minor
 from .taskside.kerasfix import GRADIENTS_REDUCED_SINCE
+
+# Keras 3's fit with steps_per_execution > 1 fails under a multi-replica strategy from this
+# release on; 3.5 and 3.6 train (measured with docs/keras-versions/run.py, 2026-11-27).
+STEPS_PER_EXECUTION_FAILS_SINCE = (3, 7)
 from .taskside.taskfacts import LEGACY_ENV, legacy_selected
 
 if TYPE_CHECKING:
@@ -408,12 +412,13 @@ def check(source: str, path: str | os.PathLike[str], env: Mapping[str, str],
             f"{keras_version}, which never all-reduces the gradients across workers: each "
             "worker would train its own copy of the model (keras-team/keras#19969, fixed in "
             "Keras 3.5). Install keras>=3.5 (3.10 or later for exact losses).")
-    spe = _steps_per_execution(program) if keras3 else None
+    spe = (_steps_per_execution(program) if keras3 and major_minor(keras_version)
+           >= STEPS_PER_EXECUTION_FAILS_SINCE else None)
     if spe:
         warnings.append(
             f"{program.where(spe[0])} compiles with steps_per_execution={spe[1]}: under "
-            "MultiWorkerMirroredStrategy, Keras 3's fit fails with more than one step per "
-            "execution (\"You must feed a value for placeholder tensor ...cond/Placeholder\"), "
+            f"MultiWorkerMirroredStrategy, Keras {keras_version}'s fit fails with more than one "
+            "step per execution (\"You must feed a value for placeholder tensor ...cond/Placeholder\"), "
             "with or without mwhelpers' fix. Use steps_per_execution=1, the default.")
     sets_config = _sets_tf_config(program)
     if sets_config:

@@ -82,7 +82,7 @@ def summary(codes, texts):
             fields[key.lower()] = m.group(1)
     sums = {m for t in texts for m in re.findall(r"^WEIGHTS (.*)$", t, re.M)}
     fields["equal_weights"] = len(sums) == 1 and len(texts) > 1
-    version = re.search(r"Keras (\d[\w.]*)", "\n".join(texts))
+    version = re.search(r"Keras (\d+\.\d+[\w.]*)", "\n".join(texts))
     return fields, version.group(1) if version else "?"
 
 
