@@ -24,4 +24,5 @@ def accuracy(train: dict[int, float], evaluated: dict[int, float], steps: int) -
     ax.set_xlabel("epoch")
     ax.set_ylabel("accuracy")
     ax.legend()
+    plt.close(fig)  # shown once, as the cell's value, not again as an open pyplot figure
     return fig
