@@ -21,6 +21,9 @@ def canvas(width: float, height: float, *, inches: float = 1.0) -> tuple[Figure,
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(width * inches, height * inches))
+    # Off pyplot's list at once: the notebook shows the figure the function returns, and
+    # Jupyter's inline backend would show a figure still open a second time.
+    plt.close(fig)
     ax.set_xlim(0, width)
     ax.set_ylim(0, height)
     ax.axis("off")
