@@ -22,4 +22,12 @@ def running_mean(reported: Sequence[float], own: Sequence[float]) -> Figure:
     ax.set_ylabel("training loss")
     ax.legend(fontsize=8)
     fig.tight_layout()
+    return _shown_once(fig)
+
+
+def _shown_once(fig: Figure) -> Figure:
+    """``fig``, closed in pyplot: Jupyter shows it once, as the cell's value, not twice."""
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
     return fig
