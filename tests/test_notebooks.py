@@ -376,8 +376,9 @@ def test_suite_runs_a_notebook_with_papermill_and_writes_outputs(tmp_path):
     assert "2 task(s) finished" in text
     assert "Ended" in text or "No background processes" in text
     assert not re.search(r"^\[worker:\d\] RESULT", text, re.MULTILINE)  # the log keeps it, cells don't
-    rows = [line.split()[:2] for line in text.splitlines() if line.startswith("worker:")]
-    assert ["worker:0", "2"] in rows and ["worker:1", "2"] in rows  # rt.results(): replicas 2
+    # rt.results(): 2 replicas on each worker, and one fingerprint: the same weights
+    rows = dict(re.findall(r"^(worker:[01]) +2 +([0-9a-f]{16}) ", text, re.MULTILINE))
+    assert len(rows) == 2 and rows["worker:0"] == rows["worker:1"], rows
     # the reference part: a fault, its report, a supervised restart that resumes, GPUs refused
     assert "worker:1 logged 'STEP 3'; sent SIGKILL to its process tree" in text
     assert "worker:1 failed: killed by SIGKILL (SIGKILL sent when its log matched '^STEP 3$')" in text
