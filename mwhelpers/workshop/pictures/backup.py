@@ -82,16 +82,18 @@ def step_timeline(*, total: int, per_epoch: int, backups: Sequence[int], killed_
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     fig.tight_layout()
+    plt.close(fig)          # shown once, as the returned value, not again by pyplot
     return fig
 
 
 def loss_curves(runs: Mapping[str, Sequence[Mapping[str, float]]], marks: Mapping[str, int],
-                *, x: str = "iteration") -> Figure:
+                *, x: str = "iteration", ylabel: str = "loss") -> Figure:
     """Each run's loss against the global step, and a dashed line at each marked step.
 
     ``runs`` maps a label to the records of a run's ``STEP`` lines (dicts with the key ``x``,
     the global step, and ``"loss"``); ``marks`` maps a label to a global step (the kill, the
-    restored backup).
+    restored backup). The figure is closed in pyplot: the notebook shows it once, as the
+    value it returns.
     """
     import matplotlib.pyplot as plt
 
@@ -101,7 +103,8 @@ def loss_curves(runs: Mapping[str, Sequence[Mapping[str, float]]], marks: Mappin
     for (label, step), color in zip(marks.items(), (CHIEF, "#7f7f7f"), strict=False):
         ax.axvline(step, color=color, linestyle="--", label=label)
     ax.set_xlabel("global step")
-    ax.set_ylabel("loss")
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
     fig.tight_layout()
+    plt.close(fig)
     return fig

@@ -30,7 +30,10 @@ def handshake(*, signalled_after: int, agreed: int, exit_codes: Sequence[int],
     ``checkpoint_dir``, worker 1 into ``workertemp_1``, deleted then) and exits with its code in
     ``exit_codes``. The supervisor restarts both; they restore step ``restored``.
     """
+    import matplotlib.pyplot as plt
+
     fig, ax = canvas(10.5, 8.2, inches=0.85)
+    plt.close(fig)          # shown once, as the returned value, not again by pyplot
     lanes = {"supervisor": 1.0, "worker 0 (chief)": 3.6, "coordination\nservice": 6.2,
              "worker 1": 8.8}
     colors = (KERNEL, WORKERS[0], SERVICE, WORKERS[1])
