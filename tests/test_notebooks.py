@@ -248,13 +248,20 @@ def test_backup_and_restore_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert "mended: the first fit stopped after step 14; the second fit ran steps 13 to 24" in text
     assert "worker 1 saved into workertemp_1/; there during the save: True, after it: False" in text
     assert "OneDeviceStrategy: trained 2 epochs; backup folder afterwards: gone" in text
-    assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    assert re.search(r"\d steps done again; the job ended at step 90\n", text)
+    # %workers --timeline, the loss of both runs and the step timeline, each shown once
+    pictures = [c for c in nb.cells if any("image/png" in o.get("data", {}) for o in c.get("outputs", []))]
+    assert len(pictures) == 3 and all(
+        sum("image/png" in o.get("data", {}) for o in c.outputs) == 1 for c in pictures)
+    checks = [c for c in nb.cells if "check" in c.metadata.get("tags", [])]
+    assert checks and all(c.source.startswith("# Check: ") and c.outputs == [] for c in checks)
 
 
 @pytest.mark.tf
 @pytest.mark.notebook
 def test_custom_loop_keras3_notebook_runs_under_nbclient(tmp_path, pythonpath):
-    text = outputs_text(execute("07_custom_loop_keras3.ipynb", tmp_path))
+    nb = execute("07_custom_loop_keras3.ipynb", tmp_path)
+    text = outputs_text(nb)
     assert "| keras 3." in text  # the kernel's versions line (mwhelpers.versions)
     assert "attempt 1: worker:1 killed by SIGKILL (fault injected by the supervisor)" in text
     # The kill is asked for at step 13; on a loaded machine it may land a few steps later, so the
@@ -266,6 +273,9 @@ def test_custom_loop_keras3_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert "fault injected: sent SIGTERM to worker:1" in text
     assert re.search(r"attempt 1 stopped after step \{'worker:0': (\d+), 'worker:1': \1\}; "
                      r"attempt 2 restored step \1: nothing done twice", text)
+    assert "preempted/: ['ckpt', 'workertemp_1']" in text
+    # the loss of both attempts and the preemption handshake (the timelines are text here)
+    assert sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", [])) >= 2
 
 
 @pytest.mark.tf
