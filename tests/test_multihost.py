@@ -541,7 +541,12 @@ def test_more_machines_notebook_runs_on_ssh_hosts_and_slurm(env, tmp_path, monke
     assert "listening on:      :::" in text or "listening on:      0.0.0.0:" in text
     assert "submitted batch job" in text
     assert "RESULT {" not in text  # results are read from the logs (rt.results()), not shown raw
-    assert len(re.findall(r"^[\d.]+:\d+: replicas=2, loss ", text, re.MULTILINE)) == 2  # the batch job
+    batch = "".join(o.get("text", "") for c in nb.cells if "replay:sbatch" in c.metadata.get("tags", [])
+                    for o in c.get("outputs", []))
+    weights = re.findall(r"^worker:\d at [\d.]+:\d+: replicas=2, loss .*, weights (\w+)$", batch, re.M)
+    assert len(weights) == 2 and weights[0] == weights[1], batch  # the batch job's two tasks: one model
+    assert re.search(r"^in the process with pid (\d+)$", text, re.M)  # a third process's op, in worker 0
+    assert "worker:0 killed by SIGSEGV" in text
     assert _squeue_all() == ""  # the notebook gave its allocation back
     assert gone_within(env, 5)
 
