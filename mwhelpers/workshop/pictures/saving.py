@@ -41,4 +41,12 @@ def who_wrote_where(wrote: Mapping[str, tuple[bool, Sequence[str]]],
             color=CHIEF if chief else WORKERS[w % len(WORKERS)], alpha=0.35)
         for path in written:
             arrow(ax, (2.8, y), (4.4, top - paths.index(path) * 1.0))
+    return _closed(fig)
+
+
+def _closed(fig: Figure) -> Figure:
+    """``fig``, closed in pyplot: the cell shows the returned figure once, not twice."""
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
     return fig
