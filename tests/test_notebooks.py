@@ -190,6 +190,9 @@ def test_saving_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert "optimizer steps: 30 = 20 restored + 10 here" in text or "restored + 10 here" in text
     assert "out_chief/model/workertemp_0/model.keras" in text
     assert "worker 1's all-reduce of 1.0 + 1.0 returned" in text
+    assert "model.save('model_dir'): Invalid filepath extension for saving" in text
+    assert "model_dir: ['config.json', 'metadata.json', 'model.weights.h5']" in text
+    assert "'saved_model.pb'" in text
     assert not list(tmp_path.glob("out_*/*/workertemp_*"))  # temporary copies removed
 
 
