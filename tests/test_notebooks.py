@@ -201,10 +201,14 @@ def test_interactive_workers_notebook_runs_under_nbclient(tmp_path, pythonpath):
 def test_sharding_notebook_runs_under_nbclient(tmp_path, pythonpath):
     nb = execute("04_dataset_sharding.ipynb", tmp_path)
     text = outputs_text(nb)
-    assert "worker 1: [[4, 5], [6, 7], 'placeholder', 'placeholder']" in text
+    assert "files3/FILE, worker 1: [[4, 5], [6, 7], 'scalar 0', 'scalar 0']" in text
+    assert "files3/FILE, shape known, worker 1: [[4, 5], [6, 7], [], []]" in text
+    assert "files1/AUTO, worker 0: InvalidArgumentError" in text
+    assert "files1/AUTO, worker 1: UnavailableError" in text
     assert "which is not enough for the required 2 shards" in text
     assert "seeded:   seen twice [] | never seen []" in text
     assert "worker 0: [[0, 2], [4, 6], [8, 10], [12, 14]]" in text
+    assert "worker 0, replicas 0 and 1, step by step: [[[0, 1], [4, 5]], [[8, 9], [12, 13]]]" in text
     assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
     assert sorted(p.name for p in tmp_path.glob("part-*.tfrecord")) == [
         f"part-{i}.tfrecord" for i in range(4)]
@@ -223,6 +227,9 @@ def test_saving_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert "optimizer steps: 30 = 20 restored + 10 here" in text or "restored + 10 here" in text
     assert "out_chief/model/workertemp_0/model.keras" in text
     assert "worker 1's all-reduce of 1.0 + 1.0 returned" in text
+    assert "model.save('model_dir'): Invalid filepath extension for saving" in text
+    assert "model_dir: ['config.json', 'metadata.json', 'model.weights.h5']" in text
+    assert "'saved_model.pb'" in text
     assert not list(tmp_path.glob("out_*/*/workertemp_*"))  # temporary copies removed
 
 
