@@ -28,4 +28,4 @@ def timings(second_epoch: dict[str, float], fit_seconds: dict[str, float]) -> Fi
     right.set_title("training: seconds per epoch")
     right.set_xlabel("seconds")
     fig.tight_layout()
-    return fig
+    return strategies._once(fig)
