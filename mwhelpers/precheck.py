@@ -39,11 +39,11 @@ from .packages import installed
 from .taskside.kerasbase import TESTED as KERAS_FIX_TESTED
 from .taskside.kerasbase import major_minor
 from .taskside.kerasfix import GRADIENTS_REDUCED_SINCE
+from .taskside.taskfacts import LEGACY_ENV, legacy_selected
 
 # Keras 3's fit with steps_per_execution > 1 fails under a multi-replica strategy from this
 # release on; 3.5 and 3.6 train (measured with docs/keras-versions/run.py, 2026-11-27).
 STEPS_PER_EXECUTION_FAILS_SINCE = (3, 7)
-from .taskside.taskfacts import LEGACY_ENV, legacy_selected
 
 if TYPE_CHECKING:
     from .taskrun import LaunchRequest

@@ -566,7 +566,8 @@ def check_bare(work):
     checkout = work / "bare-checkout"
     copy_package(checkout, "notebooks")
     notebook = ROOT / "notebooks" / "03_multi_worker_keras.ipynb"
-    intro = "".join(json.loads(notebook.read_text())["cells"][0]["source"])
+    intro = "".join(next(c for c in json.loads(notebook.read_text())["cells"]
+                         if "nav" not in c.get("metadata", {}).get("tags", []))["source"])
     cell = first_code_cell(notebook)
     check(cell == "%load_ext mwhelpers" and "pip install PATH_OF_THIS_CHECKOUT" in intro,
           f"the first cell should load mwhelpers and the introduction say how to install it:\n{intro}")
