@@ -17,10 +17,10 @@ if TYPE_CHECKING:
 #: The collectives of an MWMS program, in program order: (what the workers do together,
 #: the call that does it, where TensorFlow or Keras does it).
 COLLECTIVES = (
-    ("meet: wait until\nevery task\nhas connected", "MultiWorkerMirroredStrategy()",
-     "collective_all_reduce_strategy.py"),
+    ("meet: wait until\nevery task\nhas connected", "MultiWorker\nMirroredStrategy()",
+     "collective_all_reduce_\nstrategy.py"),
     ("broadcast:\nworker 0 sends\nfirst values", "variables made\nin strategy.scope()",
-     "collective_all_reduce_strategy.py"),
+     "collective_all_reduce_\nstrategy.py"),
     ("all-reduce:\nhow many replicas\nstill have data", "next(iterator)\n(finite dataset only)",
      "input_lib.py"),
     ("all-reduce:\nthe sum of\nthe gradients", "apply_gradients\ninside strategy.run",
@@ -52,8 +52,8 @@ def order(workers: int = 2) -> Figure:
         box(ax, x, bottom, step - 0.5, top - 0.2 - bottom, f"{k + 1}. {what}",
             color=IDLE, fontsize=8.5, alpha=0.9)
         ax.text(x + (step - 0.5) / 2, bottom - 0.15, call, ha="center", va="top",
-                fontsize=8.5, family="monospace")
-        ax.text(x + (step - 0.5) / 2, bottom - 0.8, where, ha="center", va="top",
+                fontsize=8, family="monospace")
+        ax.text(x + (step - 0.5) / 2, bottom - 0.85, where, ha="center", va="top",
                 fontsize=6.5, color="#555555")
     every_step = (1.9 + step * 2, 1.9 + step * 4 - 0.5)
     ax.plot(every_step, [top + 0.05] * 2, color="#444444", lw=1)
