@@ -130,7 +130,7 @@ def test_multi_worker_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert checks and all(c.source.startswith("# Check: ") for c in checks)
     assert not [c.source.splitlines()[0] for c in nb.cells if c.cell_type == "code"
                 and c not in checks and re.search(r"^\s*assert ", c.source, re.MULTILINE)]
-    assert len(nb.cells) <= 52
+    assert len(nb.cells) <= 54  # two of them the previous/next lines
     # no red block: the kernel's TensorFlow import (after %load_ext) and fit (shuffle=False)
     stderr = [(c.source.splitlines()[0], o["text"]) for c in nb.cells if c.cell_type == "code"
               and not c.source.startswith("%%") for o in c.get("outputs", []) if o.get("name") == "stderr"]
@@ -342,7 +342,7 @@ def test_troubleshooting_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert "What this means: the tasks did not run the same Keras" in text
     assert "Could not apply FILE based sharding: the dataset only has 1 file(s)" in text
     assert re.search(r"seed    7: seen by both \[\], seen by neither \[\]", text)
-    last = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    last = "".join(o.get("text", "") for o in [c for c in nb.cells if c.cell_type == "code"][-1].outputs)
     assert "No background processes were running." in last  # every task ended on its own
     assert "after SIGTERM, worker 0 is ready" in text and "the holder exited with -9" in text
 
