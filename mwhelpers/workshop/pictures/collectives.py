@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from .style import IDLE, WORKERS, arrow, box, canvas
+from .style import IDLE, WORKERS, arrow, box, canvas, shown_once
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -62,7 +62,7 @@ def order(workers: int = 2) -> Figure:
     arrow(ax, (0.2, top + 0.2), (1.6, top + 0.2), "program order")
     ax.set_title("The collectives of a MultiWorkerMirroredStrategy program: every worker "
                  "must reach each one", fontsize=10)
-    return _shown_once(fig)
+    return shown_once(fig)
 
 
 def sent(kib: Mapping[str, float], all_reduces: Mapping[str, int]) -> Figure:
@@ -81,12 +81,4 @@ def sent(kib: Mapping[str, float], all_reduces: Mapping[str, int]) -> Figure:
     right.set_xticks(range(0, max(all_reduces.values()) + 1))
     right.set_yticks([])
     fig.tight_layout()
-    return _shown_once(fig)
-
-
-def _shown_once(fig: Figure) -> Figure:
-    """``fig``, closed in pyplot: Jupyter shows it once, as the cell's value, not twice."""
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return fig
+    return shown_once(fig)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from .style import KERNEL, WORKERS, box, canvas
+from .style import KERNEL, WORKERS, box, canvas, shown_once
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -37,7 +37,7 @@ def engines() -> Figure:
     _link(ax, (8.1, 2.9), (8.1, 1.5), "gRPC:\ncollectives", "#a33333", dashed=True, dx=0.9)
     ax.set_title("%%px sends a cell to every engine; the workers talk to each other directly",
                  fontsize=10)
-    return _shown_once(fig)
+    return shown_once(fig)
 
 
 def batches(parts: Mapping[str, Sequence[Sequence[int]]], numbers: int) -> Figure:
@@ -54,12 +54,4 @@ def batches(parts: Mapping[str, Sequence[Sequence[int]]], numbers: int) -> Figur
                       for i, w in enumerate(parts))
     ax.set_title(f"range({numbers}) in global batches: {names} (darker: a later step)",
                  fontsize=9)
-    return _shown_once(fig)
-
-
-def _shown_once(fig: Figure) -> Figure:
-    """``fig``, closed in pyplot: Jupyter shows it once, as the cell's value, not twice."""
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return fig
+    return shown_once(fig)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from .style import shown_once
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -22,12 +24,4 @@ def running_mean(reported: Sequence[float], own: Sequence[float]) -> Figure:
     ax.set_ylabel("training loss")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _shown_once(fig)
-
-
-def _shown_once(fig: Figure) -> Figure:
-    """``fig``, closed in pyplot: Jupyter shows it once, as the cell's value, not twice."""
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return fig
+    return shown_once(fig)

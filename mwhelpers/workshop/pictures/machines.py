@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .style import CHIEF, WORKERS, arrow, box, canvas
+from .style import CHIEF, WORKERS, arrow, box, canvas, shown_once
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -38,16 +38,7 @@ def two_hosts(port: int = 20001) -> Figure:
     ax.text(6.0, 5.75, 'TF_CONFIG on both: {"cluster": {"worker": '
             f'["host-a:{port}", "host-b:{port}"]}}, "task": ...}}',
             ha="center", fontsize=8, family="monospace")
-    return _shown_once(fig)
-
-
-def _shown_once(fig: Figure) -> Figure:
-    """Closed in pyplot, so that the inline backend does not show it a second time when a
-    cell returns it as its last expression; Jupyter still draws the returned figure."""
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return fig
+    return shown_once(fig)
 
 
 def _firewall() -> Rectangle:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import strategies
+from .style import shown_once
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -28,4 +29,4 @@ def timings(second_epoch: dict[str, float], fit_seconds: dict[str, float]) -> Fi
     right.set_title("training: seconds per epoch")
     right.set_xlabel("seconds")
     fig.tight_layout()
-    return strategies._once(fig)
+    return shown_once(fig)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .style import CHIEF, IDLE, WORKERS, box, canvas
+from .style import CHIEF, IDLE, WORKERS, box, canvas, shown_once
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -23,15 +23,6 @@ def _arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float], text:
             va="center")
 
 
-def _shown_once(fig: Figure) -> Figure:
-    """``fig``, closed for pyplot: Jupyter shows it once, as the cell's value (an open pyplot
-    figure would also be shown at the cell's end, a second time)."""
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return fig
-
-
 def roles() -> Figure:
     """The three roles: the coordinator (chief) schedules steps on two workers; each worker
     reads the variables from the parameter server and sends its updates there."""
@@ -45,7 +36,7 @@ def roles() -> Figure:
     box(ax, 2.2, 0.1, 2.6, 0.9, "ps:0\nholds the variables", color=PS, alpha=0.35)
     ax.text(7.9, 0.1, "workers never wait\nfor each other", ha="right", fontsize=8,
             color="#444444", bbox={"facecolor": IDLE, "edgecolor": "none"})
-    return _shown_once(fig)
+    return shown_once(fig)
 
 
 def losses(history: list[float], *, label: str = "ClusterCoordinator loop") -> Figure:
@@ -57,4 +48,4 @@ def losses(history: list[float], *, label: str = "ClusterCoordinator loop") -> F
     ax.set_xlabel("epoch")
     ax.set_ylabel("training loss")
     ax.legend()
-    return _shown_once(fig)
+    return shown_once(fig)

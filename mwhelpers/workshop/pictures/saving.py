@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from .style import CHIEF, IDLE, WORKERS, arrow, box, canvas
+from .style import CHIEF, IDLE, WORKERS, arrow, box, canvas, shown_once
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -41,12 +41,4 @@ def who_wrote_where(wrote: Mapping[str, tuple[bool, Sequence[str]]],
             color=CHIEF if chief else WORKERS[w % len(WORKERS)], alpha=0.35)
         for path in written:
             arrow(ax, (2.8, y), (4.4, top - paths.index(path) * 1.0))
-    return _closed(fig)
-
-
-def _closed(fig: Figure) -> Figure:
-    """``fig``, closed in pyplot: the cell shows the returned figure once, not twice."""
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return fig
+    return shown_once(fig)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .style import IDLE, WORKERS, arrow, box, canvas
+from .style import IDLE, WORKERS, arrow, box, canvas, shown_once
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -52,7 +52,7 @@ def grid(results: Results, experiments: Sequence[str], size: int = 16) -> Figure
     handles = [Patch(color=c, label=t) for c, t in zip(GRID_COLOURS[1:], labels, strict=True)]
     ax.legend(handles=handles, bbox_to_anchor=(1.01, 1), loc="upper left")
     fig.tight_layout()
-    return _closed(fig)
+    return shown_once(fig)
 
 
 def file_vs_data(results: Results, files: int = 4, per_file: int = 4) -> Figure:
@@ -85,7 +85,7 @@ def file_vs_data(results: Results, files: int = 4, per_file: int = 4) -> Figure:
         what = ("each worker opens only its own files" if policy == "FILE"
                 else "each worker reads every file and keeps half")
         ax.set_title(f"{policy}: {what}", fontsize=9)
-    return _closed(fig)
+    return shown_once(fig)
 
 
 def by_replica(pieces: Mapping[int, Sequence[Sequence[Sequence[int]]]],
@@ -130,12 +130,4 @@ def by_replica(pieces: Mapping[int, Sequence[Sequence[Sequence[int]]]],
             row += 1
     ax.set_title(f"DATA, {len(workers)} workers with {replicas} replicas each: worker w keeps "
                  f"pieces w, w+{len(workers)}, ... of each global batch", fontsize=9)
-    return _closed(fig)
-
-
-def _closed(fig: Figure) -> Figure:
-    """``fig``, closed in pyplot: the cell shows the returned figure once, not twice."""
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return fig
+    return shown_once(fig)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from .style import shown_once
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -30,12 +32,4 @@ def phases(rows: Mapping[str, Mapping[str, float]], steps: str = "") -> Figure:
     ax.set_xlabel(f"median milliseconds per step{' (' + steps + ')' if steps else ''}")
     ax.legend(ncol=4, fontsize=8)
     fig.tight_layout()
-    return _shown_once(fig)
-
-
-def _shown_once(fig: Figure) -> Figure:
-    """``fig``, closed in pyplot: Jupyter shows it once, as the cell's value, not twice."""
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return fig
+    return shown_once(fig)

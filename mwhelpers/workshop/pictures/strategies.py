@@ -5,21 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import style
+from .style import shown_once
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 REPLICA = "#dbe9f6"
 REDUCE = "#fde2c4"
-
-
-def _once(fig: Figure) -> Figure:
-    """``fig``, closed: Jupyter then shows it once, as the cell's result, and not a second
-    time when the inline backend shows the figures a cell left open."""
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return fig
 
 
 def sync_step(global_batch: int = 128) -> Figure:
@@ -46,7 +38,7 @@ def sync_step(global_batch: int = 128) -> Figure:
     style.arrow(ax, (5.5, 1.0), (6.1, 3.05), color=style.CHIEF)
     ax.text(4.8, 3.1, "both apply\nw -= lr * g", ha="center", va="center", fontsize=9,
             color=style.CHIEF)
-    return _once(fig)
+    return shown_once(fig)
 
 
 def training_losses(curves: dict[str, list[float]]) -> Figure:
@@ -60,7 +52,7 @@ def training_losses(curves: dict[str, list[float]]) -> Figure:
     ax.set_ylabel("training loss")
     ax.legend()
     fig.tight_layout()
-    return _once(fig)
+    return shown_once(fig)
 
 
 def global_batch(workers: int = 2, gpus_each: int = 2, per_replica: int = 64) -> Figure:
@@ -87,4 +79,4 @@ def global_batch(workers: int = 2, gpus_each: int = 2, per_replica: int = 64) ->
     ax.set_yticks([])
     ax.set_xlabel(f"one global batch of {size} = {per_replica} per replica x {replicas} replicas")
     fig.tight_layout()
-    return _once(fig)
+    return shown_once(fig)

@@ -30,6 +30,15 @@ def canvas(width: float, height: float, *, inches: float = 1.0) -> tuple[Figure,
     return fig, ax
 
 
+def shown_once(fig: Figure) -> Figure:
+    """``fig``, closed in pyplot and returned: Jupyter shows it once, as the cell's value, and
+    not a second time as a figure the cell left open (the inline backend shows those)."""
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return fig
+
+
 def box(ax: Axes, x: float, y: float, w: float, h: float, text: str = "", *,
         color: str = IDLE, fontsize: float = 9, alpha: float = 1.0) -> None:
     """A filled rectangle with its lower-left corner at ``(x, y)`` and ``text`` centred."""
