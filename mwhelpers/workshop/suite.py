@@ -118,12 +118,28 @@ def find_notebooks(names: Sequence[str | os.PathLike[str]]) -> list[Path]:
     return paths
 
 
-def end_leftovers(run_id: str) -> int:
-    """End processes that carry this suite run's mark (a notebook's leaked workers)."""
-    from ..proctree import carrying, end_processes
+# A notebook's kernel has exited when papermill returns; its tasks end on their own within
+# moments (each task's guard sees the kernel's pipe close). Only what is still there after
+# this grace is a leak.
+LEFTOVER_GRACE = 3.0
 
-    ended, _ = end_processes(carrying(SUITE_ENV, run_id, exclude={os.getpid()}))
-    return len(ended)
+
+def end_leftovers(run_id: str) -> list[str]:
+    """End processes that carry this suite run's mark (a notebook's leaked workers), after
+    :data:`LEFTOVER_GRACE` for those on their way out; return what each one was."""
+    import psutil
+
+    from ..proctree import carrying, end_processes, wait_gone
+
+    left = wait_gone(carrying(SUITE_ENV, run_id, exclude={os.getpid()}), LEFTOVER_GRACE)
+    named = []
+    for p in left:
+        try:
+            named.append(f"pid {p.pid} {' '.join(p.cmdline())[:160]}")
+        except psutil.Error:
+            named.append(f"pid {p.pid}")
+    end_processes(left)
+    return named
 
 
 @contextlib.contextmanager
@@ -213,7 +229,8 @@ def run_notebook(path: Path, out_dir: Path, params: Mapping[str, object], run_id
     finally:
         leaked = end_leftovers(run_id)
     if leaked and not error:
-        error = f"left {leaked} process(es) running after it finished (ended now)"
+        error = (f"left {len(leaked)} process(es) running after it finished (ended now): "
+                 + "; ".join(leaked))
     if out_nb.exists():
         write_html(out_nb)
     return error
