@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import nbformat
+import psutil
 import pytest
 from conftest import ROOT
 
@@ -63,3 +64,30 @@ def test_a_folder_of_notebooks_runs_from_an_installed_copy(installed, tmp_path):
     tiny_notebook(tmp_path / "notebooks" / "two.ipynb")
     out = suite(installed, tmp_path, "-p", "n", "3")
     assert out.returncode == 0 and "two.ipynb: ok" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.notebook
+def test_a_process_left_running_is_named_and_ended_and_one_on_its_way_out_is_not(installed,
+                                                                               tmp_path):
+    """What a notebook leaves running after its kernel has exited fails the notebook, named by
+    pid and command line, and is ended; a process that ends within the grace is not counted."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("n = 2", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell(
+                    "import subprocess\n"
+                    "stays = subprocess.Popen(['sleep', '97'], start_new_session=True)\n"
+                    "goes = subprocess.Popen(['sleep', '1'], start_new_session=True)\n"
+                    "print('pid', stays.pid)")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    path = tmp_path / "lessons" / "leaks.ipynb"
+    path.parent.mkdir(parents=True)
+    nbformat.write(nb, path)
+    out = suite(installed, tmp_path, "lessons")
+    assert out.returncode == 1, out.stdout + out.stderr
+    executed = nbformat.read(tmp_path / "output" / "leaks.ipynb", as_version=4)
+    pid = int("".join(o.get("text", "") for o in executed.cells[-1].outputs).split()[1])
+    assert f"left 1 process(es) running after it finished (ended now): pid {pid} sleep 97" \
+        in out.stdout, out.stdout
+    assert "sleep 1" not in out.stdout
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
