@@ -372,18 +372,26 @@ def tutorial_fit_unmended(k, workdir):
             "(keras-team/keras#20585), reported as WorkerFailed in the cell"]
 
 
+def worker_results(workdir):
+    """Workers 0 and 1's logs and the RESULT line each printed last (checked present)."""
+    texts, results = [], []
+    for i in (0, 1):
+        text = logs_of(workdir, i)
+        result = last(text.splitlines())
+        check(result is not None, f"worker {i} printed no RESULT:\n{text[-3000:]}")
+        texts.append(text)
+        results.append(result)
+    return texts, results
+
+
 def custom_loop(k, workdir, spec):
     """A Keras 3 custom training loop on 2 workers: equal weights, the loss goes down."""
     facts = []
     k.ok("%worker 0 --bg ctl_main.py 20", timeout=300)
     k.ok("%worker 1 ctl_main.py 20", timeout=600)
     k.ok("%waitworkers --timeout 300", timeout=400)
-    results = []
-    for i in (0, 1):
-        text = logs_of(workdir, i)
-        result = last(text.splitlines())
-        check(result is not None, f"worker {i} printed no RESULT:\n{text[-3000:]}")
-        results.append(result)
+    texts, results = worker_results(workdir)
+    for i, text in enumerate(texts):
         facts.append(f"worker {i}: " + check_workaround(text, spec["expect"]["tensorflow-cpu"],
                                                        f"worker {i}"))
     check(all(r["keras"].startswith("3.") for r in results), results)
@@ -429,14 +437,10 @@ def jax_data_parallel(k, workdir):
     equal weights and losses, the loss down), gloo on each task's address."""
     k.ok("%worker all --bg jax_train.py --epochs 2 --steps 8", timeout=300)
     k.ok("%waitworkers --timeout 300", timeout=400)
-    results = []
-    for i in (0, 1):
-        text = logs_of(workdir, i)
-        result = last(text.splitlines())
-        check(result is not None, f"worker {i} printed no RESULT:\n{text[-3000:]}")
+    texts, results = worker_results(workdir)
+    for i, text in enumerate(texts):
         check(text.count(GLOO) == 1, f"worker {i}: no line saying where gloo listened:\n"
                                      f"{text[-3000:]}")
-        results.append(result)
     check([r["process"] for r in results] == [0, 1], results)
     check(all(r["processes"] == 2 and r["devices"] == 2 for r in results), results)
     check(results[0]["weights"] == results[1]["weights"], results)
