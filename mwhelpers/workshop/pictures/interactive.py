@@ -5,21 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from .style import KERNEL, WORKERS, box, canvas, shown_once
+from .style import KERNEL, WORKERS, arrow, box, canvas, shown_once
 
 if TYPE_CHECKING:
-    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-
-def _link(ax: Axes, start: tuple[float, float], end: tuple[float, float], text: str,
-          color: str, *, dashed: bool = False, dx: float = 0.0) -> None:
-    ax.annotate("", xy=end, xytext=start,
-                arrowprops={"arrowstyle": "<->", "color": color, "lw": 1.3,
-                            "ls": "--" if dashed else "-"})
-    if text:
-        ax.text((start[0] + end[0]) / 2 + dx, (start[1] + end[1]) / 2 + 0.1, text,
-                ha="center", va="bottom", fontsize=8, color=color)
+LINK = "#333333"  # the kernel's, the controller's and the engines' links
 
 
 def engines() -> Figure:
@@ -31,10 +22,12 @@ def engines() -> Figure:
     box(ax, 3.5, 1.6, 2.4, 1.2, "ipyparallel's\ncontroller", color=KERNEL, alpha=0.2)
     box(ax, 6.9, 2.9, 2.4, 1.2, "worker:0\nengine 0", color=WORKERS[0], alpha=0.35)
     box(ax, 6.9, 0.3, 2.4, 1.2, "worker:1\nengine 1", color=WORKERS[1], alpha=0.35)
-    _link(ax, (2.7, 2.2), (3.5, 2.2), "cells,\nvalues", "#333333")
-    _link(ax, (5.9, 2.5), (6.9, 3.4), "", "#333333")
-    _link(ax, (5.9, 1.9), (6.9, 0.9), "", "#333333")
-    _link(ax, (8.1, 2.9), (8.1, 1.5), "gRPC:\ncollectives", "#a33333", dashed=True, dx=0.9)
+    arrow(ax, (2.7, 2.2), (3.5, 2.2), "cells,\nvalues", color=LINK, head="<->", lw=1.3,
+          offset=(0.0, 0.1))
+    arrow(ax, (5.9, 2.5), (6.9, 3.4), color=LINK, head="<->", lw=1.3)
+    arrow(ax, (5.9, 1.9), (6.9, 0.9), color=LINK, head="<->", lw=1.3)
+    arrow(ax, (8.1, 2.9), (8.1, 1.5), "gRPC:\ncollectives", color="#a33333", head="<->", lw=1.3,
+          dashed=True, offset=(0.9, 0.1))
     ax.set_title("%%px sends a cell to every engine; the workers talk to each other directly",
                  fontsize=10)
     return shown_once(fig)

@@ -4,23 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .style import CHIEF, IDLE, WORKERS, box, canvas, shown_once
+from .style import CHIEF, IDLE, WORKERS, arrow, box, canvas, shown_once
 
 if TYPE_CHECKING:
-    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 PS = "#2ca02c"
-
-
-def _arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float], text: str, *,
-           both: bool = False) -> None:
-    """An arrow (both ways when ``both``) with ``text`` to the right of its middle."""
-    ax.annotate("", xy=end, xytext=start,
-                arrowprops={"arrowstyle": "<|-|>" if both else "-|>", "lw": 1.4,
-                            "color": "#444444"})
-    ax.text((start[0] + end[0]) / 2 + 0.1, (start[1] + end[1]) / 2, text, fontsize=8,
-            va="center")
 
 
 def roles() -> Figure:
@@ -31,8 +20,10 @@ def roles() -> Figure:
         color=CHIEF, alpha=0.35)
     for x, color, name in ((0.1, WORKERS[0], "worker:0"), (4.7, WORKERS[1], "worker:1")):
         box(ax, x, 2.0, 2.6, 0.9, f"{name}\nruns scheduled steps", color=color, alpha=0.35)
-        _arrow(ax, (3.5, 3.8), (x + 1.3, 2.9), "schedule(step)")
-        _arrow(ax, (x + 1.3, 2.0), (3.5, 1.0), "read variables,\nsend updates", both=True)
+        arrow(ax, (3.5, 3.8), (x + 1.3, 2.9), "schedule(step)", head="-|>",
+              offset=(0.1, 0.0), ha="left", va="center", text_color="black")
+        arrow(ax, (x + 1.3, 2.0), (3.5, 1.0), "read variables,\nsend updates", head="<|-|>",
+              offset=(0.1, 0.0), ha="left", va="center", text_color="black")
     box(ax, 2.2, 0.1, 2.6, 0.9, "ps:0\nholds the variables", color=PS, alpha=0.35)
     ax.text(7.9, 0.1, "workers never wait\nfor each other", ha="right", fontsize=8,
             color="#444444", bbox={"facecolor": IDLE, "edgecolor": "none"})

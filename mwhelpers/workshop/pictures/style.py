@@ -51,10 +51,15 @@ def box(ax: Axes, x: float, y: float, w: float, h: float, text: str = "", *,
 
 
 def arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float], text: str = "", *,
-          color: str = "#444444", fontsize: float = 8) -> None:
-    """An arrow from ``start`` to ``end``, with ``text`` beside its middle."""
+          color: str = "#444444", fontsize: float = 8, head: str = "->", lw: float = 1.4,
+          dashed: bool = False, offset: tuple[float, float] = (0.0, 0.08),
+          ha: str = "center", va: str = "bottom", text_color: str | None = None) -> None:
+    """An arrow from ``start`` to ``end`` (``head``: matplotlib's arrow style, ``"<->"`` for
+    both ways), with ``text`` placed ``offset`` from its middle, in ``text_color`` (default:
+    the arrow's)."""
     ax.annotate("", xy=end, xytext=start,
-                arrowprops={"arrowstyle": "->", "color": color, "lw": 1.4})
+                arrowprops={"arrowstyle": head, "color": color, "lw": lw,
+                            "ls": "--" if dashed else "-"})
     if text:
-        ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.08, text,
-                ha="center", va="bottom", fontsize=fontsize, color=color)
+        ax.text((start[0] + end[0]) / 2 + offset[0], (start[1] + end[1]) / 2 + offset[1], text,
+                ha=ha, va=va, fontsize=fontsize, color=text_color or color)
