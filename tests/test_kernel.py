@@ -52,6 +52,15 @@ class Kernel:
         reply = self.kc.execute_interactive(code, output_hook=hook, timeout=timeout)
         return reply["content"]["status"], "".join(out)
 
+    def wait_idle(self, msg_id, timeout=15):
+        """Read IOPub until the kernel reports idle for the request ``msg_id``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if (msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status"
+                    and msg["content"]["execution_state"] == "idle"):
+                return
+
     def close(self):
         self.kc.stop_channels()
         if self.km.is_alive():
