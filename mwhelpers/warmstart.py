@@ -17,7 +17,9 @@ A task is started cold (a fresh interpreter, as before) when:
 * its program writes to ``os.environ`` (or calls ``putenv``), other than ``TF_CONFIG`` and,
   where TensorFlow was built without GPU support, ``CUDA_VISIBLE_DEVICES``: TensorFlow reads
   some variables while it is imported (``TF_USE_LEGACY_KERAS``, ``TF_CPP_MIN_LOG_LEVEL``...),
-  and a program that sets them before its import must get its own import;
+  and a program that sets them before its import must get its own import.  Writes below its
+  first top-level ``import tensorflow`` do not count (:func:`before_tensorflow`): they run
+  after the import in a cold start too;
 * the server could not import TensorFlow (the cold start then shows the program's own error).
 
 Everything in a task's environment but what differs from task to task (``TF_CONFIG`` and
@@ -29,6 +31,7 @@ one used.  The servers end when the last of those launchers is closed.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import io
 import json
@@ -91,13 +94,35 @@ def cold_reason(source: str, env: Mapping[str, str], gpu_build: bool = True) -> 
         return "warm starts need Linux"
     if not _IMPORTS_TF.search(source):
         return "its program does not import TensorFlow or Keras itself"
-    written = env_written(source)
+    written = env_written(before_tensorflow(source))
     harmless = READ_AFTER_IMPORT if gpu_build else READ_AFTER_IMPORT | GPU_BUILD_ONLY
     if written is None or written - harmless:
         named = ", ".join(sorted(written - harmless)) if written else "some"
         return (f"its program sets environment variables ({named}), which TensorFlow may read "
                 "as it loads")
     return None
+
+
+def before_tensorflow(source: str) -> str:
+    """The part of ``source`` that can run before TensorFlow is imported: all of it, but for
+    the lines after its first top-level ``import tensorflow`` (or ``from tensorflow ...``).
+    A module's top-level statements run in order, so what follows that import runs after it,
+    in a fork as in a cold start; a function defined above it may be called later and counts."""
+    try:
+        body = ast.parse(source).body
+    except (SyntaxError, ValueError):
+        return source
+    for node in body:
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(name == "tensorflow" or name.startswith("tensorflow.") for name in names):
+            end = node.end_lineno or node.lineno
+            return "".join(source.splitlines(keepends=True)[:end])
+    return source
 
 
 def env_written(source: str) -> set[str] | None:

@@ -229,6 +229,17 @@ def test_server_and_tasks_end_when_the_kernel_dies(tmp_path):
     ("import os, tensorflow\n# os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n", None),
     ("import os, tensorflow\nif os.environ.get('A') == os.environ['B']: pass\n", None),
     ("import os, tensorflow\nenv = os.environ.copy()\nenv['A'] = '1'\n", None),
+    # Writes below the first top-level TensorFlow import run after it, cold or forked ...
+    ("import os\nimport tensorflow as tf\nos.environ['GRPC_FAIL_FAST'] = 'use_caller'\n", None),
+    ("import os\nfrom tensorflow import keras\ndef f():\n    os.environ['A'] = '1'\n", None),
+    ("import os\nimport tensorflow.compat.v1 as tf\nos.environ.update(A='1')\n", None),
+    # ... but not what a function defined above it may write, nor an import that may not run,
+    # nor Keras (which imports TensorFlow only on its TensorFlow backend), nor a docstring.
+    ("import os\ndef f():\n    os.environ['A'] = '1'\nimport tensorflow\nf()\n", "(A)"),
+    ("import os\nif True:\n    import tensorflow\nos.environ['A'] = '1'\n", "(A)"),
+    ("import os, keras\nos.environ['A'] = '1'\nimport tensorflow\n", "(A)"),
+    ('"""\nimport tensorflow\n"""\nimport os\nos.environ["A"] = "1"\nimport tensorflow\n', "(A)"),
+    ("import os\nos.environ['A'] = '1'\nimport tensorflow\nx = (\n", "(A)"),  # no parse
 ])
 def test_which_programs_are_forked(source, reason):
     got = warmstart.cold_reason(source, {})
@@ -240,7 +251,7 @@ def test_hiding_the_gpus_before_the_import_is_forked_only_where_tensorflow_has_n
     hides = "import os\nos.environ.setdefault('CUDA_VISIBLE_DEVICES', '')\nimport tensorflow\n"
     assert "(CUDA_VISIBLE_DEVICES)" in warmstart.cold_reason(hides, {}, gpu_build=True)
     assert warmstart.cold_reason(hides, {}, gpu_build=False) is None
-    also = hides + "os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
+    also = "import os\nos.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n" + hides
     assert "(TF_CPP_MIN_LOG_LEVEL)" in warmstart.cold_reason(also, {}, gpu_build=False)
 
 
