@@ -19,7 +19,9 @@ A task is started cold (a fresh interpreter, as before) when:
   some variables while it is imported (``TF_USE_LEGACY_KERAS``, ``TF_CPP_MIN_LOG_LEVEL``...),
   and a program that sets them before its import must get its own import.  Writes below its
   first top-level ``import tensorflow`` do not count (:func:`before_tensorflow`): they run
-  after the import in a cold start too;
+  after the import in a cold start too.  Nor do literal settings above it, in a program that
+  does nothing else there but import standard modules (:func:`literal_prelude`): its server
+  imports TensorFlow with them (:func:`server_env`);
 * the server could not import TensorFlow (the cold start then shows the program's own error).
 
 Everything in a task's environment but what differs from task to task (``TF_CONFIG`` and
@@ -45,6 +47,7 @@ import time
 import tokenize
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 
@@ -94,13 +97,124 @@ def cold_reason(source: str, env: Mapping[str, str], gpu_build: bool = True) -> 
         return "warm starts need Linux"
     if not _IMPORTS_TF.search(source):
         return "its program does not import TensorFlow or Keras itself"
-    written = env_written(before_tensorflow(source))
     harmless = READ_AFTER_IMPORT if gpu_build else READ_AFTER_IMPORT | GPU_BUILD_ONLY
+    prelude = literal_prelude(source)
+    if prelude is None:
+        written = env_written(before_tensorflow(source))
+    else:  # the server sets these itself before its import (server_env); what comes after?
+        lines = source.splitlines(keepends=True)
+        rest = "".join(lines[prelude.end_line:len(before_tensorflow(source).splitlines())])
+        written = env_written(rest)
     if written is None or written - harmless:
         named = ", ".join(sorted(written - harmless)) if written else "some"
         return (f"its program sets environment variables ({named}), which TensorFlow may read "
                 "as it loads")
     return None
+
+
+_IMPORTED_FIRST = ("tensorflow", "keras", "tf_keras")
+
+
+class Prelude(NamedTuple):
+    """What a program does before its first top-level import of TensorFlow or Keras, when
+    that is only to import standard modules and to set variables to literal strings:
+    the settings ``(name, value, only_if_unset)`` in order, and the line that import ends."""
+
+    settings: tuple[tuple[str, str, bool], ...]
+    end_line: int
+
+
+def literal_prelude(source: str) -> Prelude | None:
+    """``source``'s :class:`Prelude`; None when anything else runs before that import (a
+    call, a computed value, a module outside the standard library), or there is none.
+
+    Such a program starts warm from a server whose environment has those settings when it
+    imports (:func:`server_env`): the common ``os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"`` or
+    ``os.environ["KERAS_BACKEND"] = "jax"`` above ``import tensorflow`` or ``import keras``."""
+    try:
+        body = ast.parse(source).body
+    except (SyntaxError, ValueError):
+        return None
+    settings: list[tuple[str, str, bool]] = []
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                return None
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""])
+            tops = {name.split(".")[0] for name in names}
+            if tops & set(_IMPORTED_FIRST):
+                return Prelude(tuple(settings), node.end_lineno or node.lineno)
+            if not tops <= sys.stdlib_module_names:
+                return None
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # a docstring
+        elif (setting := _literal_setting(node)) is not None:
+            settings.append(setting)
+        else:
+            return None
+    return None
+
+
+def _os_environ(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "environ"
+            and isinstance(node.value, ast.Name) and node.value.id == "os")
+
+
+def _text(node: ast.expr) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _literal_setting(node: ast.stmt) -> tuple[str, str, bool] | None:
+    """``os.environ["NAME"] = "VALUE"`` or ``os.environ.setdefault("NAME", "VALUE")``."""
+    if (isinstance(node, ast.Assign) and len(node.targets) == 1
+            and isinstance(target := node.targets[0], ast.Subscript)
+            and _os_environ(target.value)):
+        name, value = _text(target.slice), _text(node.value)
+        if name is not None and value is not None:
+            return name, value, False
+    if (isinstance(node, ast.Expr) and isinstance(call := node.value, ast.Call)
+            and isinstance(call.func, ast.Attribute) and call.func.attr == "setdefault"
+            and _os_environ(call.func.value) and len(call.args) == 2 and not call.keywords):
+        name, value = _text(call.args[0]), _text(call.args[1])
+        if name is not None and value is not None:
+            return name, value, True
+    return None
+
+
+def server_env(source: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the server a task of ``source`` forks from: ``env`` with its
+    :class:`Prelude`'s settings, as they are when a cold start reaches its import."""
+    out = dict(env)
+    prelude = literal_prelude(source)
+    for name, value, only_if_unset in prelude.settings if prelude else ():
+        if not (only_if_unset and name in out):
+            out[name] = value
+    return out
+
+
+def imported_first(source: str, env: Mapping[str, str]) -> str:
+    """What a server for ``source`` imports first, in ``env`` (then TensorFlow): ``keras``
+    where the program imports Keras before TensorFlow on another backend (``KERAS_BACKEND``),
+    which Keras then imports instead, as in the program; ``tensorflow`` otherwise (Keras on
+    TensorFlow imports it, and TensorFlow imports Keras)."""
+    if env.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
+        return "tensorflow"
+    try:
+        body = ast.parse(source).body
+    except (SyntaxError, ValueError):
+        return "tensorflow"
+    for node in body:
+        if isinstance(node, ast.Import):
+            tops = [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            tops = [(node.module or "").split(".")[0]]
+        else:
+            continue
+        for top in tops:
+            if top in _IMPORTED_FIRST:
+                return "keras" if top == "keras" else "tensorflow"
+    return "tensorflow"
 
 
 def before_tensorflow(source: str) -> str:
@@ -178,7 +292,8 @@ def _installed() -> tuple[tuple[str, int, int], ...]:
 class _Server:
     """One warm-start server process and the control socket the kernel keeps to it."""
 
-    def __init__(self, python: str, bootstrap: str, env: dict[str, str], cwd: str) -> None:
+    def __init__(self, python: str, bootstrap: str, env: dict[str, str], cwd: str,
+                 first: str = "tensorflow") -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.ctl = ours
         self.lock = threading.Lock()
@@ -187,7 +302,7 @@ class _Server:
         try:
             self.popen = subprocess.Popen(
                 # The blank argument leaves room to show each task's own command line.
-                [python, "-u", bootstrap, "--zygote", str(theirs.fileno()), " " * 4096],
+                [python, "-u", bootstrap, "--zygote", str(theirs.fileno()), first, " " * 4096],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 env=dict(env), cwd=cwd, start_new_session=True,
                 pass_fds=(theirs.fileno(),))
@@ -320,8 +435,10 @@ class WarmStarter:
         self.last_cold_reason = cold_reason(source, env, gpu_build=False)
         if self.last_cold_reason is not None:
             return None
-        key = (key_of(env, cwd), _installed())
-        server = self._server(key, env, cwd)
+        at_import = server_env(source, env)
+        first = imported_first(source, at_import)
+        key = (key_of(at_import, cwd), first, _installed())
+        server = self._server(key, at_import, cwd, first)
         if server is None:
             return None
         if server.gpu_build:  # (what only a GPU build reads may matter after all)
@@ -346,7 +463,8 @@ class WarmStarter:
             self._retired.append(server)
         server.close()
 
-    def _server(self, key: object, env: Mapping[str, str], cwd: str) -> _Server | None:
+    def _server(self, key: object, env: Mapping[str, str], cwd: str,
+                first: str) -> _Server | None:
         with self._lock:  # one server per key; the first task waits for its import
             if self.closed or key in self._failed:
                 self.last_cold_reason = "its warm-start server could not import TensorFlow"
@@ -359,7 +477,7 @@ class WarmStarter:
                 server.close()
             base = {k: v for k, v in env.items() if k not in PER_TASK}
             try:
-                server = _Server(self.python, self.bootstrap, base, cwd)
+                server = _Server(self.python, self.bootstrap, base, cwd, first)
             except OSError as e:
                 self._failed.add(key)
                 self.last_cold_reason = f"its warm-start server could not start ({e})"

@@ -96,8 +96,9 @@ def test_two_jax_processes_train_like_one(ip, rt, jax_env, tmp_path, capsys):
         (facts,) = [ln for ln in lines if FACTS in ln]
         assert "with Keras 3.15.1 on JAX " in facts, facts
         # The TensorFlow-only mends stay silent on JAX; what it says is for JAX (gloo's address).
+        assert run.process.warm  # KERAS_BACKEND set in the program: its server imported with it
         said = [ln for ln in lines if ln.startswith("[mwhelpers]") and FACTS not in ln
-                and "matplotlib" not in ln]
+                and "matplotlib" not in ln and "warm start:" not in ln]
         assert len(said) == 1 and said[0].startswith("[mwhelpers] JAX's gloo collectives listen "
                                                      "on "), said
     timeline = rt.timeline()
@@ -137,8 +138,11 @@ def test_a_missing_process_and_a_missing_coordinator_are_named(ip, rt, jax_env, 
 
 @needs_jax
 @pytest.mark.tf
-def test_the_coordinators_port_taken_is_named(ip, rt, jax_env, write):
-    write("join.py", JOIN)
+def test_the_coordinators_port_taken_is_named(ip, rt, jax_env, write, tmp_path):
+    # Each process waits for the file "go" before it joins: a warm start reaches JAX's listen
+    # within milliseconds of its launch.
+    write("join.py", JOIN.replace("import keras\n", "import keras\nimport time\n"
+                                  "while not os.path.exists('go'):\n    time.sleep(0.05)\n"))
     ip.run_line_magic("cluster", "2")
     port = rt.cluster.port("worker:0")
     ip.run_line_magic("worker", "all --bg --ready start join.py")
@@ -146,6 +150,7 @@ def test_the_coordinators_port_taken_is_named(ip, rt, jax_env, write):
     with socket.socket() as squatter:
         squatter.bind(("", port))
         squatter.listen()
+        (tmp_path / "go").touch()
         # gRPC's line; then JAX raises "Failed to start RPC server", or (JAX 0.10.2, about two
         # runs in three here) crashes with SIGSEGV
         rt.wait_for_line("worker:0", "Failed to add port to server", timeout=90)

@@ -35,15 +35,21 @@ def test_a_gloo_made_without_a_host_is_made_on_the_tasks_address(monkeypatch, ca
         return "collectives"
 
     bridge = types.SimpleNamespace(_jax=types.SimpleNamespace(make_gloo_tcp_collectives=make))
-    for k, v in {**BASE, "KERAS_DISTRIBUTION_PROCESS_ID": "1"}.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv(jaxgloo.ENV, raising=False)
+    for k in (*BASE, "KERAS_DISTRIBUTION_PROCESS_ID", jaxgloo.ENV):
+        monkeypatch.delenv(k, raising=False)
+    # Patched where JAX is imported: in a warm-start server, before the task's variables.
     jaxgloo._patch(bridge)
     jaxgloo._patch(bridge)  # once only
     wrapped = bridge._jax.make_gloo_tcp_collectives
     assert wrapped.__wrapped__ is make
+    wrapped("c")  # no task variables: JAX's own choice
+    for k, v in {**BASE, "KERAS_DISTRIBUTION_PROCESS_ID": "1"}.items():
+        monkeypatch.setenv(k, v)
     assert wrapped(distributed_client="c") == "collectives"  # as xla_bridge calls it
     wrapped("c", hostname="mine")
     wrapped("c", interface="eth1")
-    assert made == [("c", "node-b", None), ("c", "mine", None), ("c", None, "eth1")]
+    monkeypatch.setenv(jaxgloo.ENV, "0")
+    wrapped("c")
+    assert made == [("c", None, None), ("c", "node-b", None), ("c", "mine", None),
+                    ("c", None, "eth1"), ("c", None, None)]
     assert capsys.readouterr().err.splitlines() == [jaxgloo.NOTICE.format(host="node-b")]

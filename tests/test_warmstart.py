@@ -138,6 +138,27 @@ def test_a_program_without_tensorflow_starts_cold_and_another_environment_anothe
 
 
 @pytest.mark.tf
+def test_literal_settings_above_the_import_are_the_servers_own(rt):
+    """A program that sets KERAS_BACKEND before its import is forked from a server that
+    imported with it: Keras runs on JAX there, and JAX computes in the fork; the same program
+    on TensorFlow gets another server."""
+    pytest.importorskip("jax", reason="JAX is not installed (mwhelpers[jax])")
+    program = textwrap.dedent("""\
+        import os
+        os.environ["KERAS_BACKEND"] = "{backend}"   # before Keras is imported
+        import keras
+        import tensorflow as tf
+        import jax.numpy as jnp
+        print("BACKEND", keras.backend.backend(), float(jnp.sum(jnp.arange(4.0))), flush=True)
+        """)
+    for backend in ("jax", "tensorflow"):
+        run = rt.launch("worker:0", code=program.format(backend=backend))
+        assert run.process.warm, rt.launcher.warm.last_cold_reason
+        assert f"BACKEND {backend} 6.0" in run.log_path.read_text()
+    assert len(servers(rt)) == 2
+
+
+@pytest.mark.tf
 def test_a_server_that_died_is_replaced_and_its_orphans_still_end(rt):
     """SIGKILL of the server (by hand, the OOM killer...): its running task goes on and is
     waited for (exit code unknown: 255); the next launch forks from a new server."""
@@ -210,8 +231,18 @@ def test_server_and_tasks_end_when_the_kernel_dies(tmp_path):
     ("    import tf_keras  # indented, in a function\n", None),
     ("print('hello')\n", "does not import TensorFlow"),
     ("# import tensorflow\nx = 'import tensorflow'\n", "does not import TensorFlow"),
-    ("import os\nos.environ['TF_USE_LEGACY_KERAS'] = '1'\nimport tensorflow\n", "sets environment"),
-    ("import os\nos.environ.setdefault('X', '1')\nimport tensorflow\n", "sets environment"),
+    # Literal settings above the import, and nothing else but standard imports: the server
+    # imports with them (test_literal_settings_above_the_import_are_the_servers_own) ...
+    ("import os\nos.environ['TF_USE_LEGACY_KERAS'] = '1'\nimport tensorflow\n", None),
+    ("import os\nos.environ.setdefault('X', '1')\nimport tensorflow\n", None),
+    ('"""doc"""\nimport os, sys\nos.environ["KERAS_BACKEND"] = "jax"\nimport keras\nimport tensorflow\n',
+     None),
+    # ... but not a computed value, a call, another module first, or a later write.
+    ("import os\nos.environ['X'] = str(1)\nimport tensorflow\n", "(X)"),
+    ("import os\nprint(1)\nos.environ['X'] = '1'\nimport tensorflow\n", "(X)"),
+    ("import os, numpy\nos.environ['X'] = '1'\nimport tensorflow\n", "(X)"),
+    ("import os\nos.environ['X'] = '1'\nimport keras\nos.environ['Y'] = '1'\nimport tensorflow\n",
+     "(Y)"),
     ("import os\nos.putenv('X', '1')\nimport tensorflow\n", "sets environment"),
     ("import os, tensorflow\nif os.environ['A'] == '1': pass\n", None),
     ("import os, json\nos.environ['TF_CONFIG'] = json.dumps({})\nimport tensorflow\n", None),
@@ -238,7 +269,8 @@ def test_server_and_tasks_end_when_the_kernel_dies(tmp_path):
     ("import os\ndef f():\n    os.environ['A'] = '1'\nimport tensorflow\nf()\n", "(A)"),
     ("import os\nif True:\n    import tensorflow\nos.environ['A'] = '1'\n", "(A)"),
     ("import os, keras\nos.environ['A'] = '1'\nimport tensorflow\n", "(A)"),
-    ('"""\nimport tensorflow\n"""\nimport os\nos.environ["A"] = "1"\nimport tensorflow\n', "(A)"),
+    ('"""\nimport tensorflow\n"""\nimport os\nos.environ["A"] = f"{1}"\nimport tensorflow\n',
+     "(A)"),
     ("import os\nos.environ['A'] = '1'\nimport tensorflow\nx = (\n", "(A)"),  # no parse
 ])
 def test_which_programs_are_forked(source, reason):
@@ -248,11 +280,25 @@ def test_which_programs_are_forked(source, reason):
 
 
 def test_hiding_the_gpus_before_the_import_is_forked_only_where_tensorflow_has_no_gpus():
-    hides = "import os\nos.environ.setdefault('CUDA_VISIBLE_DEVICES', '')\nimport tensorflow\n"
+    # (a value the server cannot know in advance: with a literal, the server hides them too)
+    hides = ("import os, sys\nos.environ.setdefault('CUDA_VISIBLE_DEVICES', sys.argv[1])\n"
+             "import tensorflow\n")
     assert "(CUDA_VISIBLE_DEVICES)" in warmstart.cold_reason(hides, {}, gpu_build=True)
     assert warmstart.cold_reason(hides, {}, gpu_build=False) is None
-    also = "import os\nos.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n" + hides
+    also = "import os\nos.environ['TF_CPP_MIN_LOG_LEVEL'] = str(3)\n" + hides
     assert "(TF_CPP_MIN_LOG_LEVEL)" in warmstart.cold_reason(also, {}, gpu_build=False)
+    literal = "import os\nos.environ.setdefault('CUDA_VISIBLE_DEVICES', '')\nimport tensorflow\n"
+    assert warmstart.cold_reason(literal, {}, gpu_build=True) is None
+
+
+def test_the_servers_environment_has_the_literal_settings_as_a_cold_start_has_them():
+    source = ("import os\nos.environ['A'] = '1'\nos.environ.setdefault('B', '2')\n"
+              "os.environ.setdefault('C', '3')\nos.environ['A'] = '4'\nimport tensorflow\n"
+              "os.environ['D'] = '5'\n")
+    assert warmstart.server_env(source, {"C": "given", "E": "e"}) == {
+        "A": "4", "B": "2", "C": "given", "E": "e"}
+    assert warmstart.server_env("import os\nos.environ['A'] = str(1)\nimport tensorflow\n",
+                                {"E": "e"}) == {"E": "e"}
 
 
 def test_the_key_leaves_out_only_what_differs_between_tasks():

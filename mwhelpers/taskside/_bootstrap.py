@@ -31,7 +31,8 @@ extra process, and imports nothing heavy.  It:
   file (no restart came) ends it quietly;
 * with ``--zygote`` (the local backend's warm start, :mod:`mwhelpers.warmstart`), becomes the
   server ``_forkserver.py`` beside this file: it arms the import hooks, imports TensorFlow
-  and forks every task from there; what follows happens in each forked task;
+  (Keras first, where the programs do that on another backend) and forks every task from
+  there; what follows happens in each forked task;
 * runs SCRIPT as ``__main__`` with ``sys.argv`` and ``sys.path[0]`` set the way
   ``python SCRIPT ARGS`` would set them.  With ``--cell``, SCRIPT holds the
   code of a ``%%worker`` cell and ``sys.path[0]`` is the working directory,
@@ -150,10 +151,13 @@ def _wait_as_standby() -> None:
 def _serve_as_zygote() -> None:
     """Import TensorFlow with the hooks armed, then fork tasks; returns only in a forked task,
     with that task's ``sys.argv``, environment, folder and log (``_forkserver.py``)."""
-    ctl_fd = int(sys.argv[2])  # _bootstrap.py --zygote FD ROOM (ROOM: for the tasks' titles)
+    # _bootstrap.py --zygote FD FIRST ROOM (FIRST: the module to import before TensorFlow, as
+    # the tasks' programs do; ROOM: for the tasks' titles)
+    ctl_fd, first = int(sys.argv[2]), sys.argv[3]
 
     def import_first() -> None:
         _arm_import_hooks()
+        __import__(first)
         import tensorflow  # noqa: F401  (once, for every task forked from here)
 
     _load("_forkserver").run(ctl_fd, os.path.abspath(__file__), import_first)

@@ -60,18 +60,18 @@ def gloo_host(environ: Mapping[str, str]) -> str | None:
 
 
 def _patch(module: ModuleType) -> None:
-    # Read now, not at start-up: a task forked from the warm-start server gets its
-    # environment after the hooks were armed.
-    host = gloo_host(os.environ)
     jaxlib = getattr(module, "_jax", None)
     make = getattr(jaxlib, MAKE, None)
-    if host is None or make is None or getattr(make, "__wrapped__", None) is not None:
-        return  # nothing to do, another JAX, or already done
+    if make is None or getattr(make, "__wrapped__", None) is not None:
+        return  # another JAX, or already done
 
     @functools.wraps(make)
     def make_gloo(distributed_client: object, hostname: str | None = None,
                   interface: str | None = None) -> object:
-        if hostname is None and interface is None:
+        # Read now, not when JAX was imported: a task forked from the warm-start server, which
+        # may have imported JAX, gets its environment later.
+        host = gloo_host(os.environ)
+        if host is not None and hostname is None and interface is None:
             hostname = host
             print(NOTICE.format(host=host), file=sys.stderr, flush=True)
         return make(distributed_client, hostname=hostname, interface=interface)
