@@ -115,6 +115,24 @@ def cold_reason(source: str, env: Mapping[str, str], gpu_build: bool = True) -> 
 _IMPORTED_FIRST = ("tensorflow", "keras", "tf_keras")
 
 
+def _statements(source: str) -> list[ast.stmt] | None:
+    """``source``'s top-level statements (None: it does not parse)."""
+    try:
+        return ast.parse(source).body
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _imported(node: ast.stmt) -> list[str] | None:
+    """The modules an absolute ``import`` or ``from ... import`` statement names (None: it is
+    another statement)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and not node.level:
+        return [node.module or ""]
+    return None
+
+
 class Prelude(NamedTuple):
     """What a program does before its first top-level import of TensorFlow or Keras, when
     that is only to import standard modules and to set variables to literal strings:
@@ -131,22 +149,16 @@ def literal_prelude(source: str) -> Prelude | None:
     Such a program starts warm from a server whose environment has those settings when it
     imports (:func:`server_env`): the common ``os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"`` or
     ``os.environ["KERAS_BACKEND"] = "jax"`` above ``import tensorflow`` or ``import keras``."""
-    try:
-        body = ast.parse(source).body
-    except (SyntaxError, ValueError):
-        return None
     settings: list[tuple[str, str, bool]] = []
-    for node in body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                return None
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""])
+    for node in _statements(source) or ():
+        if (names := _imported(node)) is not None:
             tops = {name.split(".")[0] for name in names}
             if tops & set(_IMPORTED_FIRST):
                 return Prelude(tuple(settings), node.end_lineno or node.lineno)
             if not tops <= sys.stdlib_module_names:
                 return None
+        elif isinstance(node, ast.ImportFrom):  # a relative import
+            return None
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             continue  # a docstring
         elif (setting := _literal_setting(node)) is not None:
@@ -200,20 +212,10 @@ def imported_first(source: str, env: Mapping[str, str]) -> str:
     TensorFlow imports it, and TensorFlow imports Keras)."""
     if env.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
         return "tensorflow"
-    try:
-        body = ast.parse(source).body
-    except (SyntaxError, ValueError):
-        return "tensorflow"
-    for node in body:
-        if isinstance(node, ast.Import):
-            tops = [alias.name.split(".")[0] for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            tops = [(node.module or "").split(".")[0]]
-        else:
-            continue
-        for top in tops:
-            if top in _IMPORTED_FIRST:
-                return "keras" if top == "keras" else "tensorflow"
+    for node in _statements(source) or ():
+        for name in _imported(node) or ():
+            if name.split(".")[0] in _IMPORTED_FIRST:
+                return "keras" if name.split(".")[0] == "keras" else "tensorflow"
     return "tensorflow"
 
 
@@ -222,18 +224,8 @@ def before_tensorflow(source: str) -> str:
     the lines after its first top-level ``import tensorflow`` (or ``from tensorflow ...``).
     A module's top-level statements run in order, so what follows that import runs after it,
     in a fork as in a cold start; a function defined above it may be called later and counts."""
-    try:
-        body = ast.parse(source).body
-    except (SyntaxError, ValueError):
-        return source
-    for node in body:
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            names = [node.module or ""]
-        else:
-            continue
-        if any(name == "tensorflow" or name.startswith("tensorflow.") for name in names):
+    for node in _statements(source) or ():
+        if any(name.split(".")[0] == "tensorflow" for name in _imported(node) or ()):
             end = node.end_lineno or node.lineno
             return "".join(source.splitlines(keepends=True)[:end])
     return source
