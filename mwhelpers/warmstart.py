@@ -34,6 +34,7 @@ one used.  The servers end when the last of those launchers is closed.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import io
 import json
@@ -115,10 +116,12 @@ def cold_reason(source: str, env: Mapping[str, str], gpu_build: bool = True) -> 
 _IMPORTED_FIRST = ("tensorflow", "keras", "tf_keras")
 
 
-def _statements(source: str) -> list[ast.stmt] | None:
-    """``source``'s top-level statements (None: it does not parse)."""
+@functools.lru_cache(maxsize=8)
+def _statements(source: str) -> tuple[ast.stmt, ...] | None:
+    """``source``'s top-level statements (None: it does not parse); parsed once for the rules
+    that one launch applies to it."""
     try:
-        return ast.parse(source).body
+        return tuple(ast.parse(source).body)
     except (SyntaxError, ValueError):
         return None
 
