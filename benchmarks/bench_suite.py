@@ -18,6 +18,8 @@
    time and then with the default ``--jobs`` (or the ``--jobs`` given), with the CPU seconds
    it used. Goal: <= 150 s on the machines it was set on, where one ``import tensorflow`` took
    3.0 CPU s; the wall time is also given scaled by that import, measured in the same run.
+   ``--record-usual`` writes each notebook's seconds into its metadata, which orders a fresh
+   checkout's first run (longest first).
 """
 
 import argparse
@@ -205,7 +207,27 @@ def import_cpu(times=3):
     return statistics.median(spent)
 
 
-def bench_suite(job_counts):
+def record_usual(out):
+    """Write each notebook's seconds in the run in ``out`` into its metadata in notebooks/
+    (``metadata.mwhelpers.usual_seconds``): a fresh checkout's first suite run starts the
+    longest first by them."""
+    import nbformat
+
+    from mwhelpers.workshop.suite import USUAL_SECONDS
+
+    section, key = USUAL_SECONDS
+    for done in sorted(out.glob("*.ipynb")):
+        source = ROOT / "notebooks" / done.name
+        seconds = nbformat.read(done, as_version=4).metadata.get("papermill", {}).get("duration")
+        if not source.exists() or seconds is None:
+            continue
+        nb = nbformat.read(source, as_version=4)
+        nb.metadata.setdefault(section, {})[key] = round(seconds)
+        nbformat.write(nb, source)
+        print(f"  {done.name}: usual_seconds = {round(seconds)}")
+
+
+def bench_suite(job_counts, record=False):
     """The suite at each ``--jobs`` of ``job_counts`` (1: one notebook at a time, the baseline
     of running side by side), into one output folder so that later runs start the longest
     first; one ``import tensorflow``'s CPU seconds before and after, to scale the wall time to
@@ -232,6 +254,9 @@ def bench_suite(job_counts):
         print(f"--jobs {jobs}: {seconds:.1f} s here = {seconds / statistics.mean(imports):.0f} "
               f"imports' time = {scaled:.0f} s scaled to the reference; goal <= 150 s there: "
               f"{'met' if scaled <= 150 else 'NOT met'}")
+    if record:
+        print("recorded in notebooks/ (the order of a fresh checkout's first run):")
+        record_usual(out)
     if 1 in runs and len(runs) > 1:
         many = max(runs)
         print(f"--jobs {many} / --jobs 1: {runs[many] / runs[1]:.2f}")
@@ -247,6 +272,9 @@ def main():
     p.add_argument("--suite-only", action="store_true", help="only the whole-suite figures (3.)")
     p.add_argument("--jobs", type=int, nargs="+", default=None,
                    help="the suite's --jobs values to run (default: 1, then the suite's default)")
+    p.add_argument("--record-usual", action="store_true",
+                   help="write each notebook's seconds in the last suite run into its metadata, "
+                        "which orders a fresh checkout's first run")
     a = p.parse_args()
     if not a.suite_only:
         bench_ratio(a.rounds, a.sizes)
@@ -255,7 +283,7 @@ def main():
     if not a.skip_suite:
         from mwhelpers.workshop.suite import default_jobs
 
-        bench_suite(a.jobs or [1, default_jobs()])
+        bench_suite(a.jobs or [1, default_jobs()], record=a.record_usual)
 
 
 if __name__ == "__main__":

@@ -541,7 +541,7 @@ def test_ctrl_c_stops_the_suite_and_ends_every_notebooks_workers(tmp_path):
 
 
 def test_suite_starts_the_notebooks_that_took_longest_last_time_first(tmp_path):
-    from mwhelpers.workshop.suite import longest_first
+    from mwhelpers.workshop.suite import longest_first, usual_seconds
 
     out = tmp_path / "out"
     out.mkdir()
@@ -557,6 +557,17 @@ def test_suite_starts_the_notebooks_that_took_longest_last_time_first(tmp_path):
     nb.cells[0].source += "\nssh_hosts = ''"
     nbformat.write(nb, hosts)
     assert [p.stem for p in longest_first([*paths, hosts], out)] == ["e", "c", "d", "b", "a"]
+    # never run here, but it says how long it usually takes: in its place by that
+    nb = nbformat.read(tmp_path / "d.ipynb", as_version=4)
+    nb.metadata["mwhelpers"] = {"usual_seconds": 10}
+    nbformat.write(nb, tmp_path / "d.ipynb")
+    assert [p.stem for p in longest_first(paths, out)] == ["c", "b", "d", "a"]
+    # a fresh checkout: no run at all, the suite's own notebooks in their usual order
+    ours = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    usual = {p.stem: usual_seconds(p) for p in ours}
+    assert all(0 < s < float("inf") for s in usual.values()), usual  # bench_suite --record-usual
+    first = longest_first(ours, tmp_path / "empty")
+    assert [usual[p.stem] for p in first] == sorted(usual.values(), reverse=True)
 
 
 @pytest.mark.notebook

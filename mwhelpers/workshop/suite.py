@@ -11,7 +11,8 @@ otherwise.  Executed notebooks and an HTML rendering of each go to
 ``output/``, with each kernel's stderr (TensorFlow's C++ log lines) in
 ``output/<name>.stderr.log``.  Notebooks run side by side, one per CPU by default (``--jobs N``),
 each in a process of its own, the ones that took longest in the last run
-first.  A summary table follows (wall and CPU seconds per notebook); the exit
+first (in a first run, those whose metadata says they usually take longest).
+A summary table follows (wall and CPU seconds per notebook); the exit
 status is non-zero when any notebook failed.  Every process a notebook's kernel started is ended when
 the notebook is done, even when it failed half-way.
 
@@ -333,19 +334,39 @@ def write_html(nb_path: Path) -> None:
 def longest_first(paths: Iterable[Path], out_dir: Path) -> list[Path]:
     """``paths`` ordered by how long each took in the last run recorded in ``out_dir``,
     longest first, so that with several at a time a long notebook does not start last
-    and run alone.  Unknown ones come first of all: those that take ``ssh_hosts``
+    and run alone.  A notebook with no run there goes by the seconds it says it usually
+    takes (:data:`USUAL_SECONDS` in its metadata), so a fresh checkout's first run is in that
+    order too.  Unknown ones come first of all: those that take ``ssh_hosts``
     first (they spend much of their time waiting on other machines, which the
     notebooks beside them fill), then in name order."""
     import json
 
-    def last_seconds(path: Path) -> float:
+    def seconds(path: Path) -> float:
         try:
             meta = json.loads((out_dir / path.name).read_text(encoding="utf-8"))["metadata"]
             return float(meta["papermill"]["duration"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except OSError:  # never run into out_dir
+            return usual_seconds(path)
+        except (ValueError, KeyError, TypeError):  # it failed half-way: first, to see it soon
             return float("inf")
 
-    return sorted(paths, key=lambda p: (-last_seconds(p), not _takes_hosts(p), p.name))
+    return sorted(paths, key=lambda p: (-seconds(p), not _takes_hosts(p), p.name))
+
+
+# metadata.mwhelpers.usual_seconds: what a notebook took in a whole suite run at its default
+# sizes, two at a time on 2 cores; only the order of a first run depends on it.
+USUAL_SECONDS = ("mwhelpers", "usual_seconds")
+
+
+def usual_seconds(path: Path) -> float:
+    """The seconds ``path`` says it usually takes (inf where it does not say)."""
+    import json
+
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))["metadata"]
+        return float(meta[USUAL_SECONDS[0]][USUAL_SECONDS[1]])
+    except (OSError, ValueError, KeyError, TypeError):
+        return float("inf")
 
 
 def default_jobs() -> int:
