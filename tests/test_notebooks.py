@@ -447,11 +447,17 @@ def make_nb(path, cells, params=True):
 def test_suite_refuses_missing_parameters_cell_and_unknown_parameters(tmp_path):
     bare = make_nb(tmp_path / "bare.ipynb", ["print(1)"], params=False)
     good = make_nb(tmp_path / "good.ipynb", ["print(1)"])
-    proc = run_suite(str(bare), str(good), "--output", str(tmp_path / "out"), "-p", "epochs", "3")
+    out = tmp_path / "out"
+    out.mkdir()
+    for stale in ("good.ipynb", "good.html"):  # a run before this one
+        (out / stale).write_text("{}")
+    proc = run_suite(str(bare), str(good), "--output", str(out), "-p", "epochs", "3")
     assert proc.returncode == 1
     assert "bare.ipynb has no cell tagged 'parameters'" in proc.stdout
     assert "good.ipynb does not declare the parameter(s) epochs" in proc.stdout
     assert "0 passed, 2 failed" in proc.stdout
+    assert sorted(p.name for p in out.iterdir() if p.suffix in (".ipynb", ".html")) == [], \
+        "the last run's executed copy is left, as if it were this run's"
 
 
 @pytest.mark.notebook
@@ -503,6 +509,7 @@ def test_suite_runs_notebooks_side_by_side_and_ends_only_the_failed_ones_workers
         meta = nbformat.read(tmp_path / "out" / f"{name}.ipynb", as_version=4).metadata.papermill
         spans.append((meta.start_time, meta.end_time))
         assert (tmp_path / "out" / f"{name}.stderr.log").exists()
+        assert name in (tmp_path / "out" / f"{name}.html").read_text()  # rendered by the suite
     assert max(s for s, _ in spans) < min(e for _, e in spans), f"not side by side: {spans}"
     assert suite_workers(tmp_path) == [], "a suite's worker was left running"
 

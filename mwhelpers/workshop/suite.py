@@ -198,10 +198,13 @@ def _takes_hosts(path: Path) -> bool:
 
 
 def run_notebook(path: Path, out_dir: Path, params: Mapping[str, object], run_id: str,
-                 optional: Mapping[str, object] | None = None) -> str | None:
+                 optional: Mapping[str, object] | None = None, html: bool = True) -> str | None:
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
+    out_nb = out_dir / path.name
+    for stale in (out_nb, out_nb.with_suffix(".html")):  # the last run's, if this one fails early
+        stale.unlink(missing_ok=True)
     declared = declared_parameters(path)
     unknown = sorted(set(params) - set(declared))
     params = dict(params, **{k: v for k, v in (optional or {}).items() if k in declared})
@@ -214,7 +217,6 @@ def run_notebook(path: Path, out_dir: Path, params: Mapping[str, object], run_id
     params = dict(params)
     if "workdir" in declared:
         params["workdir"] = str(workdir)
-    out_nb = out_dir / path.name
     kernel_log = out_dir / f"{path.stem}.stderr.log"
     error = None
     try:
@@ -232,13 +234,13 @@ def run_notebook(path: Path, out_dir: Path, params: Mapping[str, object], run_id
     if leaked and not error:
         error = (f"left {len(leaked)} process(es) running after it finished (ended now): "
                  + "; ".join(leaked))
-    if out_nb.exists():
+    if html and out_nb.exists():
         write_html(out_nb)
     return error
 
 
 def run_timed(path: Path, out_dir: Path, params: Mapping[str, object], run_id: str,
-              optional: Mapping[str, object] | None) -> Done:
+              optional: Mapping[str, object] | None, html: bool = True) -> Done:
     """Run one notebook with this run's mark; (path, error or None, seconds, CPU seconds).
 
     ``run_id`` is the notebook's own mark, so its leftovers are told apart
@@ -253,7 +255,7 @@ def run_timed(path: Path, out_dir: Path, params: Mapping[str, object], run_id: s
     os.environ["JPY_SESSION_NAME"] = str(path)
     t0, cpu0 = time.monotonic(), cpu_seconds()
     try:
-        error = run_notebook(path, out_dir, params, run_id, optional=optional)
+        error = run_notebook(path, out_dir, params, run_id, optional=optional, html=html)
     except SuiteError as e:
         error = str(e)
     except Exception as e:  # papermill or the kernel broke: report it, run the rest
@@ -291,7 +293,8 @@ def run_all(jobs: Sequence[Job], parallel: int) -> Iterator[Done]:
 
     With more than one at a time, each notebook runs in a process of its own
     (kernel stderr goes to its file through this process's descriptor 2, and
-    that cannot be shared).
+    that cannot be shared), and this process renders its HTML meanwhile the next
+    notebook starts in that one.
     """
     parallel = min(parallel, len(jobs))
     if parallel <= 1:
@@ -305,16 +308,20 @@ def run_all(jobs: Sequence[Job], parallel: int) -> Iterator[Done]:
     pool = concurrent.futures.ProcessPoolExecutor(
         max_workers=parallel, mp_context=multiprocessing.get_context("spawn"))
     with pool:
-        pending = {pool.submit(run_timed, *job): job for job in jobs}
+        pending = {pool.submit(run_timed, *job, html=False): job for job in jobs}
         print(f"running {len(jobs)} notebooks, {parallel} at a time ...", flush=True)
         try:
             for done in concurrent.futures.as_completed(pending):
-                path, _, _, run_id, _ = pending[done]
+                path, out_dir, _, run_id, _ = pending[done]
                 try:
-                    yield done.result()
+                    result = done.result()
                 except Exception as e:  # its process died: report it, end what it left
                     end_leftovers(run_id)
                     yield path, f"the process running it failed: {type(e).__name__}: {e}", 0.0, 0.0
+                    continue
+                if (out_dir / path.name).exists():
+                    write_html(out_dir / path.name)
+                yield result
         finally:  # interrupted: the notebooks not done may have left processes
             unfinished = [job for future, job in pending.items() if not future.done()]
             for future in pending:
