@@ -277,19 +277,35 @@ def end_runs(runs: Iterable[TaskRun], why: str = "", policy: Policy | str = Poli
 
 def dump_stacks(runs: Sequence[TaskRun], within: float = 1.0) -> None:
     """Have every run write its Python stacks into its log (the step before a stuck task is
-    ended), and give the dumps up to ``within`` seconds, for all at once, to land."""
-    sizes: dict[TaskRun, int] = {}
+    ended), and give the dumps up to ``within`` seconds, for all at once, to land.  Those
+    whose log did not grow are asked again by signal (a thread of theirs may hold Python's
+    lock, which the backend's first way needs), with as long again."""
+    sizes = {r: _log_size(r) for r in runs}
     for r in runs:
-        sizes[r] = r.log_path.stat().st_size if r.log_path.exists() else 0
         r.process.dump_stacks()
+    waiting = _await_growth(runs, sizes, within)
+    if waiting:
+        for r in waiting:
+            r.process.dump_stacks(by_signal=True)
+        waiting = _await_growth(waiting, sizes, within)
+    if len(waiting) < len(runs):
+        time.sleep(0.1)  # the rest of a dump that has begun
+
+
+def _log_size(run: TaskRun) -> int:
+    return run.log_path.stat().st_size if run.log_path.exists() else 0
+
+
+def _await_growth(runs: Sequence[TaskRun], sizes: dict[TaskRun, int],
+                  within: float) -> list[TaskRun]:
+    """Wait up to ``within`` seconds for each log to grow; the runs whose log did not, or
+    that were still running (an ended one wrote nothing more)."""
     deadline = time.monotonic() + within
     waiting = list(runs)
     while waiting and time.monotonic() < deadline:
         time.sleep(0.05)
-        waiting = [r for r in waiting
-                   if not (r.log_path.exists() and r.log_path.stat().st_size > sizes[r])]
-    if len(waiting) < len(runs):
-        time.sleep(0.1)  # the rest of a dump that has begun
+        waiting = [r for r in waiting if _log_size(r) <= sizes[r] and r.process.running]
+    return waiting
 
 
 def diagnose_root(found: Sequence[Failure], runs: Sequence[TaskRun]) -> None:

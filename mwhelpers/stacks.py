@@ -1,8 +1,8 @@
 """Reading the Python stacks a stuck task wrote to its log.
 
 Before it ends a stuck task, mwhelpers has it write every thread's stack
-(``faulthandler`` on SIGUSR1, armed by the worker start-up).  The dump is
-plain text in the log::
+(``faulthandler``: a thread of the worker start-up's writes them when asked on a pipe, or
+the handler it registers on SIGUSR1 does).  The dump is plain text in the log::
 
     Current thread 0x00007f... (most recent call first):
       File "/home/me/main.py", line 10 in load_batch

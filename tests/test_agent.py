@@ -144,3 +144,39 @@ def test_a_bad_heartbeat_setting_is_refused_with_what_to_give(monkeypatch):
     assert SSHLauncher(SSHOptions(hosts=("node1",))).heartbeat == 0
     monkeypatch.delenv("MWHELPERS_HEARTBEAT")
     assert SSHLauncher(SSHOptions(hosts=("node1",))).heartbeat == 10
+
+
+def test_dump_asks_the_tasks_dump_thread_and_dump_signal_sends_sigusr1(tmp_path):
+    from conftest import ROOT
+
+    from mwhelpers import stacks
+
+    (tmp_path / "wait.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    bootstrap = str(ROOT / "mwhelpers" / "taskside" / "_bootstrap.py")
+    proc = subprocess.Popen([sys.executable, "-c", AGENT_CODE], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        proc.stdin.write(json.dumps({"argv": [sys.executable, "-u", bootstrap, "wait.py"],
+                                     "cwd": str(tmp_path), "escalation": LOST}) + "\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "up\n"
+        dumps = {}
+        for command in ("dump", "dump signal"):
+            proc.stdin.write(command + "\n")
+            proc.stdin.flush()
+            lines = []
+            while not (lines and lines[-1].strip().endswith("in main")):  # the start-up's main
+                lines.append(proc.stdout.readline().rstrip("\n"))
+            current = [ln for ln in lines if ln.startswith("Current thread")]
+            block = lines[lines.index(current[0]):] if current else []
+            dumps[command] = [f.func for f in stacks.dumps(block)[0]] if block else []
+            main = stacks.main_stack(lines)
+            assert any(f.file.endswith("wait.py") for f in main), lines
+        # The dump thread writes it (its own stack is the current one); SIGUSR1's handler runs
+        # in the main thread, which it interrupts.
+        assert dumps["dump"][0] == "dump", dumps
+        assert "<module>" in dumps["dump signal"], dumps
+        assert proc.poll() is None  # still running, after both
+    finally:
+        proc.stdin.close()
+        proc.wait(15)

@@ -2,12 +2,14 @@
 
 import os
 import signal
+import textwrap
 import threading
 import time
 
 import pytest
 from conftest import LISTENER, STUBBORN, pid_alive, squatting
 
+from mwhelpers import stacks
 from mwhelpers.errors import UsageError, WorkerTimeout
 from mwhelpers.failures import WorkerFailed
 from mwhelpers.session import escaped_orphans
@@ -93,6 +95,60 @@ def test_background_task_that_never_becomes_ready_times_out_with_its_stacks(rt):
     log = run.log_path.read_text()
     assert "most recent call first" in log and "worker-0_cell.py" in log  # the Python stacks
     assert run.state == "killed" and "did not become ready" in run.note
+
+
+# Threads start and end all the time, as in a thread pool; the main thread waits on them.
+CHURN = textwrap.dedent("""
+    import threading
+    def short():
+        sum(range(100))
+    print("churning", flush=True)
+    while True:
+        threads = [threading.Thread(target=short) for _ in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+""")
+
+
+def wait_for_line(run, text, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while text not in run.log_path.read_text():
+        assert run.running and time.monotonic() < deadline, run.log_path.read_text()[-2000:]
+        time.sleep(0.05)
+
+
+def test_stack_dumps_leave_a_task_whose_threads_come_and_go_running(rt):
+    """faulthandler's SIGUSR1 handler reads the thread list without Python's lock: a thread
+    that ends meanwhile crashed such a task (SIGSEGV) in a dump before it was ended."""
+    run = rt.launch("worker:0", code=CHURN, background=True, ready="start")
+    wait_for_line(run, "churning")
+    for _ in range(300):
+        run.process.dump_stacks()
+        time.sleep(0.005)
+    time.sleep(0.5)
+    assert run.running, run.outcome()
+    frames = stacks.main_stack(run.log_path.read_text().splitlines())
+    assert any(f.file.endswith("worker-0_cell.py") for f in frames), frames
+    rt.kill("worker:0")
+
+
+def test_a_task_whose_thread_holds_pythons_lock_still_writes_its_stacks(rt):
+    from mwhelpers.job import dump_stacks
+
+    # The regular expression engine keeps Python's lock for as long as it matches (hours).
+    run = rt.launch("worker:0", code="import re\nprint('matching', flush=True)\n"
+                                     "re.match(r'(a+)+$', 'a' * 40 + 'b')\n",
+                    background=True, ready="start")
+    wait_for_line(run, "matching")
+    t0 = time.monotonic()
+    dump_stacks([run])  # its dump thread cannot run: after a second, by signal
+    assert time.monotonic() - t0 >= 1.0
+    frames = stacks.main_stack(run.log_path.read_text().splitlines())
+    assert any(f.file.endswith("worker-0_cell.py") for f in frames), frames
+    run.process.send(signal.SIGKILL)
+    assert run.process.wait(10) == -signal.SIGKILL
 
 
 def test_waiting_for_a_peer_that_never_starts_times_out_naming_it(rt):

@@ -15,8 +15,9 @@ import psutil
 import pytest
 from conftest import ROOT, pid_alive
 
-from mwhelpers import warmstart
+from mwhelpers import stacks, warmstart
 from mwhelpers.failures import WorkerFailed
+from mwhelpers.job import dump_stacks
 
 # Prints what a task's program can see of how it was started, after its own import.
 LOOK = textwrap.dedent("""\
@@ -121,7 +122,16 @@ def test_exit_codes_and_signals_reach_the_kernel_and_kill_ends_the_task(rt):
     pid = run.pid
     os.kill(pid, signal.SIGKILL)
     assert run.process.wait(10) == -signal.SIGKILL
-    run = rt.launch("worker:0", code=head + "time.sleep(600)", background=True, ready="start")
+    run = rt.launch("worker:0", code=head + "print('up', flush=True)\ntime.sleep(600)",
+                    background=True, ready="start")
+    # Its stacks, asked through the dump pipe the server handed it: written by its dump thread.
+    while "up" not in run.log_path.read_text():
+        time.sleep(0.05)
+    dump_stacks([run])
+    lines = run.log_path.read_text().splitlines()
+    current = next(i for i, ln in enumerate(lines) if ln.startswith("Current thread"))
+    assert stacks.dumps(lines[current:])[0][0].func == "dump", lines
+    assert any(f.file.endswith("worker-0_cell.py") for f in stacks.main_stack(lines)), lines
     rt.kill("worker:0")
     assert not pid_alive(run.pid) and run.process.returncode is not None
 

@@ -142,8 +142,9 @@ class Process:
         proctree.send(procs, sig)
         return procs
 
-    def dump_stacks(self) -> None:
-        """Have the task's Python write every thread's stack to its log (SIGUSR1)."""
+    def dump_stacks(self, by_signal: bool = False) -> None:
+        """Have the task's Python write every thread's stack to its log (SIGUSR1; a backend
+        may have a safer way, and ``by_signal`` asks for this one)."""
         if self.running:  # (once reaped, its pid may be another process's)
             proctree.send(proctree.tree(self.pid)[:1], signal.SIGUSR1)
 

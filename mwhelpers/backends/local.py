@@ -23,10 +23,39 @@ class LocalProcess(Process):
     """A process on this machine, leader of its own session and process group: started by
     ``wait``'s owner (a Popen, or a warm-start server, which reports its exit code)."""
 
-    def __init__(self, pid: int, wait: Callable[[], int], warm: bool = False) -> None:
+    def __init__(self, pid: int, wait: Callable[[], int], warm: bool = False,
+                 dump_fd: int | None = None) -> None:
         super().__init__(pid)
         self.warm = warm  # forked from a warm-start server (mwhelpers.warmstart)
-        self._start_waiter(wait)
+        self._dump_fd = dump_fd  # the write end of its MWHELPERS_DUMP_FD pipe, until it exits
+
+        def wait_then_close() -> int:
+            try:
+                return wait()
+            finally:
+                self._close_dump()
+
+        self._start_waiter(wait_then_close)
+
+    def dump_stacks(self, by_signal: bool = False) -> None:
+        """Ask the task's dump thread (a byte on its pipe), which writes the stacks holding
+        Python's lock, so that no thread can end under it; SIGUSR1 where there is no pipe
+        or ``by_signal``."""
+        with self._lock:
+            fd = None if by_signal or not self.running else self._dump_fd
+            if fd is not None:
+                try:
+                    os.write(fd, b"d")
+                    return
+                except OSError:  # it has closed its end (it is on its way out)
+                    pass
+        super().dump_stacks()
+
+    def _close_dump(self) -> None:
+        with self._lock:
+            fd, self._dump_fd = self._dump_fd, None
+        if fd is not None:
+            os.close(fd)
 
     def processes(self) -> list[psutil.Process]:
         # Descendants that outlived it stay in its process group.
@@ -89,10 +118,17 @@ class LocalLauncher(Launcher):
         if spec.standby:
             raise ValueError("the local backend starts no standbys (warm starts skip "
                              "TensorFlow's import at a restart instead)")
-        env = dict(spec.env, MWHELPERS_GUARD_FD=str(guard))
+        dump_r, dump_w = os.pipe()
+        os.set_blocking(dump_w, False)  # a full pipe has requests enough
+        env = dict(spec.env, MWHELPERS_GUARD_FD=str(guard), MWHELPERS_DUMP_FD=str(dump_r))
         args = [*(["--cell"] if spec.cell else []), spec.script, *spec.args]
-        passed = {"MWHELPERS_GUARD_FD": guard}
-        logf = open_log(spec.log_path)
+        passed = {"MWHELPERS_GUARD_FD": guard, "MWHELPERS_DUMP_FD": dump_r}
+        try:
+            logf = open_log(spec.log_path)
+        except BaseException:
+            os.close(dump_r)
+            os.close(dump_w)
+            raise
         try:
             forked = self.warm.start(spec.script, args, env, spec.cwd, logf, passed)
             if forked is not None:
@@ -104,9 +140,13 @@ class LocalLauncher(Launcher):
                     start_new_session=True, pass_fds=tuple(passed.values()),
                 )
                 pid, wait = popen.pid, popen.wait
+        except BaseException:
+            os.close(dump_w)
+            raise
         finally:
             os.close(logf)
-        proc = LocalProcess(pid, wait, warm=forked is not None)
+            os.close(dump_r)
+        proc = LocalProcess(pid, wait, warm=forked is not None, dump_fd=dump_w)
         self.started = [p for p in self.started if p.running] + [proc]
         return proc
 

@@ -17,7 +17,9 @@ Protocol:
   how the program ended, or null: the agent points it at a file in that folder and sends the
   file back when the task has ended);
 * standard input, then: one command per line, ``signal N`` (to the task's
-  process group), ``dump`` (SIGUSR1 to the task: Python stacks into the log),
+  process group), ``dump`` (Python stacks into the log: a byte on the task's pipe
+  ``MWHELPERS_DUMP_FD``, which its start-up's dump thread reads), ``dump signal`` (the same
+  by SIGUSR1, for a task whose dump thread cannot run),
   ``end SIG:SECONDS,...`` (escalate through those signals until the group is
   gone), ``ping`` (answered with a ``pong`` report), ``release`` (a task started with
   ``standby`` true in the header, waiting on the pipe ``MWHELPERS_STANDBY_FD`` after
@@ -171,6 +173,11 @@ class Agent:
         elif port and port_taken(int(port)):
             say(PORT_TAKEN.format(port=port))
             return 1
+        dump_read, self.dump_fd = os.pipe()  # a byte: the task writes its stacks ("dump")
+        os.set_inheritable(self.dump_fd, False)
+        os.set_blocking(self.dump_fd, False)
+        env["MWHELPERS_DUMP_FD"] = str(dump_read)
+        fds = (*fds, dump_read)
         self.child = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                                       stderr=subprocess.STDOUT, start_new_session=True,
                                       preexec_fn=_die_with_parent, pass_fds=fds)
@@ -178,6 +185,16 @@ class Agent:
             os.close(fd)
         report("started", self.child.pid, socket.gethostname())
         return None
+
+    def dump(self, child: subprocess.Popen[bytes], by_signal: bool) -> None:
+        """Have the task write its stacks: through its dump thread, or by SIGUSR1."""
+        if not by_signal:
+            try:
+                os.write(self.dump_fd, b"d")
+                return
+            except OSError:  # full, or the task closed its end
+                pass
+        os.kill(child.pid, signal.SIGUSR1)
 
     def release(self) -> None:
         """Let a standby run its program (b"x" instead: its port is taken, said in the log,
@@ -222,7 +239,7 @@ class Agent:
                 elif words[0] == "signal":
                     kill_group(child.pid, int(words[1]))
                 elif words[0] == "dump":
-                    os.kill(child.pid, signal.SIGUSR1)
+                    self.dump(child, by_signal=words[1:] == ["signal"])
                 elif words[0] == "release":
                     self.release()
                 elif words[0] == "end":

@@ -7,8 +7,13 @@ extra process, and imports nothing heavy.  It:
   pipe whose read end is ``MWHELPERS_GUARD_FD`` here.  When the kernel dies
   for any reason (exit, restart, SIGKILL) the pipe reaches end-of-file and a
   daemon thread kills this worker's whole process group with SIGKILL;
-* registers ``faulthandler`` on SIGUSR1 so the launcher can have the Python
-  stacks of every thread written to the log before it ends a stuck task;
+* has a thread write the Python stacks of every thread to the log for each byte that
+  arrives on the pipe ``MWHELPERS_DUMP_FD`` (the local backend's way to ask, before it
+  ends a stuck task).  The thread holds the interpreter's lock while it writes, so no
+  thread can end under it.  It also registers ``faulthandler`` on SIGUSR1, which writes
+  them from a signal handler, without that lock: it works where a thread holds the lock
+  for good, and can crash the process (SIGSEGV) when a thread ends meanwhile, so it is
+  the fallback and the way over SSH and Slurm;
 * unless ``MWHELPERS_STALL_FIX=0``, arranges for MultiWorkerMirroredStrategy's
   input pipelines to run without tf.data autotuning, so that ``fit`` ends when
   training ends (``tfdata.py`` beside this file; nothing is imported until
@@ -88,6 +93,30 @@ def _arm_guard() -> None:
             os._exit(137)
 
     threading.Thread(target=watch, name="mwhelpers-parent-guard", daemon=True).start()
+
+
+def _arm_dumper() -> None:
+    """Each byte on ``MWHELPERS_DUMP_FD``: every thread's stack to standard error."""
+    fd_text = os.environ.pop("MWHELPERS_DUMP_FD", "")
+    if not fd_text:
+        return
+    fd = int(fd_text)
+    os.set_inheritable(fd, False)
+    try:
+        out = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        out = 2
+
+    def dump() -> None:
+        try:
+            while os.read(fd, 1):
+                faulthandler.dump_traceback(file=out, all_threads=True)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    threading.Thread(target=dump, name="mwhelpers-stack-dumper", daemon=True).start()
 
 
 PACKAGE = "_mwhelpers_taskside"  # this folder, imported by path under a name of its own
@@ -227,6 +256,7 @@ def main() -> int:
         sys.stderr.write("usage: _bootstrap.py [--standby] [--cell] SCRIPT [ARGS...]\n")
         return 2
     _arm_guard()
+    _arm_dumper()
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     if not zygote:  # a forked task has them from its server
         _arm_import_hooks()
