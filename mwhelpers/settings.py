@@ -179,6 +179,9 @@ SET_BY_MWHELPERS: tuple[tuple[str, str], ...] = (
     ("MWHELPERS_BG", "set in what a `%%script --bg` cell starts, so that `%killbgscripts` "
                      "finds what escaped from it"),
     ("MWHELPERS_GUARD_FD", "the pipe by which a local task notices that its kernel died"),
+    ("MWHELPERS_DUMP_FD", "the pipe on which a task's start-up is asked to write every thread's "
+                          "stack to its log (a stuck task, before it is ended); taken out of "
+                          "the environment before the program runs"),
     ("MWHELPERS_ENGINE_ID", "an interactive task's engine number, which it asks ipyparallel's "
                             "controller for (`%cluster N --interactive`)"),
     ("MWHELPERS_STANDBY_FD", "the pipe on which a process started ahead waits until a restart "
