@@ -40,6 +40,7 @@ from .job import dump_stacks, end_runs
 from .logs import shown, tail_lines
 from .proctree import Policy
 from .pxoutput import Printer, TaskValues, plain
+from .timeouts import stacks_said
 
 if TYPE_CHECKING:
     from .launchoptions import ReadyMode
@@ -379,11 +380,11 @@ class Interactive:
             lines.append(f"[{t}] " + "\n".join(_traceback(err)).replace("\n", f"\n[{t}] "))
         stuck_runs = [self.runs[t] for t in busy]
         if busy:
+            dump_stacks(stuck_runs)
             if timed_out is not None:  # stacks first, then a chance to stop: maybe only slow
-                dump_stacks(stuck_runs)
                 still = self._stop(ar, tasks, busy)
                 head = (f"{', '.join(map(str, busy))} did not finish cell {n} within "
-                        f"{timed_out:g} s; {_stacks_written(busy, 'interrupted (SIGINT)')}")
+                        f"{timed_out:g} s; {_stacks_written(stuck_runs, 'interrupted (SIGINT)')}")
                 if still:
                     end_runs([self.runs[t] for t in still],
                              f"did not stop at SIGINT after cell {n} timed out")
@@ -393,15 +394,14 @@ class Interactive:
             elif interrupted:
                 head = (f"{', '.join(map(str, busy))} did not stop within {INTERRUPT_WAIT:g} s "
                         "of Ctrl-C (SIGINT): stuck where Python cannot interrupt (a "
-                        f"collective, most often); {_stacks_written(busy, 'ended')}")
+                        f"collective, most often); {_stacks_written(stuck_runs, 'ended')}")
             else:
                 cause = "died" if dead else "raised"
                 head = (f"{', '.join(map(str, busy))} still ran cell {n} {grace:g} s after "
                         f"{', '.join(map(str, [*dead, *errors]))} {cause}: waiting in a "
                         "collective for a peer that will never join, most likely, which no "
-                        f"signal interrupts; {_stacks_written(busy, 'ended')}")
+                        f"signal interrupts; {_stacks_written(stuck_runs, 'ended')}")
             if timed_out is None:
-                dump_stacks(stuck_runs)
                 end_runs(stuck_runs, f"stuck in cell {n}")
             where, found = explain_stuck(stuck_runs, [self.runs[t] for t in self.tasks])
             lines.append(head + ".")
@@ -528,9 +528,7 @@ def _traceback(err: Any) -> list[str]:
     return [shown(ln) for ln in lines]
 
 
-def _stacks_written(tasks: Sequence[Task], then: str) -> str:
-    if len(tasks) == 1:
-        return f"its stacks were written to its log, and it was {then}"
-    return f"their stacks were written to their logs, and they were {then}"
+def _stacks_written(runs: Sequence[TaskRun], then: str) -> str:
+    return f"{stacks_said(runs)}, and {'it was' if len(runs) == 1 else 'they were'} {then}"
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import psutil
 
 from . import failures as failure_records
-from . import proctree
+from . import proctree, stacks
 from .backends.base import end_local, end_together
 from .diagnosis import explain_failure
 from .errors import UsageError
@@ -290,6 +290,17 @@ def dump_stacks(runs: Sequence[TaskRun], within: float = 1.0) -> None:
         waiting = _await_growth(waiting, sizes, within)
     if len(waiting) < len(runs):
         time.sleep(0.1)  # the rest of a dump that has begun
+    for r in runs:  # what each wrote since it was asked: its main thread's stack, or not
+        r.stacks_written = bool(stacks.main_stack(_written_since(r, sizes[r])))
+
+
+def _written_since(run: TaskRun, size: int) -> list[str]:
+    try:
+        with open(run.log_path, "rb") as f:
+            f.seek(size)
+            return f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
 
 
 def _log_size(run: TaskRun) -> int:

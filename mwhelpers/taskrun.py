@@ -186,6 +186,7 @@ class TaskRun:
         self.keras_fix = True  # whether its start-up mends Keras 3 (kerasfix.py)
         self.ready_after: float | None = None  # seconds from start until ready
         self.note = ""  # who ended it, when not itself
+        self.stacks_written = False  # its last dump (job.dump_stacks) holds its main thread
         # An interactive task (an ipyparallel engine: mwhelpers.interactive) and what it is
         # doing ("cell 3 running"), which the status table shows instead of its last log line.
         self.interactive = False

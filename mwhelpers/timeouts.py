@@ -42,9 +42,24 @@ def not_ready_error(run: TaskRun, timeout: float, host: str | None = None) -> Wo
     explained = [line for f in found for line in f.lines()] or places
     return WorkerTimeout(
         f"{run.task} did not become ready within {timeout:g} s: port {run.port} never "
-        f"accepted connections{where}. Its Python stacks were written to its log before it "
+        f"accepted connections{where}. {stacks_said([run]).capitalize()} before it "
         "was ended.\n" + "".join(line + "\n" for line in explained) + tail_before_stacks(run),
         not_ready=[run.task], diagnosis=[f.to_dict() for f in found])
+
+
+def stacks_said(runs: Sequence[TaskRun]) -> str:
+    """Whether ``runs``, asked for their stacks (:func:`mwhelpers.job.dump_stacks`), wrote
+    them: a few words for a message, lower case."""
+    missing = [str(r.task) for r in runs if not r.stacks_written]
+    one = len(runs) == 1
+    if not missing:
+        return "its Python stacks were written to its log" if one else \
+            "Python stacks were written to the log"
+    if len(missing) == len(runs):
+        return ("it wrote no Python stacks to its log" if one else
+                "they wrote no Python stacks to their logs") + " (asked twice)"
+    return (f"Python stacks were written to the log, except by {', '.join(missing)} "
+            "(asked twice)")
 
 
 def timeout_error(stuck: Sequence[TaskRun], timeout: float, what: str, runs: Iterable[TaskRun],
@@ -54,7 +69,7 @@ def timeout_error(stuck: Sequence[TaskRun], timeout: float, what: str, runs: Ite
     never became ready."""
     names = ", ".join(str(r.task) for r in stuck)
     msg = f"{names} {what} within {timeout:g} s and {'was' if len(stuck) == 1 else 'were'} ended; "
-    msg += "Python stacks were written to the log before ending."
+    msg += f"{stacks_said(stuck)} before ending."
     if not_ready:
         msg += "\nTasks of the cluster that never became ready: " + "; ".join(
             f"{t} ({why})" for t, why in not_ready)

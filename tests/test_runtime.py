@@ -161,6 +161,16 @@ def test_waiting_for_a_peer_that_never_starts_times_out_naming_it(rt):
     assert "most recent call first" in rt.get_run("worker:0").log_path.read_text()
 
 
+def test_a_stuck_task_that_wrote_no_stacks_is_not_said_to_have(rt):
+    # Its standard error closed: neither its dump thread nor SIGUSR1's handler can write.
+    rt.launch("worker:0", code="import os\nos.close(2)\n" + LISTENER, background=True)
+    with pytest.raises(WorkerTimeout) as err:
+        rt.wait(timeout=1.0)
+    assert ("was ended; it wrote no Python stacks to its log (asked twice) before ending"
+            in str(err.value)), str(err.value)
+    assert not rt.get_run("worker:0").running
+
+
 def test_foreground_timeout_names_the_peers_that_never_became_ready(rt):
     with pytest.raises(WorkerTimeout, match=r"worker:1 did not finish within 1 s") as err:
         rt.launch("worker:1", code=LISTENER, timeout=1)
