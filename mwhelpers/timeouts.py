@@ -42,9 +42,13 @@ def not_ready_error(run: TaskRun, timeout: float, host: str | None = None) -> Wo
     explained = [line for f in found for line in f.lines()] or places
     return WorkerTimeout(
         f"{run.task} did not become ready within {timeout:g} s: port {run.port} never "
-        f"accepted connections{where}. {stacks_said([run]).capitalize()} before it "
+        f"accepted connections{where}. {_first_upper(stacks_said([run]))} before it "
         "was ended.\n" + "".join(line + "\n" for line in explained) + tail_before_stacks(run),
         not_ready=[run.task], diagnosis=[f.to_dict() for f in found])
+
+
+def _first_upper(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def stacks_said(runs: Sequence[TaskRun]) -> str:

@@ -92,6 +92,7 @@ def test_background_task_that_never_becomes_ready_times_out_with_its_stacks(rt):
     assert not pid_alive(run.pid)
     assert err.value.not_ready == [("worker", 0)]
     assert f"port {run.port} never accepted connections" in str(err.value)
+    assert "Its Python stacks were written to its log before it was ended" in str(err.value)
     log = run.log_path.read_text()
     assert "most recent call first" in log and "worker-0_cell.py" in log  # the Python stacks
     assert run.state == "killed" and "did not become ready" in run.note

@@ -8,12 +8,12 @@ extra process, and imports nothing heavy.  It:
   for any reason (exit, restart, SIGKILL) the pipe reaches end-of-file and a
   daemon thread kills this worker's whole process group with SIGKILL;
 * has a thread write the Python stacks of every thread to the log for each byte that
-  arrives on the pipe ``MWHELPERS_DUMP_FD`` (the local backend's way to ask, before it
-  ends a stuck task).  The thread holds the interpreter's lock while it writes, so no
-  thread can end under it.  It also registers ``faulthandler`` on SIGUSR1, which writes
-  them from a signal handler, without that lock: it works where a thread holds the lock
-  for good, and can crash the process (SIGSEGV) when a thread ends meanwhile, so it is
-  the fallback and the way over SSH and Slurm;
+  arrives on the pipe ``MWHELPERS_DUMP_FD`` (how the local backend, and the agent over SSH
+  and Slurm, ask before they end a stuck task).  The thread holds the interpreter's lock
+  while it writes, so no thread can end under it.  It also registers ``faulthandler`` on
+  SIGUSR1, which writes them from a signal handler, without that lock: that works where a
+  thread holds the lock for good, and can crash the process (SIGSEGV) when a thread ends
+  meanwhile, so it is the fallback;
 * unless ``MWHELPERS_STALL_FIX=0``, arranges for MultiWorkerMirroredStrategy's
   input pipelines to run without tf.data autotuning, so that ``fit`` ends when
   training ends (``tfdata.py`` beside this file; nothing is imported until
