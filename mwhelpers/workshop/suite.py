@@ -293,8 +293,8 @@ def run_all(jobs: Sequence[Job], parallel: int) -> Iterator[Done]:
 
     With more than one at a time, each notebook runs in a process of its own
     (kernel stderr goes to its file through this process's descriptor 2, and
-    that cannot be shared), and this process renders its HTML meanwhile the next
-    notebook starts in that one.
+    that cannot be shared); this process renders each one's HTML while the next notebook
+    starts in that process.
     """
     parallel = min(parallel, len(jobs))
     if parallel <= 1:
@@ -320,7 +320,12 @@ def run_all(jobs: Sequence[Job], parallel: int) -> Iterator[Done]:
                     yield path, f"the process running it failed: {type(e).__name__}: {e}", 0.0, 0.0
                     continue
                 if (out_dir / path.name).exists():
-                    write_html(out_dir / path.name)
+                    try:
+                        write_html(out_dir / path.name)
+                    except Exception as e:  # nbconvert broke: that notebook's error, not the run's
+                        if result[1] is None:
+                            result = (path, f"its HTML could not be written: {type(e).__name__}: "
+                                            f"{e}", *result[2:])
                 yield result
         finally:  # interrupted: the notebooks not done may have left processes
             unfinished = [job for future, job in pending.items() if not future.done()]
