@@ -71,6 +71,14 @@ LISTENER = PORT_OF_TASK + textwrap.dedent("""
 """)
 
 # Ignores SIGINT and SIGTERM like a TF worker waiting for its peers.
+def wait_for_line(run, text, timeout=30.0):
+    """Wait until ``text`` is in the run's log (it must keep running meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while text not in run.log_path.read_text():
+        assert run.running and time.monotonic() < deadline, run.log_path.read_text()[-2000:]
+        time.sleep(0.05)
+
+
 STUBBORN = textwrap.dedent("""
     import signal, time
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from conftest import LISTENER, STUBBORN, pid_alive, squatting
+from conftest import LISTENER, STUBBORN, pid_alive, squatting, wait_for_line
 
 from mwhelpers import stacks
 from mwhelpers.errors import UsageError, WorkerTimeout
@@ -111,13 +111,6 @@ CHURN = textwrap.dedent("""
         for t in threads:
             t.join()
 """)
-
-
-def wait_for_line(run, text, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while text not in run.log_path.read_text():
-        assert run.running and time.monotonic() < deadline, run.log_path.read_text()[-2000:]
-        time.sleep(0.05)
 
 
 def test_stack_dumps_leave_a_task_whose_threads_come_and_go_running(rt):

@@ -13,7 +13,7 @@ import time
 
 import psutil
 import pytest
-from conftest import ROOT, pid_alive
+from conftest import ROOT, pid_alive, wait_for_line
 
 from mwhelpers import stacks, warmstart
 from mwhelpers.failures import WorkerFailed
@@ -125,8 +125,7 @@ def test_exit_codes_and_signals_reach_the_kernel_and_kill_ends_the_task(rt):
     run = rt.launch("worker:0", code=head + "print('up', flush=True)\ntime.sleep(600)",
                     background=True, ready="start")
     # Its stacks, asked through the dump pipe the server handed it: written by its dump thread.
-    while "up" not in run.log_path.read_text():
-        time.sleep(0.05)
+    wait_for_line(run, "up")
     dump_stacks([run])
     lines = run.log_path.read_text().splitlines()
     current = next(i for i, ln in enumerate(lines) if ln.startswith("Current thread"))
