@@ -286,7 +286,7 @@ def dump_stacks(runs: Sequence[TaskRun], within: float = 1.0) -> None:
     waiting = _await_growth(runs, sizes, within)
     if waiting:
         for r in waiting:
-            r.process.dump_stacks(by_signal=True)
+            r.process.dump_stacks_by_signal()
         waiting = _await_growth(waiting, sizes, within)
     if len(waiting) < len(runs):
         time.sleep(0.1)  # the rest of a dump that has begun

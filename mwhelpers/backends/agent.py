@@ -244,8 +244,11 @@ class AgentProcess(Process):
         self._command(f"signal {int(sig)}")
         return []
 
-    def dump_stacks(self, by_signal: bool = False) -> None:
-        self._command("dump signal" if by_signal else "dump")
+    def dump_stacks(self) -> None:
+        self._command("dump")
+
+    def dump_stacks_by_signal(self) -> None:
+        self._command("dump signal")
 
     def request_end(self, escalation: Escalation) -> None:
         """Ask the agent to escalate through ``escalation``; returns at once."""

@@ -142,11 +142,16 @@ class Process:
         proctree.send(procs, sig)
         return procs
 
-    def dump_stacks(self, by_signal: bool = False) -> None:
-        """Have the task's Python write every thread's stack to its log (SIGUSR1; a backend
-        may have a safer way, and ``by_signal`` asks for this one)."""
+    def dump_stacks(self) -> None:
+        """Have the task's Python write every thread's stack to its log (SIGUSR1 here; a
+        backend may have a safer way)."""
         if self.running:  # (once reaped, its pid may be another process's)
             proctree.send(proctree.tree(self.pid)[:1], signal.SIGUSR1)
+
+    def dump_stacks_by_signal(self) -> None:
+        """The same through SIGUSR1's handler, for a task whose log :meth:`dump_stacks` did not
+        reach (a thread of it holds Python's lock); where that is already a signal, again."""
+        self.dump_stacks()
 
     def end(self, escalation: Escalation = proctree.DEFAULT_ESCALATION, who: str = "") -> list[str]:
         """End it (its whole tree) through ``escalation``, a sequence of (signal, seconds

@@ -37,18 +37,20 @@ class LocalProcess(Process):
 
         self._start_waiter(wait_then_close)
 
-    def dump_stacks(self, by_signal: bool = False) -> None:
+    def dump_stacks(self) -> None:
         """Ask the task's dump thread (a byte on its pipe), which writes the stacks holding
-        Python's lock, so that no thread can end under it; SIGUSR1 where there is no pipe
-        or ``by_signal``."""
+        Python's lock, so that no thread can end under it; SIGUSR1 where there is no pipe."""
         with self._lock:
-            fd = None if by_signal or not self.running else self._dump_fd
+            fd = self._dump_fd if self.running else None
             if fd is not None:
                 try:
                     os.write(fd, b"d")
                     return
                 except OSError:  # it has closed its end (it is on its way out)
                     pass
+        super().dump_stacks()
+
+    def dump_stacks_by_signal(self) -> None:
         super().dump_stacks()
 
     def _close_dump(self) -> None:
