@@ -35,6 +35,7 @@ from .backends.base import end_local, end_together
 from .diagnosis import explain_failure
 from .errors import UsageError
 from .failures import Failure, WorkerFailed
+from .logs import LogFollower
 from .proctree import Policy
 from .taskrun import LaunchRequest, Standby, TaskRun, parse_timeout
 from .timeouts import not_ready_error, timeout_error
@@ -291,16 +292,8 @@ def dump_stacks(runs: Sequence[TaskRun], within: float = 1.0) -> None:
     if len(waiting) < len(runs):
         time.sleep(0.1)  # the rest of a dump that has begun
     for r in runs:  # what each wrote since it was asked: its main thread's stack, or not
-        r.stacks_written = bool(stacks.main_stack(_written_since(r, sizes[r])))
-
-
-def _written_since(run: TaskRun, size: int) -> list[str]:
-    try:
-        with open(run.log_path, "rb") as f:
-            f.seek(size)
-            return f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return []
+        since = LogFollower(r.log_path, sizes[r]).poll(final=True)
+        r.stacks_written = bool(stacks.main_stack(since))
 
 
 def _log_size(run: TaskRun) -> int:
@@ -309,8 +302,8 @@ def _log_size(run: TaskRun) -> int:
 
 def _await_growth(runs: Sequence[TaskRun], sizes: dict[TaskRun, int],
                   within: float) -> list[TaskRun]:
-    """Wait up to ``within`` seconds for each log to grow; the runs whose log did not, or
-    that were still running (an ended one wrote nothing more)."""
+    """Wait up to ``within`` seconds for each log to grow; the runs still running whose log
+    did not (one that ended will write nothing more)."""
     deadline = time.monotonic() + within
     waiting = list(runs)
     while waiting and time.monotonic() < deadline:
