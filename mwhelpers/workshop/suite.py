@@ -198,7 +198,7 @@ def _takes_hosts(path: Path) -> bool:
 
 
 def run_notebook(path: Path, out_dir: Path, params: Mapping[str, object], run_id: str,
-                 optional: Mapping[str, object] | None = None, html: bool = True) -> str | None:
+                 optional: Mapping[str, object] | None = None) -> str | None:
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -234,13 +234,11 @@ def run_notebook(path: Path, out_dir: Path, params: Mapping[str, object], run_id
     if leaked and not error:
         error = (f"left {len(leaked)} process(es) running after it finished (ended now): "
                  + "; ".join(leaked))
-    if html and out_nb.exists():
-        write_html(out_nb)
     return error
 
 
 def run_timed(path: Path, out_dir: Path, params: Mapping[str, object], run_id: str,
-              optional: Mapping[str, object] | None, html: bool = True) -> Done:
+              optional: Mapping[str, object] | None) -> Done:
     """Run one notebook with this run's mark; (path, error or None, seconds, CPU seconds).
 
     ``run_id`` is the notebook's own mark, so its leftovers are told apart
@@ -255,7 +253,7 @@ def run_timed(path: Path, out_dir: Path, params: Mapping[str, object], run_id: s
     os.environ["JPY_SESSION_NAME"] = str(path)
     t0, cpu0 = time.monotonic(), cpu_seconds()
     try:
-        error = run_notebook(path, out_dir, params, run_id, optional=optional, html=html)
+        error = run_notebook(path, out_dir, params, run_id, optional=optional)
     except SuiteError as e:
         error = str(e)
     except Exception as e:  # papermill or the kernel broke: report it, run the rest
@@ -293,14 +291,14 @@ def run_all(jobs: Sequence[Job], parallel: int) -> Iterator[Done]:
 
     With more than one at a time, each notebook runs in a process of its own
     (kernel stderr goes to its file through this process's descriptor 2, and
-    that cannot be shared); this process renders each one's HTML while the next notebook
-    starts in that process.
+    that cannot be shared); this process renders each one's HTML (:func:`with_html`) while
+    the next notebook starts in that process.
     """
     parallel = min(parallel, len(jobs))
     if parallel <= 1:
         for job in jobs:
             print(f"{job[0].name} ...", flush=True)
-            yield run_timed(*job)
+            yield with_html(run_timed(*job), job[1])
         return
     import concurrent.futures
     import multiprocessing
@@ -308,7 +306,7 @@ def run_all(jobs: Sequence[Job], parallel: int) -> Iterator[Done]:
     pool = concurrent.futures.ProcessPoolExecutor(
         max_workers=parallel, mp_context=multiprocessing.get_context("spawn"))
     with pool:
-        pending = {pool.submit(run_timed, *job, html=False): job for job in jobs}
+        pending = {pool.submit(run_timed, *job): job for job in jobs}
         print(f"running {len(jobs)} notebooks, {parallel} at a time ...", flush=True)
         try:
             for done in concurrent.futures.as_completed(pending):
@@ -319,20 +317,26 @@ def run_all(jobs: Sequence[Job], parallel: int) -> Iterator[Done]:
                     end_leftovers(run_id)
                     yield path, f"the process running it failed: {type(e).__name__}: {e}", 0.0, 0.0
                     continue
-                if (out_dir / path.name).exists():
-                    try:
-                        write_html(out_dir / path.name)
-                    except Exception as e:  # nbconvert broke: that notebook's error, not the run's
-                        if result[1] is None:
-                            result = (path, f"its HTML could not be written: {type(e).__name__}: "
-                                            f"{e}", *result[2:])
-                yield result
+                yield with_html(result, out_dir)
         finally:  # interrupted: the notebooks not done may have left processes
             unfinished = [job for future, job in pending.items() if not future.done()]
             for future in pending:
                 future.cancel()
             for *_, run_id, _ in unfinished:
                 end_leftovers(run_id)
+
+
+def with_html(done: Done, out_dir: Path) -> Done:
+    """``done`` once the executed notebook's HTML is written beside it; a rendering that
+    fails is that notebook's error (when it has none), not the end of the run."""
+    path, error, seconds, cpu = done
+    executed = out_dir / path.name
+    if executed.exists():
+        try:
+            write_html(executed)
+        except Exception as e:  # nbconvert broke
+            error = error or f"its HTML could not be written: {type(e).__name__}: {e}"
+    return path, error, seconds, cpu
 
 
 def write_html(nb_path: Path) -> None:
