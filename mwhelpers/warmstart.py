@@ -26,7 +26,9 @@ A task is started cold (a fresh interpreter, as before) when:
 
 Everything in a task's environment but what differs from task to task (``TF_CONFIG`` and
 mwhelpers' own per-task variables, :data:`PER_TASK`), and its folder, is part of the key:
-tasks with another key get another server.  The local launchers of one process share their
+tasks with another key get another server, unless their environment differs from a server's
+only in what that server's own import set (a kernel that has imported TensorFlow since its
+first launch) or, where it did not load JAX, in ``JAX_*`` variables (:func:`same_import`).  The local launchers of one process share their
 servers (:func:`acquire`): a new cluster (``%cluster`` again) forks from the server the last
 one used.  The servers end when the last of those launchers is closed.
 """
@@ -264,6 +266,42 @@ def key_of(env: Mapping[str, str], cwd: str) -> tuple[str, tuple[tuple[str, str]
     return cwd, tuple(sorted((k, v) for k, v in env.items() if k not in PER_TASK))
 
 
+class ImportEffects(NamedTuple):
+    """What a server's import did, as it says when ready: the variables it set (to these
+    values) and removed, and whether it loaded JAX itself (not only the stand-in of
+    ``taskside/lazyjax.py``)."""
+
+    env_set: Mapping[str, str]
+    env_unset: frozenset[str]
+    jax: bool
+
+
+def same_import(server_env: Mapping[str, str], effects: ImportEffects,
+                env: Mapping[str, str]) -> bool:
+    """Whether a task whose environment at import is ``env`` imports as a server started with
+    ``server_env`` did, though the two differ (beyond :data:`PER_TASK`).  They may differ only
+
+    * where the server's import set a variable and ``env`` has it already, with the value the
+      import gave it (or lacks one the import removed): a kernel that imported TensorFlow has
+      ``TF2_BEHAVIOR=1`` and more in its environment since, and a cold start's import would
+      set the same; the fork gets the server's values (``_forkserver.py``);
+    * in ``JAX_*`` variables, where the server did not load JAX: JAX reads them when it is
+      imported, in the task, from the task's environment (``JAX_CPU_COLLECTIVES_IMPLEMENTATION``
+      is set for the tasks of a cluster of workers only)."""
+    for name in (set(server_env) | set(env)) - PER_TASK:
+        theirs, mine = env.get(name), server_env.get(name)
+        if theirs == mine:
+            continue
+        if name in effects.env_set and theirs == effects.env_set[name]:
+            continue
+        if name in effects.env_unset and theirs is None:
+            continue
+        if name.startswith("JAX_") and not effects.jax:
+            continue
+        return False
+    return True
+
+
 def _installed() -> tuple[tuple[str, int, int], ...]:
     """The files a server's import ran, as installed now (path, size, mtime): after an upgrade
     of TensorFlow (``%pip install``) or an edit of the start-up's hooks, tasks get a new server."""
@@ -285,6 +323,10 @@ def _installed() -> tuple[tuple[str, int, int], ...]:
     return tuple(stamps)
 
 
+# A server's key: key_of's (folder, environment), what it imports first, _installed()'s files.
+Key = tuple[tuple[str, tuple[tuple[str, str], ...]], str, tuple[tuple[str, int, int], ...]]
+
+
 class _Server:
     """One warm-start server process and the control socket the kernel keeps to it."""
 
@@ -295,6 +337,8 @@ class _Server:
         self.lock = threading.Lock()
         self.error: str | None = None
         self.gpu_build = True  # its TensorFlow was built for GPUs (said once it is ready)
+        self.env = dict(env)
+        self.effects = ImportEffects({}, frozenset(), True)  # (said once it is ready)
         try:
             self.popen = subprocess.Popen(
                 # The blank argument leaves room to show each task's own command line.
@@ -321,6 +365,9 @@ class _Server:
             reply = {}
         if reply.get("ready"):
             self.gpu_build = bool(reply.get("gpu_build", True))
+            self.effects = ImportEffects(dict(reply.get("env_set") or {}),
+                                         frozenset(reply.get("env_unset") or ()),
+                                         bool(reply.get("jax", True)))
             return True
         self.error = reply.get("error") or (f"no word within {READY_TIMEOUT:.0f} s" if not ready
                                             else "it ended before it was ready")
@@ -410,9 +457,9 @@ class WarmStarter:
     def __init__(self, python: str, bootstrap: str) -> None:
         self.python = python
         self.bootstrap = bootstrap
-        self._servers: dict[object, _Server] = {}
+        self._servers: dict[Key, _Server] = {}
         self._retired: list[_Server] = []  # replaced by newer ones; they end after their tasks
-        self._failed: set[object] = set()  # keys whose server could not import TensorFlow
+        self._failed: set[Key] = set()  # keys whose server could not import TensorFlow
         self._lock = threading.Lock()
         self.closed = False
         self.last_cold_reason: str | None = None
@@ -445,31 +492,30 @@ class WarmStarter:
             return server.fork(argv, env, cwd, log_fd, passed)
         except ServerGone as e:  # the next task gets a new server; this one starts cold
             self.last_cold_reason = str(e)
-            self._retire(key, server)
+            self._retire(server)
             return None
         except OSError as e:  # this task alone: the server goes on forking the others
             self.last_cold_reason = f"the warm-start server could not fork it ({e})"
             return None
 
-    def _retire(self, key: object, server: _Server) -> None:
+    def _retire(self, server: _Server) -> None:
         """No more tasks for ``server``; it leaves when its tasks have (reaped at close)."""
         with self._lock:
-            if self._servers.get(key) is server:
-                del self._servers[key]
+            self._servers = {k: s for k, s in self._servers.items() if s is not server}
             self._retired.append(server)
         server.close()
 
-    def _server(self, key: object, env: Mapping[str, str], cwd: str,
+    def _server(self, key: Key, env: Mapping[str, str], cwd: str,
                 first: str) -> _Server | None:
         with self._lock:  # one server per key; the first task waits for its import
             if self.closed or key in self._failed:
                 self.last_cold_reason = "its warm-start server could not import TensorFlow"
                 return None
-            server = self._servers.get(key)
+            server = self._servers.get(key) or self._alike(key, env)
             if server is not None and server.alive:
                 return server
             if server is not None:  # it died: its control socket goes too
-                del self._servers[key]
+                self._servers = {k: s for k, s in self._servers.items() if s is not server}
                 server.close()
             base = {k: v for k, v in env.items() if k not in PER_TASK}
             try:
@@ -490,6 +536,15 @@ class WarmStarter:
                 self._retired.append(retired)
             self._retired = [s for s in self._retired if s.popen.poll() is None]
             return server
+
+    def _alike(self, key: Key, env: Mapping[str, str]) -> _Server | None:
+        """A server of another key whose import a task of ``key`` and ``env`` would repeat:
+        the same folder, first import and installed files, and :func:`same_import`."""
+        for other, server in self._servers.items():
+            if (server.alive and other[0][0] == key[0][0] and other[1:] == key[1:]
+                    and same_import(server.env, server.effects, env)):
+                return server
+        return None
 
     @property
     def pids(self) -> list[int]:

@@ -147,6 +147,33 @@ def test_a_program_without_tensorflow_starts_cold_and_another_environment_anothe
 
 
 @pytest.mark.tf
+def test_the_kernels_own_import_since_and_jax_flags_give_no_second_server(rt, monkeypatch):
+    """A notebook launches, then imports TensorFlow itself (TensorFlow's import adds
+    TF2_BEHAVIOR and more to the kernel's environment), then launches a task that does not train (an
+    evaluator: no JAX_CPU_COLLECTIVES_IMPLEMENTATION): one server forks both, as a cold start would
+    have them; a variable TensorFlow's import does not set still gets another."""
+    seen = ("import os, tensorflow\nprint('SEEN', os.environ.get('TF2_BEHAVIOR'), "
+            "os.environ.get('JAX_CPU_COLLECTIVES_IMPLEMENTATION'))\n")
+    for name in ("TF2_BEHAVIOR", "ENABLE_RUNTIME_UPTIME_TELEMETRY", "HDF5_PLUGIN_PATH",
+                 "TPU_ML_PLATFORM", "TPU_ML_PLATFORM_VERSION"):
+        monkeypatch.delenv(name, raising=False)  # as in a kernel before its import
+    first = rt.launch("worker:0", code=seen)
+    assert first.process.warm and "SEEN 1 gloo" in first.log_path.read_text()
+    (server,) = servers(rt)
+    # What the kernel's import adds is what the server's added (both arm mwhelpers' lazyjax).
+    (effects,) = [s.effects for s in rt.launcher.warm._servers.values()]
+    assert effects.env_set.get("TF2_BEHAVIOR") == "1" and not effects.jax
+    for name, value in effects.env_set.items():
+        monkeypatch.setenv(name, value)
+    rt.define_cluster(workers=1, evaluator=True)
+    second = rt.launch("evaluator:0", code=seen)
+    assert second.process.warm and "SEEN 1 None" in second.log_path.read_text()
+    assert servers(rt) == [server]
+    third = rt.launch("evaluator:0", code=seen, env={"TF_CPP_MAX_VLOG_LEVEL": "0"})
+    assert third.process.warm and len(servers(rt)) == 2
+
+
+@pytest.mark.tf
 def test_literal_settings_above_the_import_are_the_servers_own(rt):
     """A program that sets KERAS_BACKEND before its import is forked from a server that
     imported with it: Keras runs on JAX there, and JAX computes in the fork; the same program
@@ -316,6 +343,24 @@ def test_the_key_leaves_out_only_what_differs_between_tasks():
     assert warmstart.key_of(a, "/d") == warmstart.key_of(b, "/d")
     assert warmstart.key_of(a, "/d") != warmstart.key_of({**b, "TF_X": "2"}, "/d")
     assert warmstart.key_of(a, "/d") != warmstart.key_of(a, "/e")
+
+
+def test_a_task_differing_only_in_what_the_servers_import_did_imports_the_same():
+    server = {"PATH": "/bin", "HDF5_PLUGIN_PATH": "mine", "TF_CONFIG": "{1}"}
+    effects = warmstart.ImportEffects({"TF2_BEHAVIOR": "1"}, frozenset({"HDF5_PLUGIN_PATH"}),
+                                      jax=False)
+    same = warmstart.same_import
+    assert same(server, effects, {**server, "TF_CONFIG": "{2}"})
+    assert same(server, effects, {**server, "TF2_BEHAVIOR": "1"})  # the kernel imported since
+    assert not same(server, effects, {**server, "TF2_BEHAVIOR": "0"})  # set by its program
+    without = {k: v for k, v in server.items() if k != "HDF5_PLUGIN_PATH"}
+    assert same(server, effects, without)  # the import removes it
+    assert not same(server, effects, {**server, "HDF5_PLUGIN_PATH": "other"})
+    assert same(server, effects, {**server, "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"})
+    assert not same(server, effects._replace(jax=True),  # JAX read it while it loaded
+                    {**server, "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"})
+    assert not same(server, effects, {**server, "PATH": "/usr/bin"})
+    assert not same(server, effects, {**server, "XLA_FLAGS": "--xla_dump_to=d"})
 
 
 def test_the_key_has_the_installed_tensorflow_and_start_up_files():

@@ -15,8 +15,9 @@ The bootstrap loads this file by path: it imports nothing of the package.
 
 Messages are JSON objects, each one packet of a ``SOCK_SEQPACKET`` socket:
 
-* on the control socket, from here, once: ``{"ready": true, "gpu_build": B}`` after the
-  import (B: whether that TensorFlow was built for GPUs), or
+* on the control socket, from here, once: ``{"ready": true, "gpu_build": B, "env_set": {...},
+  "env_unset": [...], "jax": J}`` after the import (B: whether that TensorFlow was built for
+  GPUs; what the import set in and removed from the environment; J: whether it loaded JAX), or
   ``{"ready": false, "error": "..."}`` (then this process ends);
 * on the control socket, to here, one per task: ``{"argv": [...], "env": {...}, "cwd": "...",
   "pass": [NAME, ...]}`` with the descriptors ``status, log, *passed`` attached: ``status``
@@ -272,7 +273,11 @@ def run(ctl_fd: int, bootstrap: str, import_first: Callable[[], object]) -> None
     os.close(captured)
     env_set = {k: v for k, v in os.environ.items() if before.get(k) != v}
     env_unset = [k for k in before if k not in os.environ]
-    if not send(ctl, {"ready": True, "gpu_build": _gpu_build()}):
+    # What the import did to the environment, and whether JAX itself was loaded (its flags
+    # read their JAX_* variables then): the kernel side lets tasks that differ from this
+    # server's environment only there fork from it (mwhelpers.warmstart.same_import).
+    if not send(ctl, {"ready": True, "gpu_build": _gpu_build(), "env_set": env_set,
+                      "env_unset": env_unset, "jax": "jax._src.config" in sys.modules}):
         sys.exit(0)
     ctl.close()
     server = Server(ctl_fd, b"".join(chunks), env_set, env_unset, bootstrap)
