@@ -28,9 +28,10 @@ Everything in a task's environment but what differs from task to task (``TF_CONF
 mwhelpers' own per-task variables, :data:`PER_TASK`), and its folder, is part of the key:
 tasks with another key get another server, unless their environment differs from a server's
 only in what that server's own import set (a kernel that has imported TensorFlow since its
-first launch) or, where it did not load JAX, in ``JAX_*`` variables (:func:`same_import`).  The local launchers of one process share their
-servers (:func:`acquire`): a new cluster (``%cluster`` again) forks from the server the last
-one used.  The servers end when the last of those launchers is closed.
+first launch) or, where it did not load JAX, in ``JAX_*`` variables (:func:`same_import`).
+The local launchers of one process share their servers (:func:`acquire`): a new cluster
+(``%cluster`` again) forks from the server the last one used.  The servers end when the last
+of those launchers is closed.
 """
 
 from __future__ import annotations
