@@ -127,6 +127,20 @@ def carrying(key: str, value: str, exclude: Container[int] = (),
     return found
 
 
+def catches(pid: int, sig: int) -> bool | None:
+    """Whether process ``pid`` has a handler for ``sig`` (``SigCgt`` in ``/proc/PID/status``);
+    None where that cannot be read (not Linux, gone).  A stack-dump request by SIGUSR1 ends a
+    process without one: a task whose program replaced itself with another one (``exec``)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def send(procs: Iterable[psutil.Process], sig: int) -> None:
     """Send ``sig`` to each process that is still alive; ignore the vanished."""
     for p in procs:

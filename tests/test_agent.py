@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from mwhelpers.backends.agent import AGENT_CODE, LOST_ESCALATION, steps
@@ -177,6 +178,32 @@ def test_dump_asks_the_tasks_dump_thread_and_dump_signal_sends_sigusr1(tmp_path)
         assert dumps["dump"][0] == "dump", dumps
         assert "<module>" in dumps["dump signal"], dumps
         assert proc.poll() is None  # still running, after both
+    finally:
+        proc.stdin.close()
+        proc.wait(15)
+
+
+def test_dump_signal_leaves_a_task_that_replaced_itself_by_exec(tmp_path):
+    """SIGUSR1's default action ends a process: the agent sends it only where a handler is."""
+    task = "import os; print('up', flush=True); os.execvp('sleep', ['sleep', '60'])"
+    proc = subprocess.Popen([sys.executable, "-c", AGENT_CODE], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        proc.stdin.write(json.dumps({"argv": [sys.executable, "-c", task], "cwd": str(tmp_path),
+                                     "escalation": LOST}) + "\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "up\n"
+        started = next(line for line in iter(proc.stderr.readline, "")
+                       if line.startswith("@mwhelpers started"))
+        pid = int(started.split()[2])
+        deadline = time.monotonic() + 10
+        while "sleep" not in open(f"/proc/{pid}/cmdline").read() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for command in ("dump", "dump signal"):
+            proc.stdin.write(command + "\n")
+            proc.stdin.flush()
+        time.sleep(0.5)
+        assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE and proc.poll() is None
     finally:
         proc.stdin.close()
         proc.wait(15)

@@ -6,6 +6,7 @@ import textwrap
 import threading
 import time
 
+import psutil
 import pytest
 from conftest import LISTENER, STUBBORN, pid_alive, squatting, wait_for_line
 
@@ -141,6 +142,26 @@ def test_a_task_whose_thread_holds_pythons_lock_still_writes_its_stacks(rt):
     assert time.monotonic() - t0 >= 1.0
     frames = stacks.main_stack(run.log_path.read_text().splitlines())
     assert any(f.file.endswith("worker-0_cell.py") for f in frames), frames
+    run.process.send(signal.SIGKILL)
+    assert run.process.wait(10) == -signal.SIGKILL
+
+
+def test_a_stack_dump_leaves_a_task_that_replaced_itself_by_exec_running(rt):
+    """Its pipe has no reader and SIGUSR1 would end it (no handler): it is left alone, and
+    said to have written no stacks."""
+    from mwhelpers.job import dump_stacks
+
+    run = rt.launch("worker:0", code="import os\nprint('exec', flush=True)\n"
+                                     "os.execvp('sleep', ['sleep', '600'])\n",
+                    background=True, ready="start")
+    wait_for_line(run, "exec")
+    deadline = time.monotonic() + 10
+    while "sleep" not in " ".join(psutil.Process(run.pid).cmdline()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    dump_stacks([run])  # the pipe, then, a second later, the signal: not sent
+    time.sleep(0.5)
+    assert run.running and not run.stacks_written, run.outcome()
     run.process.send(signal.SIGKILL)
     assert run.process.wait(10) == -signal.SIGKILL
 

@@ -144,9 +144,12 @@ class Process:
 
     def dump_stacks(self) -> None:
         """Have the task's Python write every thread's stack to its log (SIGUSR1 here; a
-        backend may have a safer way)."""
+        backend may have a safer way); not to a process that does not handle SIGUSR1 (it
+        would end it: a program that replaced itself with another, by ``exec``)."""
         if self.running:  # (once reaped, its pid may be another process's)
-            proctree.send(proctree.tree(self.pid)[:1], signal.SIGUSR1)
+            top = proctree.tree(self.pid)[:1]
+            if top and proctree.catches(top[0].pid, signal.SIGUSR1) is not False:
+                proctree.send(top, signal.SIGUSR1)
 
     def dump_stacks_by_signal(self) -> None:
         """The same through SIGUSR1's handler, for a task whose log :meth:`dump_stacks` did not

@@ -19,7 +19,8 @@ Protocol:
 * standard input, then: one command per line, ``signal N`` (to the task's
   process group), ``dump`` (Python stacks into the log: a byte on the task's pipe
   ``MWHELPERS_DUMP_FD``, which its start-up's dump thread reads), ``dump signal`` (the same
-  by SIGUSR1, for a task whose dump thread cannot run),
+  by SIGUSR1, for a task whose dump thread cannot run; not sent where the task has no
+  handler for it, which it would end),
   ``end SIG:SECONDS,...`` (escalate through those signals until the group is
   gone), ``ping`` (answered with a ``pong`` report), ``release`` (a task started with
   ``standby`` true in the header, waiting on the pipe ``MWHELPERS_STANDBY_FD`` after
@@ -94,6 +95,19 @@ def parse_steps(text: str) -> list[tuple[int, float]]:
     if not steps:
         raise ValueError(f"no steps in {text!r}")
     return steps
+
+
+def catches_sigusr1(pid: int) -> bool | None:
+    """Whether ``pid`` handles SIGUSR1 (``SigCgt`` in ``/proc/PID/status``); None: unknown.
+    (As ``mwhelpers.proctree.catches``: this file imports nothing of the package.)"""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signal.SIGUSR1 - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def kill_group(pgid: int, sig: int) -> None:
@@ -194,7 +208,8 @@ class Agent:
                 return
             except OSError:  # full, or the task closed its end
                 pass
-        os.kill(child.pid, signal.SIGUSR1)
+        if catches_sigusr1(child.pid) is not False:  # (SIGUSR1 would end it otherwise)
+            os.kill(child.pid, signal.SIGUSR1)
 
     def release(self) -> None:
         """Let a standby run its program (b"x" instead: its port is taken, said in the log,
