@@ -197,7 +197,8 @@ def test_dump_signal_leaves_a_task_that_replaced_itself_by_exec(tmp_path):
                        if line.startswith("@mwhelpers started"))
         pid = int(started.split()[2])
         deadline = time.monotonic() + 10
-        while "sleep" not in open(f"/proc/{pid}/cmdline").read() and time.monotonic() < deadline:
+        while "sleep" not in " ".join(psutil.Process(pid).cmdline()):  # exec'd
+            assert time.monotonic() < deadline
             time.sleep(0.05)
         for command in ("dump", "dump signal"):
             proc.stdin.write(command + "\n")
