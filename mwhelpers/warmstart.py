@@ -338,7 +338,6 @@ class _Server:
         self.lock = threading.Lock()
         self.error: str | None = None
         self.gpu_build = True  # its TensorFlow was built for GPUs (said once it is ready)
-        self.env = dict(env)
         self.effects = ImportEffects({}, frozenset(), True)  # (said once it is ready)
         try:
             self.popen = subprocess.Popen(
@@ -541,9 +540,9 @@ class WarmStarter:
     def _alike(self, key: Key, env: Mapping[str, str]) -> _Server | None:
         """A server of another key whose import a task of ``key`` and ``env`` would repeat:
         the same folder, first import and installed files, and :func:`same_import`."""
-        for other, server in self._servers.items():
+        for other, server in self._servers.items():  # (its key holds its environment)
             if (server.alive and other[0][0] == key[0][0] and other[1:] == key[1:]
-                    and same_import(server.env, server.effects, env)):
+                    and same_import(dict(other[0][1]), server.effects, env)):
                 return server
         return None
 
