@@ -12,6 +12,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -40,13 +41,16 @@ if REASON and os.environ.get("CI") == "true":
 pytestmark = [pytest.mark.skipif(bool(REASON), reason=REASON), pytest.mark.xdist_group("testhosts"),
               pytest.mark.hosts]
 
-# Binds the exact address TF_CONFIG gives it: this works only on the host that owns it.
+# Binds the exact address TF_CONFIG gives it: this works only on the host that owns it.  With
+# SO_REUSEADDR, as TF's gRPC server binds: an earlier test's server on the same port may have
+# left connections in TIME_WAIT there, which stop only a bind without it.
 WHERE = textwrap.dedent("""
     import json, os, socket, sys
     cfg = json.loads(os.environ["TF_CONFIG"])
     me = cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]]
     addr, port = me.rsplit(":", 1)
-    s = socket.socket(); s.bind((addr, int(port))); s.listen()
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, int(port))); s.listen()
     print("WHERE " + json.dumps({"bound": me, "cwd": os.getcwd(), "python": sys.executable,
           "legacy": os.environ.get("TF_USE_LEGACY_KERAS"), "extra": os.environ.get("EXTRA"),
           "local_only": os.environ.get("MWH_LOCAL_ONLY")}), flush=True)
@@ -467,6 +471,42 @@ def test_sbatch_script_puts_two_tasks_on_one_node_on_two_ports(env, tmp_path):
     bound = sorted(json.loads(line[len("WHERE "):])["bound"] for line in out.splitlines()
                    if line.startswith("WHERE "))
     assert bound == sorted(workers), out
+
+
+def test_sbatch_task_whose_port_is_taken_says_so_before_the_program_starts(env, tmp_path):
+    """A port held on the node (another program's server): the task names it and the setting
+    that picks other ports, and the program never runs (TF would fail there with "Could not
+    start gRPC server")."""
+    from mwhelpers.backends.slurm import write_sbatch
+
+    port = 23456
+    holders = [subprocess.Popen(
+        ["nsenter", f"--net=/run/netns/{n}", sys.executable, "-c",
+         "import socket, time; s = socket.socket(); "
+         f"s.bind(('', {port})); s.listen(); print('held', flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True) for n in env.names]  # the job lands on either node
+    try:
+        for h in holders:
+            assert h.stdout is not None and h.stdout.readline() == "held\n"
+        prog = tmp_path / "where.py"
+        prog.write_text(WHERE)
+        script = write_sbatch(tmp_path / "where.sbatch", prog, tasks=2, nodes=1, cwd=tmp_path,
+                              port_base=port, output=str(tmp_path / "out-%j.txt"))
+        done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=30)
+        assert done.returncode == 0, done.stderr
+        job = done.stdout.strip().split(";")[0]
+        _wait_job(job, lambda s: s == "", 120)
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait(10)
+    out = (tmp_path / f"out-{job}.txt").read_text()
+    assert re.search(rf"\[\S+ task 0\] port {port} on \S+ is taken \(Address already in use\); "
+                     rf"this job's tasks use {port} to {port + 1}\. Submit it again with another "
+                     r"first port: write_sbatch\(\.\.\., port_base=N\) or MWHELPERS_PORT_BASE=N",
+                     out), out
+    assert not any(f":{port}\"" in line for line in out.splitlines() if line.startswith("WHERE ")), out
 
 
 @pytest.mark.tf

@@ -14,7 +14,8 @@ Here every task of a cluster gets a port of its own.
 :func:`write_sbatch` writes a batch script that runs a program as N tasks of
 one ``srun`` step, each building TF_CONFIG from what Slurm tells it
 (``SLURM_PROCID``, the step's node list and tasks per node), with ports
-``base + SLURM_PROCID``: distinct even where nodes share an address.
+``base + SLURM_PROCID``: distinct even where nodes share an address.  A task whose port is
+taken on its node says so and which setting picks other ports, before the program starts.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ class SlurmLauncher(AgentLauncher):
 # The per-task start of the batch path: TF_CONFIG from what Slurm tells the task,
 # then the program in its place (os.execv).  Run as PYTHON -c RULE SCRIPT ARGS...
 TF_CONFIG_RULE = r'''
-import json, os, re, subprocess, sys
+import json, os, re, socket, subprocess, sys
 
 def scontrol(*args):
     return subprocess.run(["scontrol", *args], check=True, capture_output=True, text=True).stdout
@@ -176,7 +177,19 @@ env["KERAS_DISTRIBUTION_JOB_ADDRESSES"] = ",".join(workers)
 env["KERAS_DISTRIBUTION_NUM_PROCESSES"] = str(len(workers))
 env["KERAS_DISTRIBUTION_PROCESS_ID"] = str(rank)
 env.setdefault("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")
-print(f"[{env['SLURMD_NODENAME']} task {rank}] TF_CONFIG={env['TF_CONFIG']}", flush=True)
+me = f"[{env['SLURMD_NODENAME']} task {rank}]"
+print(f"{me} TF_CONFIG={env['TF_CONFIG']}", flush=True)
+# The port as TensorFlow's gRPC server binds it: every interface, SO_REUSEADDR.  Taken, the
+# server would fail with "Could not start gRPC server"; say which port and what to do instead.
+with socket.socket() as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("", base + rank))
+    except OSError as e:
+        sys.exit(f"{me} port {base + rank} on {env['SLURMD_NODENAME']} is taken ({e.strerror}); "
+                 f"this job's tasks use {base} to {base + len(workers) - 1}. Submit it again with "
+                 "another first port: write_sbatch(..., port_base=N) or MWHELPERS_PORT_BASE=N "
+                 "in the script")
 os.execv(sys.executable, [sys.executable, "-u", *sys.argv[1:]])
 '''
 
