@@ -38,13 +38,15 @@ MARK = "MWH_BACKEND_SUITE"  # set in every task of this suite: finds what is lef
 ME = str(os.getpid())  # its value: this test process's (others run side by side)
 
 # Binds the exact address TF_CONFIG gives it (only the host that owns the address can), then
-# reports what it was given.
+# reports what it was given.  SO_REUSEADDR as TF's gRPC server: a connection of an earlier
+# test's server on that port may still be in TIME_WAIT, which stops only a bind without it.
 WHERE = textwrap.dedent("""
     import json, os, socket, sys, time
     cfg = json.loads(os.environ["TF_CONFIG"])
     me = cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]]
     addr, port = me.rsplit(":", 1)
-    s = socket.socket(); s.bind((addr, int(port))); s.listen()
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, int(port))); s.listen()
     print("WHERE " + json.dumps({"bound": me, "task": os.environ["MWHELPERS_TASK"],
           "cfg": cfg, "cwd": os.getcwd(), "python": sys.executable,
           "legacy": os.environ.get("TF_USE_LEGACY_KERAS"), "extra": os.environ.get("EXTRA"),
