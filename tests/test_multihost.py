@@ -475,8 +475,8 @@ def test_sbatch_script_puts_two_tasks_on_one_node_on_two_ports(env, tmp_path):
 
 def test_sbatch_task_whose_port_is_taken_says_so_before_the_program_starts(env, tmp_path):
     """A port held on the node (another program's server): the task names it and the setting
-    that picks other ports, and the program never runs (TF would fail there with "Could not
-    start gRPC server")."""
+    that picks other ports before its program starts; the program then cannot bind it (as TF's
+    server cannot: "Could not start gRPC server")."""
     from mwhelpers.backends.slurm import write_sbatch
 
     port = 23456
@@ -502,10 +502,13 @@ def test_sbatch_task_whose_port_is_taken_says_so_before_the_program_starts(env, 
             h.kill()
             h.wait(10)
     out = (tmp_path / f"out-{job}.txt").read_text()
-    assert re.search(rf"\[\S+ task 0\] port {port} on \S+ is taken \(Address already in use\); "
-                     rf"this job's tasks use {port} to {port + 1}\. Submit it again with another "
-                     r"first port: write_sbatch\(\.\.\., port_base=N\) or MWHELPERS_PORT_BASE=N",
-                     out), out
+    said = re.search(rf"^\[\S+ task 0\] port {port} on \S+ is taken \(Address already in use\): "
+                     r"TensorFlow's server cannot listen there\. This job's tasks use "
+                     rf"{port} to {port + 1}; submit it again with another first port: "
+                     r"write_sbatch\(\.\.\., port_base=N\) or MWHELPERS_PORT_BASE=N", out, re.M)
+    assert said, out
+    failed = out.find("OSError: [Errno 98] Address already in use")  # where.py's own bind
+    assert failed > said.end(), out
     assert not any(f":{port}\"" in line for line in out.splitlines() if line.startswith("WHERE ")), out
 
 

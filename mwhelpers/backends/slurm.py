@@ -15,7 +15,7 @@ Here every task of a cluster gets a port of its own.
 one ``srun`` step, each building TF_CONFIG from what Slurm tells it
 (``SLURM_PROCID``, the step's node list and tasks per node), with ports
 ``base + SLURM_PROCID``: distinct even where nodes share an address.  A task whose port is
-taken on its node says so and which setting picks other ports, before the program starts.
+taken on its node says so, and which setting picks other ports, before the program starts.
 """
 
 from __future__ import annotations
@@ -180,16 +180,19 @@ env.setdefault("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")
 me = f"[{env['SLURMD_NODENAME']} task {rank}]"
 print(f"{me} TF_CONFIG={env['TF_CONFIG']}", flush=True)
 # The port as TensorFlow's gRPC server binds it: every interface, SO_REUSEADDR.  Taken, the
-# server would fail with "Could not start gRPC server"; say which port and what to do instead.
+# server fails with a bare "Could not start gRPC server", so say first which port and what to
+# do.  The program still runs: keras.distribution on JAX dials only the first address, so
+# the other tasks' ports need not be free.
 with socket.socket() as s:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind(("", base + rank))
     except OSError as e:
-        sys.exit(f"{me} port {base + rank} on {env['SLURMD_NODENAME']} is taken ({e.strerror}); "
-                 f"this job's tasks use {base} to {base + len(workers) - 1}. Submit it again with "
-                 "another first port: write_sbatch(..., port_base=N) or MWHELPERS_PORT_BASE=N "
-                 "in the script")
+        print(f"{me} port {base + rank} on {env['SLURMD_NODENAME']} is taken ({e.strerror}): "
+              "TensorFlow's server cannot listen there. This job's tasks use "
+              f"{base} to {base + len(workers) - 1}; submit it again with another first port: "
+              "write_sbatch(..., port_base=N) or MWHELPERS_PORT_BASE=N in the script",
+              file=sys.stderr, flush=True)
 os.execv(sys.executable, [sys.executable, "-u", *sys.argv[1:]])
 '''
 
