@@ -69,13 +69,14 @@ def test_reserved_ports_are_skipped_by_another_process(monkeypatch):
 
 
 def test_ports_in_use_are_never_chosen(monkeypatch):
+    # Below the default range (20000 up), where the other test process's clusters draw theirs.
     busy = socket.socket()
-    busy.bind(("", 24610))
+    busy.bind(("", 15610))
     busy.listen()
     try:
-        monkeypatch.setenv("MWHELPERS_PORT_RANGE", "24610-24612")
+        monkeypatch.setenv("MWHELPERS_PORT_RANGE", "15610-15612")
         c = Cluster(workers=2)
-        assert sorted(c.ports.values()) == [24611, 24612]
+        assert sorted(c.ports.values()) == [15611, 15612]
         c.close()
     finally:
         busy.close()

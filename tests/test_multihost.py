@@ -483,6 +483,7 @@ def test_sbatch_task_whose_port_is_taken_says_so_before_the_program_starts(env, 
     holders = [subprocess.Popen(
         ["nsenter", f"--net=/run/netns/{n}", sys.executable, "-c",
          "import socket, time; s = socket.socket(); "
+         "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
          f"s.bind(('', {port})); s.listen(); print('held', flush=True); time.sleep(120)"],
         stdout=subprocess.PIPE, text=True) for n in env.names]  # the job lands on either node
     try:
