@@ -569,3 +569,15 @@ def test_a_backend_declares_its_options_once_as_a_frozen_dataclass(rt):
         with pytest.raises(UsageError, match=rf"backend 'old' \(.*Old\): .*{why}"):
             register_backend("old", Old)
     assert "old" not in available_backends()
+
+
+@pytest.mark.parametrize("given", [65535, "abc", 80, "-3"])
+def test_write_sbatch_refuses_a_port_base_without_room_for_its_tasks(tmp_path, given):
+    from mwhelpers.backends.slurm import write_sbatch
+
+    with pytest.raises(UsageError, match=rf"port_base={given!r} cannot give 2 tasks a port each: "
+                       "it must be a whole number from 1024 to 65534"):
+        write_sbatch(tmp_path / "job.sbatch", tmp_path / "main.py", tasks=2, port_base=given)
+    assert not (tmp_path / "job.sbatch").exists()
+    script = write_sbatch(tmp_path / "job.sbatch", tmp_path / "main.py", tasks=2, port_base=65534)
+    assert "export MWHELPERS_PORT_BASE=65534\n" in script.read_text()

@@ -69,7 +69,8 @@ def test_reserved_ports_are_skipped_by_another_process(monkeypatch):
 
 
 def test_ports_in_use_are_never_chosen(monkeypatch):
-    # Below the default range (20000 up), where the other test process's clusters draw theirs.
+    # Below the default range (20000 up), from which the other test process's clusters draw
+    # their ports.
     busy = socket.socket()
     busy.bind(("", 15610))
     busy.listen()

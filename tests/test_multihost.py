@@ -447,6 +447,19 @@ def _wait_job(job, until, timeout):
     raise AssertionError(f"job {job} is still {state!r}")
 
 
+def _run_job(script, tmp_path):
+    """Submits ``script``, waits for it to leave the queue; its output."""
+    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=30)
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip().split(";")[0]
+    try:
+        _wait_job(job, lambda s: s == "", 120)
+    finally:
+        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+    return (tmp_path / f"out-{job}.txt").read_text()
+
+
 def test_sbatch_script_puts_two_tasks_on_one_node_on_two_ports(env, tmp_path):
     """Both tasks of a batch job on one node: one address, so the ports must differ by task,
     not by node; each task binds the address its TF_CONFIG names, at the same time as the
@@ -458,12 +471,7 @@ def test_sbatch_script_puts_two_tasks_on_one_node_on_two_ports(env, tmp_path):
     prog.write_text(WHERE + "import time; time.sleep(1)\n")  # both hold their port a while
     script = write_sbatch(tmp_path / "where.sbatch", prog, tasks=2, nodes=1, cwd=tmp_path,
                           output=str(tmp_path / "out-%j.txt"))
-    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=30)
-    assert done.returncode == 0, done.stderr
-    job = done.stdout.strip().split(";")[0]
-    _wait_job(job, lambda s: s == "", 120)
-    out = (tmp_path / f"out-{job}.txt").read_text()
+    out = _run_job(script, tmp_path)
     configs = [json.loads(m) for m in re.findall(r"TF_CONFIG=(\{.*\})$", out, re.M)]
     assert len(configs) == 2 and configs[0]["cluster"] == configs[1]["cluster"], out
     workers = configs[0]["cluster"]["worker"]
@@ -473,44 +481,95 @@ def test_sbatch_script_puts_two_tasks_on_one_node_on_two_ports(env, tmp_path):
     assert bound == sorted(workers), out
 
 
+# Tries its TF_CONFIG port as TF's server does (SO_REUSEADDR) and says whether it got it.
+TRY_PORT = textwrap.dedent("""
+    import json, os, socket
+    cfg = json.loads(os.environ["TF_CONFIG"])
+    me = cfg["cluster"]["worker"][cfg["task"]["index"]]
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("", int(me.rsplit(":", 1)[1]))); s.listen(); print("BOUND", me, flush=True)
+    except OSError as e:
+        print("NOT BOUND", me, e.strerror, flush=True)
+""")
+
+# In a test host's namespace: a live listener on PORT, and a connection of a server (with
+# SO_REUSEADDR, as gRPC's) on PORT + 1 left in TIME_WAIT; then it waits for its standard input.
+OCCUPY = textwrap.dedent("""
+    import socket, sys, time
+    addr, port = sys.argv[1], int(sys.argv[2])
+    def server(p):
+        s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("", p)); s.listen()
+        return s
+    held = server(port)
+    gone = server(port + 1)
+    client = socket.create_connection((addr, port + 1))
+    conn, _ = gone.accept()
+    conn.close(); time.sleep(0.1); client.close(); gone.close()  # the server's side closes first
+    print("held", flush=True)
+    sys.stdin.read()
+""")
+
+
+
 def test_sbatch_task_whose_port_is_taken_says_so_before_the_program_starts(env, tmp_path):
-    """A port held on the node (another program's server): the task names it and the setting
-    that picks other ports before its program starts; the program then cannot bind it (as TF's
-    server cannot: "Could not start gRPC server")."""
+    """Task 0's port has a listener on the node: the task says so, and how to pick other ports,
+    before its program starts (which then cannot bind it, as TF's server could not). Task 1's
+    port holds only an earlier server's TIME_WAIT, which stops no bind like TF's: it says
+    nothing, and its program binds."""
     from mwhelpers.backends.slurm import write_sbatch
 
-    port = 23456
-    holders = [subprocess.Popen(
-        ["nsenter", f"--net=/run/netns/{n}", sys.executable, "-c",
-         "import socket, time; s = socket.socket(); "
-         "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
-         f"s.bind(('', {port})); s.listen(); print('held', flush=True); time.sleep(120)"],
-        stdout=subprocess.PIPE, text=True) for n in env.names]  # the job lands on either node
+    port = 15620  # below the range of the other tests' ports, and clear of the test Slurm's
+    holders = []
     try:
-        for h in holders:
-            assert h.stdout is not None and h.stdout.readline() == "held\n"
-        prog = tmp_path / "where.py"
-        prog.write_text(WHERE)
-        script = write_sbatch(tmp_path / "where.sbatch", prog, tasks=2, nodes=1, cwd=tmp_path,
+        for n in env.names:  # the job lands on either node
+            holders.append(subprocess.Popen(
+                ["nsenter", f"--net=/run/netns/{n}", sys.executable, "-c", OCCUPY,
+                 env.addresses[n], str(port)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            line = holders[-1].stdout.readline()
+            assert line == "held\n", line + holders[-1].stdout.read()
+            waits = subprocess.run(["nsenter", f"--net=/run/netns/{n}", "ss", "-Htan",
+                                    "state", "time-wait", "sport", "=", f":{port + 1}"],
+                                   capture_output=True, text=True, timeout=30).stdout
+            assert waits.strip(), f"no TIME_WAIT on {n}:{port + 1}"
+        prog = tmp_path / "try_port.py"
+        prog.write_text(TRY_PORT)
+        script = write_sbatch(tmp_path / "try.sbatch", prog, tasks=2, nodes=1, cwd=tmp_path,
                               port_base=port, output=str(tmp_path / "out-%j.txt"))
-        done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
-                              text=True, cwd=tmp_path, timeout=30)
-        assert done.returncode == 0, done.stderr
-        job = done.stdout.strip().split(";")[0]
-        _wait_job(job, lambda s: s == "", 120)
+        out = _run_job(script, tmp_path)
     finally:
         for h in holders:
-            h.kill()
+            h.stdin.close()
             h.wait(10)
-    out = (tmp_path / f"out-{job}.txt").read_text()
-    said = re.search(rf"^\[\S+ task 0\] port {port} on \S+ is taken \(Address already in use\): "
-                     r"TensorFlow's server cannot listen there\. This job's tasks use "
-                     rf"{port} to {port + 1}; submit it again with another first port: "
-                     r"write_sbatch\(\.\.\., port_base=N\) or MWHELPERS_PORT_BASE=N", out, re.M)
+    said = re.search(rf"^\[\S+ task 0\] Port {port} is in use on this node \(Address already in "
+                     r"use\)\. A TensorFlow server here stops with \"Could not start gRPC "
+                     r"server\"\. Under keras\.distribution on JAX, only task 0's port must be "
+                     rf"free\. This job's tasks use ports {port} to {port + 1}\. To use others, "
+                     r"change port_base=N in write_sbatch\(\.\.\.\) \(MWHELPERS_PORT_BASE in the "
+                     r"script\) and submit again\.$", out, re.M)
     assert said, out
-    failed = out.find("OSError: [Errno 98] Address already in use")  # where.py's own bind
-    assert failed > said.end(), out
-    assert not any(f":{port}\"" in line for line in out.splitlines() if line.startswith("WHERE ")), out
+    assert re.search(rf"^NOT BOUND \S+:{port} Address already in use$", out[said.end():], re.M), out
+    assert "task 1] Port" not in out, out
+    assert re.search(rf"^BOUND \S+:{port + 1}$", out, re.M), out
+
+
+def test_sbatch_task_refuses_a_port_base_that_leaves_the_port_range(env, tmp_path):
+    """MWHELPERS_PORT_BASE set by hand in the script's environment, too high for the job's
+    tasks: each task says what it must be, and the program does not start."""
+    from mwhelpers.backends.slurm import write_sbatch
+
+    prog = tmp_path / "try_port.py"
+    prog.write_text(TRY_PORT)
+    script = write_sbatch(tmp_path / "high.sbatch", prog, tasks=2, nodes=1, cwd=tmp_path,
+                          env={"MWHELPERS_PORT_BASE": "65535"},
+                          output=str(tmp_path / "out-%j.txt"))
+    out = _run_job(script, tmp_path)
+    assert re.search(r"^\[\S+ task \d\] MWHELPERS_PORT_BASE='65535' cannot give this job's 2 "
+                     r"tasks a port each\. It must be a whole number from 1024 to 65534\.$",
+                     out, re.M), out
+    assert "BOUND" not in out, out
 
 
 @pytest.mark.tf

@@ -15,7 +15,7 @@ Here every task of a cluster gets a port of its own.
 one ``srun`` step, each building TF_CONFIG from what Slurm tells it
 (``SLURM_PROCID``, the step's node list and tasks per node), with ports
 ``base + SLURM_PROCID``: distinct even where nodes share an address.  A task whose port is
-taken on its node says so, and which setting picks other ports, before the program starts.
+taken on its node says so before the program starts, and names the setting that picks others.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class SlurmLauncher(AgentLauncher):
 # The per-task start of the batch path: TF_CONFIG from what Slurm tells the task,
 # then the program in its place (os.execv).  Run as PYTHON -c RULE SCRIPT ARGS...
 TF_CONFIG_RULE = r'''
-import json, os, re, socket, subprocess, sys
+import errno, json, os, re, socket, subprocess, sys
 
 def scontrol(*args):
     return subprocess.run(["scontrol", *args], check=True, capture_output=True, text=True).stdout
@@ -167,8 +167,13 @@ addr = {}
 for n in nodes:
     m = re.search(r"NodeAddr=(\S+)", scontrol("show", "node", "-o", n))
     addr[n] = m.group(1) if m else n
-base = int(env.get("MWHELPERS_PORT_BASE") or 20000 + int(env["SLURM_JOB_ID"]) % 190 * 64)
 rank = int(env["SLURM_PROCID"])
+me = f"[{env['SLURMD_NODENAME']} task {rank}]"
+given = env.get("MWHELPERS_PORT_BASE", "").strip()
+base = int(given) if given.isdigit() else 20000 + int(env["SLURM_JOB_ID"]) % 190 * 64
+if given and not (given.isdigit() and 1024 <= base <= 65536 - len(order)):
+    sys.exit(f"{me} MWHELPERS_PORT_BASE={given!r} cannot give this job's {len(order)} tasks a "
+             f"port each. It must be a whole number from 1024 to {65536 - len(order)}.")
 workers = [f"{addr[n]}:{base + i}" for i, n in enumerate(order)]
 env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
                                "task": {"type": "worker", "index": rank}})
@@ -177,21 +182,26 @@ env["KERAS_DISTRIBUTION_JOB_ADDRESSES"] = ",".join(workers)
 env["KERAS_DISTRIBUTION_NUM_PROCESSES"] = str(len(workers))
 env["KERAS_DISTRIBUTION_PROCESS_ID"] = str(rank)
 env.setdefault("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")
-me = f"[{env['SLURMD_NODENAME']} task {rank}]"
 print(f"{me} TF_CONFIG={env['TF_CONFIG']}", flush=True)
-# The port as TensorFlow's gRPC server binds it: every interface, SO_REUSEADDR.  Taken, the
-# server fails with a bare "Could not start gRPC server", so say first which port and what to
-# do.  The program still runs: keras.distribution on JAX dials only the first address, so
-# the other tasks' ports need not be free.
+# The port as TensorFlow's gRPC server binds it: the wildcard address, SO_REUSEADDR (gRPC takes
+# IPv6's and IPv4's at once where it can).  Where it cannot, TF logs "No address added ... for
+# '0.0.0.0:PORT'" and raises "Could not start gRPC server": neither says that the port is in use
+# or what to do, so say that first.  The program still runs: keras.distribution on JAX listens
+# on task 0's port only (JAX's coordinator).
 with socket.socket() as s:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind(("", base + rank))
     except OSError as e:
-        print(f"{me} port {base + rank} on {env['SLURMD_NODENAME']} is taken ({e.strerror}): "
-              "TensorFlow's server cannot listen there. This job's tasks use "
-              f"{base} to {base + len(workers) - 1}; submit it again with another first port: "
-              "write_sbatch(..., port_base=N) or MWHELPERS_PORT_BASE=N in the script",
+        what = "is in use" if e.errno == errno.EADDRINUSE else "cannot be bound"
+        span = (f"port {base}" if len(workers) == 1
+                else f"ports {base} to {base + len(workers) - 1}")
+        todo = ("To use others, change port_base=N in write_sbatch(...) (MWHELPERS_PORT_BASE in "
+                "the script) and submit again." if given else "They follow the job id, so a new "
+                "submission usually gets others; write_sbatch(..., port_base=N) picks them.")
+        print(f"{me} Port {base + rank} {what} on this node ({e.strerror}). A TensorFlow server "
+              "here stops with \"Could not start gRPC server\". Under keras.distribution on JAX, "
+              f"only task 0's port must be free. This job's tasks use {span}. {todo}",
               file=sys.stderr, flush=True)
 os.execv(sys.executable, [sys.executable, "-u", *sys.argv[1:]])
 '''
@@ -236,7 +246,11 @@ def write_sbatch(path: str | os.PathLike[str], script: str | os.PathLike[str], *
     for k, v in (env or {}).items():
         lines.append(f"export {k}={shlex.quote(str(v))}")
     if port_base:
-        lines.append(f"export MWHELPERS_PORT_BASE={int(port_base)}")
+        first = int(port_base) if str(port_base).strip().isdigit() else 0
+        if not 1024 <= first <= 65536 - tasks:
+            raise UsageError(f"port_base={port_base!r} cannot give {tasks} tasks a port each: "
+                             f"it must be a whole number from 1024 to {65536 - tasks}")
+        lines.append(f"export MWHELPERS_PORT_BASE={first}")
     lines.append(f"export {STALL_FIX_ENV}={int(bool(stall_fix))} {KERAS_FIX_ENV}={int(bool(keras_fix))}")
     lines += ["read -r -d '' TF_CONFIG_RULE <<'RULE' || true", TF_CONFIG_RULE.strip(), "RULE",
               "srun --kill-on-bad-exit=1 --distribution=block "
