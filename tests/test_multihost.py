@@ -583,15 +583,7 @@ def test_sbatch_script_trains_keras3_on_jax_across_two_nodes(env, tmp_path):
     script = write_sbatch(tmp_path / "jax.sbatch", JAX_TRAIN, tasks=2, nodes=2, cwd=tmp_path,
                           args=["--epochs", "2", "--steps", "4"],
                           output=str(tmp_path / "out-%j.txt"))
-    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=30)
-    assert done.returncode == 0, done.stderr
-    job = done.stdout.strip().split(";")[0]
-    try:
-        _wait_job(job, lambda s: s == "", 120)
-    finally:
-        subprocess.run(["scancel", job], capture_output=True, timeout=30)
-    out = (tmp_path / f"out-{job}.txt").read_text()
+    out = _run_job(script, tmp_path)
     found = [json.loads(ln[len("RESULT "):]) for ln in out.splitlines() if ln.startswith("RESULT ")]
     assert len(found) == 2, out[-5000:]
     res = {f"worker:{r['process']}": r for r in found}
@@ -599,7 +591,7 @@ def test_sbatch_script_trains_keras3_on_jax_across_two_nodes(env, tmp_path):
     for host in env.names:  # each listened on its node's address
         assert jaxgloo.NOTICE.format(host=env.addresses[host]) in out.splitlines(), out[-5000:]
     assert gone_within(env, 10)
-    print(f"batch job {job} trained in {time.monotonic() - t:.1f} s")
+    print(f"the batch job trained in {time.monotonic() - t:.1f} s")
 
 
 def test_scancel_ends_a_batch_job_whose_workers_ignore_sigterm(env, tmp_path):
