@@ -514,8 +514,8 @@ class WarmStarter:
             server = self._servers.get(key) or self._alike(key, env)
             if server is not None and server.alive:
                 return server
-            if server is not None:  # it died: its control socket goes too
-                self._servers = {k: s for k, s in self._servers.items() if s is not server}
+            if server is not None:  # key's own (_alike gives only live ones); it died
+                del self._servers[key]
                 server.close()
             base = {k: v for k, v in env.items() if k not in PER_TASK}
             try:
