@@ -30,7 +30,7 @@ from . import jaxdiagnosis, stacks
 from .failures import PEER_LOST, explained, last_exception
 from .follow import progress_of
 from .proctree import signal_of
-from .taskside import kerasmixed, taskfacts
+from .taskside import kerasbase, kerasmixed, taskfacts
 
 if TYPE_CHECKING:
     from .cluster import Task
@@ -538,8 +538,13 @@ def _keras3_loss_scale(job: _Job, waiting: Sequence[TaskRun],
         if not any(word in text for word in _LOSS_SCALE_USE):
             return None
         kerases.add(facts["keras"])
-    skipped = next((ln[len("[mwhelpers] "):] for r in waiting for ln in job.lines(r)
-                    if ln.startswith(_FIX_SKIPPED) and kerasmixed.ISSUE in ln), None)
+    # What the mend said where it stepped aside (an untested release, source it cannot judge);
+    # a Keras that carries the fix hangs for another reason.
+    aside = [ln[len("[mwhelpers] "):] for r in waiting for ln in job.lines(r)
+             if ln.startswith("[mwhelpers] ") and kerasmixed.ISSUE in ln]
+    if any(kerasbase.CARRIES in ln for ln in aside):
+        return None
+    skipped = aside[0] if aside else None
     if skipped:
         why = f"mwhelpers' mend of it was not applied: {skipped}"
     elif any(not getattr(r, "keras_fix", True) for r in waiting):

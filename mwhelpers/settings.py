@@ -127,6 +127,12 @@ KERAS_FIX: Setting[bool] = Setting(
     "MWHELPERS_KERAS_FIX", switch, True, "on",
     "`0` turns off the Keras 3 multi-worker fix (keras-team/keras#20585), also an "
     "explicit `fix_keras_multi_worker()` call; `--no-keras-fix` per launch", "1 or 0")
+KERAS_FIX_FORCE: Setting[bool] = Setting(
+    "MWHELPERS_KERAS_FIX_FORCE", switch, False, "off",
+    "`1` makes each Keras 3 mend act where it cannot tell whether the installed Keras still "
+    "needs it (a release outside those it was tested with, or source it does not recognise; "
+    "each says so in one line); a Keras that shows the fix is left alone all the same",
+    "1 or 0")
 LAZY_PYPLOT: Setting[bool] = Setting(
     "MWHELPERS_LAZY_PYPLOT", switch, True, "on",
     "`0` lets Keras import `matplotlib.pyplot` when a task imports Keras (by default "
@@ -167,8 +173,8 @@ JAX_GLOO_HOST: Setting[str] = Setting(
     "resolves to)", "an address, or 0")
 
 SETTINGS: tuple[Setting[object], ...] = (
-    LOG_DIR, PORT_RANGE, SSH, HEARTBEAT, STALL_FIX, KERAS_FIX, LAZY_PYPLOT, LAZY_JAX, WARM_START,
-    RECONNECT_MS, PORT_BASE, JAX_GLOO_HOST,
+    LOG_DIR, PORT_RANGE, SSH, HEARTBEAT, STALL_FIX, KERAS_FIX, KERAS_FIX_FORCE, LAZY_PYPLOT,
+    LAZY_JAX, WARM_START, RECONNECT_MS, PORT_BASE, JAX_GLOO_HOST,
 )
 
 # What mwhelpers puts in a task's environment (not settings: read them, do not set them).

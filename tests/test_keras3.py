@@ -133,22 +133,32 @@ BUGGY_LOGS = 'return strategy.reduce("MEAN", v, axis=0)'
 @pytest.mark.parametrize("version, build, logs, changed, said_line", [
     ("3.15.1", BUGGY_BUILD, BUGGY_LOGS, {"_maybe_symbolic_build", "reduce_per_replica"},
      "fit and evaluate mended"),
-    ("3.6.0", "data_batch = batch", BUGGY_LOGS, {"reduce_per_replica"}, None),
+    # a build with neither the failing line nor a known fix: the logs mended, the build not
+    ("3.6.0", "data_batch = batch", BUGGY_LOGS, {"reduce_per_replica"},
+     "cannot tell whether fit and evaluate (keras-team/keras#20585) still needs mending: its "
+     "_maybe_symbolic_build holds neither the failing line nor the fix this knows"),
     # before 3.5 the workers' gradients are never all-reduced: left alone, said why
     ("3.4.1", "data_batch = batch", BUGGY_LOGS, set(), "never all-reduces the gradients"),
     ("3.1.1", "data_batch = batch", "return v", set(), "never all-reduces the gradients"),
+    # docs/keras-20585/trainer.patch applied: Keras carries the fix
+    ("3.16.0", "data_batch = tree.map_structure(lambda x: "
+     "self.distribute_strategy.experimental_local_results(x)[0], batch)",
+     'return strategy.reduce("MEAN", v, axis=None)', set(),
+     "carries the fix of fit and evaluate (keras-team/keras#20585)"),
     ("3.16.0", "data_batch = first_local(batch)", 'return strategy.reduce("MEAN", v, axis=None)',
-     set(), "does not have the failing lines of keras-team/keras#20585"),
+     set(), "cannot tell whether fit and evaluate"),
     ("3.17.0", BUGGY_BUILD, BUGGY_LOGS, set(), "outside the releases it was tested with"),
     ("2.15.0", BUGGY_BUILD, BUGGY_LOGS, set(), "outside the releases it was tested with"),
 ])
 def test_the_fix_changes_only_a_keras_that_has_the_lines(monkeypatch, capsys, tmp_path, version,
                                                          build, logs, changed, said_line):
     monkeypatch.setattr(kerasbase, "_said", set())
+    monkeypatch.delenv(kerasbase.FORCE_ENV, raising=False)
     monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__=version))
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
                                                 "task": {"type": "worker", "index": 0}}))
-    module = _module(tmp_path, f"fake_trainer_{version.replace('.', '_')}", build, logs)
+    module = _module(tmp_path, f"fake_trainer_{version.replace('.', '_')}_{len(build)}", build,
+                     logs)
     before = {"_maybe_symbolic_build": module.TensorFlowTrainer._maybe_symbolic_build,
               "reduce_per_replica": module.reduce_per_replica}
     kerasfix.patch_trainer(module)
@@ -162,6 +172,21 @@ def test_the_fix_changes_only_a_keras_that_has_the_lines(monkeypatch, capsys, tm
         assert err == ""  # the notice comes with the first multi-worker fit, not at import
     else:
         assert said_line in err and len(err.splitlines()) == 1, err
+
+
+def test_force_arms_the_fix_where_it_cannot_tell(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(kerasbase, "_said", set())
+    monkeypatch.setenv(kerasbase.FORCE_ENV, "1")
+    monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__="3.99"))
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
+                                                "task": {"type": "worker", "index": 0}}))
+    module = _module(tmp_path, "fake_trainer_forced", "data_batch = first_local(batch)",
+                     BUGGY_LOGS)
+    assert kerasfix.patch_trainer(module)
+    assert hasattr(module.TensorFlowTrainer._maybe_symbolic_build, "__wrapped__")
+    err = capsys.readouterr().err
+    assert "fit and evaluate (keras-team/keras#20585) mended although its _maybe_symbolic_build " \
+           "holds neither" in err and "MWHELPERS_KERAS_FIX_FORCE=1 says so" in err, err
 
 
 def test_the_fix_finds_the_renamed_trainer(monkeypatch, capsys, tmp_path):

@@ -10,7 +10,9 @@ without workers below.
 """
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 import time
 import types
@@ -24,7 +26,7 @@ from mwhelpers.taskname import Task
 from mwhelpers.taskside import kerasbase, kerasfix, kerasmixed
 
 PROGRAM = ROOT / "tests" / "programs" / "keras3_mixed.py"
-NOTICE = "[mwhelpers] Keras 3.15.1: LossScaleOptimizer mended for multi-worker"
+NOTICE = "[mwhelpers] Keras 3.15.1: LossScaleOptimizer mended for 2 replicas in sync"
 FACTS = "[mwhelpers] this task: TensorFlow 2.21.0 with Keras 3.15.1 (TF_USE_LEGACY_KERAS=unset at import)"
 
 
@@ -90,60 +92,111 @@ def test_unmended_both_hang_and_the_stuck_report_names_it(ip, rt, keras3):
 CHECK = ("tensor_grads = [g for g in grads if g is not None]\n"
          "        finite_grads = [ops.all(ops.isfinite(g)) for g in tensor_grads]\n"
          "        return ops.all(ops.convert_to_tensor(finite_grads))")
+# The nightly's (3.16.0.dev2026102704) spelling of the same check.
+NIGHTLY_CHECK = ("tensor_grads = [g for g in grads if g is not None]\n"
+                 "        finite_grads = [\n"
+                 "            backend.ops.numpy.all(backend.ops.numpy.isfinite(g))\n"
+                 "            for g in tensor_grads\n"
+                 "        ]\n"
+                 "        return backend.ops.numpy.all(backend.ops.convert_to_tensor(finite_grads))")
+# The check as docs/keras-lossscale/loss_scale_optimizer.patch leaves it (its helper below).
+PATCHED_CHECK = ("tensor_grads = [g for g in grads if g is not None]\n"
+                 "        finite_grads = [ops.all(ops.isfinite(g)) for g in tensor_grads]\n"
+                 "        finite = ops.all(ops.convert_to_tensor(finite_grads))\n"
+                 "        return self._tf_finite_on_all_replicas(finite)")
+HELPER = ("    def _tf_finite_on_all_replicas(self, finite):\n"
+          "        total = context.all_reduce(tf.distribute.ReduceOp.SUM, finite)\n"
+          "        return total\n")
 TF_APPLY = ("finite_per_replica = distribution.extended.call_for_each_replica(\n"
-            "            self.check_finite, args=(grads,))")
+            "            self.check_finite, args=(grads,))\n"
+            "        finite = distribution.experimental_local_results(finite_per_replica)[0]")
+# tf_keras's way: the gradients all-reduced before the check.
+TF_APPLY_REDUCED = ("grads = distribution.extended._replica_ctx_all_reduce('sum', grads)\n"
+                    "        finite_per_replica = distribution.extended.call_for_each_replica(\n"
+                    "            self.check_finite, args=(grads,))")
 COMMON = "finite = self.check_finite(grads)"
 
 
-def _module(folder, name, check=CHECK, tf_apply=TF_APPLY, common=COMMON):
+def _module(folder, name, check=CHECK, tf_apply=TF_APPLY, common=COMMON, extra=""):
     """A stand-in for keras.src.optimizers.loss_scale_optimizer with the given method bodies
-    (None: the method is missing)."""
-    source = "class LossScaleOptimizer:\n"
+    (None: the method is missing); called with ``grads=None`` each answers True at once."""
+    source = "class LossScaleOptimizer:\n" + extra
     for method, body in (("check_finite", check), ("_tf_apply", tf_apply),
                          ("_common_apply", common)):
         if body is not None:
-            source += f"    def {method}(self, grads, trainable_variables=None):\n        {body}\n"
+            source += (f"    def {method}(self, grads, trainable_variables=None):\n"
+                       f"        if grads is None:\n            return True\n"
+                       f"        {body}\n")
     return module_from_source(folder, name, source)
 
 
-@pytest.mark.parametrize("version, kwargs, changed, said_line", [
-    ("3.15.1", {}, True, None),  # the notice comes with the first multi-worker step
-    ("3.0.5", {}, True, None),
-    ("3.16.0", {"check": "return all_reduce_of(local(grads))"}, False,
-     "does not decide from one replica's gradients the way 3.15 does"),
-    ("3.16.0", {"common": "finite = self.all_finite(grads)"}, False,
-     "does not decide from one replica's gradients the way 3.15 does"),
-    ("3.15.1", {"tf_apply": None}, False, "LossScaleOptimizer has no _tf_apply"),
-    ("3.17.0", {}, False, "outside the releases it was tested with"),
-    ("2.15.0", {}, False, "outside the releases it was tested with"),
+@pytest.mark.parametrize("version, kwargs, verdict, said_line", [
+    ("3.15.1", {}, "mend", None),  # the notice comes with the first multi-replica step
+    ("3.0.5", {}, "mend", None),
+    ("3.16.0.dev2026102704", {"check": NIGHTLY_CHECK}, "mend", None),
+    ("3.16.0", {"check": PATCHED_CHECK, "extra": HELPER}, "fixed",
+     "carries the fix of LossScaleOptimizer's finite check (docs/keras-lossscale.md): "
+     "check_finite all-reduces its decision across replicas; nothing to mend"),
+    ("3.16.0", {"tf_apply": TF_APPLY_REDUCED}, "fixed",
+     "_tf_apply all-reduces the gradients before it checks them; nothing to mend"),
+    ("3.16.0", {"check": "return all_reduce_of(local(grads))"}, "fixed", "nothing to mend"),
+    ("3.16.0", {"common": "finite = self.all_finite(grads)"}, "unknown",
+     "cannot tell whether LossScaleOptimizer's finite check (docs/keras-lossscale.md) still "
+     "needs mending: its replica path differ"),
+    ("3.16.0", {"check": "return isfinite_all(grads)"}, "unknown", "its check differ"),
+    ("3.15.1", {"tf_apply": None}, "unknown", "its LossScaleOptimizer has no _tf_apply"),
+    ("3.17.0", {}, "skip", "outside the releases it was tested with"),
+    ("2.15.0", {}, "skip", "outside the releases it was tested with"),
 ])
-def test_the_mend_changes_only_a_keras_that_has_the_lines(monkeypatch, capsys, tmp_path, version,
-                                                          kwargs, changed, said_line):
+def test_the_mend_decides_from_the_source(monkeypatch, capsys, tmp_path, version, kwargs,
+                                          verdict, said_line):
     monkeypatch.setattr(kerasbase, "_said", set())
+    monkeypatch.delenv(kerasbase.FORCE_ENV, raising=False)
     monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__=version))
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
-                                                "task": {"type": "worker", "index": 0}}))
-    name = f"fake_lso_{version.replace('.', '_')}_{len(kwargs)}_{'_'.join(kwargs)}"
+    name = f"fake_lso_{version.replace('.', '_')}_{'_'.join(kwargs)}_{len(str(kwargs))}"
     module = _module(tmp_path, name, **kwargs)
     before = module.LossScaleOptimizer.check_finite
-    assert kerasmixed.patch(module) is changed
+    assert kerasmixed.plan(module, version)[0] == verdict
+    assert kerasmixed.patch(module) is (verdict == "mend")
     after = module.LossScaleOptimizer.check_finite
-    assert (after is not before) is changed
+    assert after is not before and after.__wrapped__ is before  # a mend, or a line when used
     assert kerasmixed.patch(module) is False  # idempotent: wrapped once
-    assert getattr(module.LossScaleOptimizer.check_finite, "__wrapped__", before) is before
-    err = capsys.readouterr().err
+    assert module.LossScaleOptimizer.check_finite is after
+    assert capsys.readouterr().err == ""  # nothing said before a step is checked
+    optimizer = module.LossScaleOptimizer()
+    assert optimizer.check_finite(None) is True  # one replica: Keras's own answer, no line
+    assert capsys.readouterr().err == ""
     if said_line is None:
-        assert err == ""
-    else:
-        assert said_line in err and len(err.splitlines()) == 1, err
-        assert kerasmixed.ISSUE in err
+        return
+    # The first step checked under a strategy with 2 replicas says it, once.
+    monkeypatch.setattr(kerasmixed, "_replicas", lambda: (None, 2))
+    assert optimizer.check_finite(None) is True and optimizer.check_finite(None) is True
+    err = capsys.readouterr().err
+    assert said_line in err and len(err.splitlines()) == 1, err
+    assert kerasmixed.ISSUE in err and kerasmixed.MENDED not in err
 
 
-def test_the_mend_is_silent_outside_a_multi_worker_job(monkeypatch, capsys, tmp_path):
+def test_force_mends_what_it_cannot_judge_but_never_a_keras_with_the_fix(monkeypatch, capsys,
+                                                                         tmp_path):
     monkeypatch.setattr(kerasbase, "_said", set())
+    monkeypatch.setenv(kerasbase.FORCE_ENV, "1")
     monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__="3.99"))
-    monkeypatch.delenv("TF_CONFIG", raising=False)
-    assert kerasmixed.patch(_module(tmp_path, "fake_lso_alone")) is False
+    unknown = _module(tmp_path, "fake_lso_forced", common="finite = self.all_finite(grads)")
+    assert kerasmixed.patch(unknown) is True
+    err = capsys.readouterr().err
+    assert "mended although its replica path differ" in err and \
+        "MWHELPERS_KERAS_FIX_FORCE=1 says so" in err, err
+    fixed = _module(tmp_path, "fake_lso_forced_fixed", check=PATCHED_CHECK, extra=HELPER)
+    assert kerasmixed.patch(fixed) is False
+
+
+def test_the_mend_is_silent_on_an_untested_keras_in_one_process(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(kerasbase, "_said", set())
+    monkeypatch.delenv(kerasbase.FORCE_ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__="3.99"))
+    module = _module(tmp_path, "fake_lso_alone")
+    assert kerasmixed.patch(module) is False
+    assert module.LossScaleOptimizer().check_finite(None) is True
     assert capsys.readouterr().err == ""
 
 
@@ -160,8 +213,8 @@ def test_the_installed_keras_has_the_lines_and_one_process_runs_it_unchanged(mon
     import numpy as np
     from keras.src.optimizers import loss_scale_optimizer as module
 
-    cls, why = kerasmixed.plan(module, kerasbase.keras_version() or "")
-    assert (cls, why) == (module.LossScaleOptimizer, None)
+    assert kerasmixed.plan(module, kerasbase.keras_version() or "") == \
+        ("mend", module.LossScaleOptimizer, "")
     import keras
 
     optimizer = keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD())
@@ -172,6 +225,35 @@ def test_the_installed_keras_has_the_lines_and_one_process_runs_it_unchanged(mon
     assert hasattr(module.LossScaleOptimizer.check_finite, "__wrapped__")
     assert bool(optimizer.check_finite([np.ones(2, "float32")]))
     assert not bool(optimizer.check_finite([np.array([1.0, np.inf], "float32")]))
+
+
+MIRRORED = ROOT / "tests" / "programs" / "keras3_mixed_mirrored.py"
+
+
+@pytest.mark.tf
+def test_one_replica_overflowing_under_mirrored_strategy_leaves_finite_equal_weights(tmp_path):
+    """MirroredStrategy in one process, two logical CPUs: Keras alone takes the first replica's
+    answer, applies replica 1's inf and ends with NaN weights, silently; mended, the step is
+    skipped on both replicas, as one device does on the same global batches."""
+    def run(*args):
+        done = subprocess.run([sys.executable, str(MIRRORED), *args], capture_output=True,
+                              text=True, timeout=240, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(ROOT),
+                                   "TF_CPP_MIN_LOG_LEVEL": "2", kerasbase.KERAS_FIX_ENV: "1"})
+        line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        assert done.returncode == 0 and line, done.stdout + done.stderr[-3000:]
+        return json.loads(line[len("RESULT "):]), done.stderr
+
+    plain, err = run()
+    assert plain["replicas"] == 2 and not plain["finite"] and plain["iterations"] < 11
+    assert kerasmixed.MENDED not in err
+    mended, err = run("--mend")
+    assert mended["finite"] and mended["replicas_equal"]
+    assert (mended["iterations"], mended["loss_scale"]) == \
+        (mended["alone"]["iterations"], mended["alone"]["loss_scale"]) == (11, 16384.0)
+    assert mended["weights_sum"] == pytest.approx(mended["alone"]["weights_sum"], rel=1e-4)
+    notice = [ln for ln in err.splitlines() if kerasmixed.MENDED in ln]
+    assert len(notice) == 1 and "mended for 2 replicas in sync" in notice[0], err[-3000:]
 
 
 # -- the diagnosis rule's evidence, on stand-ins for stuck runs --------------------------------
@@ -201,6 +283,12 @@ class _Run:
     ("import keras\nmodel.fit(x, y)\n", (), False),  # no loss scaling: not this hang
     ("import keras\nkeras.mixed_precision.set_global_policy('mixed_float16')\n",
      (NOTICE + " (docs/keras-lossscale.md; ...)",), False),  # mended: something else
+    ("import keras\nkeras.mixed_precision.set_global_policy('mixed_float16')\n",
+     ("[mwhelpers] Keras 3.17.0 carries the fix of LossScaleOptimizer's finite check "
+      "(docs/keras-lossscale.md): check_finite all-reduces ...",), False),  # fixed: another hang
+    ("import keras\nkeras.mixed_precision.set_global_policy('mixed_float16')\n",
+     ("[mwhelpers] Keras 3.16.1: cannot tell whether LossScaleOptimizer's finite check "
+      "(docs/keras-lossscale.md) still needs mending: ...",), True),
 ])
 def test_the_stuck_rule_needs_its_evidence(tmp_path, program, extra, found):
     script = tmp_path / "train.py"
@@ -209,3 +297,6 @@ def test_the_stuck_rule_needs_its_evidence(tmp_path, program, extra, found):
     lines, findings = diagnosis.explain_stuck(runs, runs)
     assert len(lines) == 2
     assert [f.key for f in findings] == (["keras3-loss-scale"] if found else [])
+    if found and extra:
+        assert "mwhelpers' mend of it was not applied: Keras 3.16.1: cannot tell" in \
+            findings[0].cause, findings[0]

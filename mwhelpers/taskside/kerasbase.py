@@ -23,12 +23,24 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 KERAS_FIX_ENV = "MWHELPERS_KERAS_FIX"
+# Arms a mend where it cannot tell whether this Keras still needs it (an untested release, or
+# source it does not recognise); a Keras that shows the fix is left alone all the same.
+FORCE_ENV = "MWHELPERS_KERAS_FIX_FORCE"
 # The Keras releases the mends were tested with (major, minor), both ends included; others are
 # left alone with a warning.
 TESTED = ((3, 0), (3, 16))
 PATCHED = "_mwhelpers_keras_fix"  # set on what a mend changed: changed once
 SKIPPED = ("[mwhelpers] the Keras 3 multi-worker fix ({issue}) is not applied: {why}; "
            "the program runs Keras unchanged")
+CANNOT_TELL = ("[mwhelpers] Keras {version}: cannot tell whether {what} ({issue}) still needs "
+               "mending: {why}; not mended, Keras runs unchanged. To check, run the reproducer "
+               "of {issue} in mwhelpers' repository with this Keras; to mend it anyway, set "
+               + FORCE_ENV + "=1")
+CARRIES = "carries the fix of"  # in every line that says Keras has a mend's fix
+FIXED = ("[mwhelpers] Keras {version} " + CARRIES + " {what} ({issue}): {how}; nothing to "
+         "mend, Keras runs unchanged")
+FORCED = ("[mwhelpers] Keras {version}: {what} ({issue}) mended although {why}, because "
+          + FORCE_ENV + "=1 says so")
 _said: set[str] = set()
 
 if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of other hosts)
@@ -79,6 +91,11 @@ def fix_wanted(environ: Mapping[str, str]) -> bool:
     return environ.get(KERAS_FIX_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def forced(environ: Mapping[str, str] = os.environ) -> bool:
+    """True when ``MWHELPERS_KERAS_FIX_FORCE`` says on (1, true, yes, on); off by default."""
+    return environ.get(FORCE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def multi_worker_job(environ: Mapping[str, str] = os.environ) -> bool:
     """True when TF_CONFIG names more than one worker-like task (chief and workers)."""
     try:
@@ -103,7 +120,10 @@ def major_minor(version: str | None) -> tuple[int, ...]:
 
 
 def untested(version: str | None) -> str | None:
-    """Why a mend leaves this Keras alone (unknown, or outside :data:`TESTED`), or None."""
+    """Why a mend leaves this Keras alone (unknown, or outside :data:`TESTED`), or None (also
+    when ``MWHELPERS_KERAS_FIX_FORCE=1``: the mend then decides from the source alone)."""
+    if forced():
+        return None
     numbers = major_minor(version)
     if not numbers:
         return "the Keras version is unknown"
@@ -111,6 +131,14 @@ def untested(version: str | None) -> str | None:
         low, high = (".".join(map(str, t)) for t in TESTED)
         return f"Keras {version} is outside the releases it was tested with ({low} to {high})"
     return None
+
+
+def plain(text: str) -> str:
+    """Source without whitespace (:func:`source_of`'s form) and without the prefixes that
+    name where Keras's ops live (``ops.``, ``backend.ops.``, ``backend.ops.numpy.``, ...),
+    so that ``ops.isfinite(g)`` and ``backend.ops.numpy.isfinite(g)`` read alike."""
+    return re.sub(r"(?<![A-Za-z0-9_])(?:keras\.src\.|keras\.)?(?:backend\.)?ops\.(?:numpy\.)?",
+                  "", text)
 
 
 def source_of(function: Callable[..., object]) -> str | None:

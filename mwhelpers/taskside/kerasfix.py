@@ -53,10 +53,14 @@ from typing import TYPE_CHECKING
 
 from . import kerascallbacks, kerasmixed, keraspss, kerasresume, kerastensorboard
 from .kerasbase import (
+    CANNOT_TELL,
+    CARRIES,
+    FORCED,
     KERAS_FIX_ENV,
     PATCHED,
     SKIPPED,
     fix_wanted,
+    forced,
     is_multi_worker,
     keras_version,
     major_minor,
@@ -88,9 +92,10 @@ LOGS_LINE = 'strategy.reduce("MEAN",v,axis=0)'
 NOTICE = ("[mwhelpers] Keras {version}: fit and evaluate mended for multi-worker "
           "MultiWorkerMirroredStrategy (" + ISSUE + "; {what}); "
           "turn off: MWHELPERS_KERAS_FIX=0")
-FIXED_UPSTREAM = ("[mwhelpers] Keras {version} does not have the failing lines of " + ISSUE
-                  + " in its trainer: nothing to mend, Keras runs unchanged")
-OFF = ("[mwhelpers] fix_kerasis_multi_worker(): not armed, " + KERAS_FIX_ENV + "=0 says off "
+FIXED_UPSTREAM = ("[mwhelpers] Keras {version} " + CARRIES + " fit and evaluate (" + ISSUE
+                  + "): its trainer takes a local replica's batch for the build and averages "
+                  "the logs without an axis; nothing to mend, Keras runs unchanged")
+OFF = ("[mwhelpers] fix_keras_multi_worker(): not armed, " + KERAS_FIX_ENV + "=0 says off "
        "(Keras runs unchanged)")
 _local = threading.local()
 if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of other hosts)
@@ -199,38 +204,46 @@ def _trainer_class(module: ModuleType) -> type | None:
     return None
 
 
-def _trainer_plan(module: ModuleType, version: str) -> tuple[tuple[str, ...] | None, str | None]:
-    """What to mend in this trainer module: (('build', 'logs') subsets, None) or (None, why)."""
+# What Keras does once it has fixed them (ours, docs/keras-20585/trainer.patch, or the like):
+# the build takes a local replica's batch, the logs' mean has no axis.
+BUILD_FIXED = ("experimental_local_results",)
+LOGS_FIXED = ('strategy.reduce("MEAN",v,axis=None)', 'strategy.reduce("MEAN",v)')
+
+
+def _trainer_plan(module: ModuleType, version: str
+                  ) -> tuple[tuple[str, ...] | None, str | None, tuple[str, ...]]:
+    """What to do with this trainer module: (places to mend, None, places it cannot judge),
+    with the places ``("build", "logs")``; or (None, why it is left alone, ())."""
     why = untested(version)
     if why:
-        return None, why
+        return None, why, ()
     numbers = major_minor(version)
-    if numbers < GRADIENTS_REDUCED_SINCE:
+    if numbers and numbers < GRADIENTS_REDUCED_SINCE:
         return None, (f"Keras {version} never all-reduces the gradients across the workers of a "
                       "MultiWorkerMirroredStrategy (each worker would train its own copy of the "
                       "model; fixed in Keras 3.5, keras-team/keras#19969): install keras>=3.5, "
-                      "or 3.10 or later for exact losses")
+                      "or 3.10 or later for exact losses"), ()
     cls = _trainer_class(module)
     if cls is None:
-        return None, f"Keras {version}'s trainer module has no TensorFlowTrainer or Trainer class"
+        return None, f"Keras {version}'s trainer module has no TensorFlowTrainer or Trainer class", ()
     build = getattr(cls, "_maybe_symbolic_build", None)
     if build is None:
-        return None, f"Keras {version}'s trainer has no _maybe_symbolic_build"
+        return None, f"Keras {version}'s trainer has no _maybe_symbolic_build", ()
     reduce_fn = getattr(module, "reduce_per_replica", None)
     if reduce_fn is None:
-        return None, f"Keras {version}'s trainer has no reduce_per_replica"
-    places = []
-    text = source_of(build)
-    if text is None:
-        return None, f"Keras {version}'s source cannot be read"
-    if BUILD_LINE in text:
-        places.append("build")
-    text = source_of(reduce_fn)
-    if text is None:
-        return None, f"Keras {version}'s source cannot be read"
-    if LOGS_LINE in text:
-        places.append("logs")
-    return tuple(places), None
+        return None, f"Keras {version}'s trainer has no reduce_per_replica", ()
+    places: list[str] = []
+    unknown: list[str] = []
+    for place, function, failing, fixed in (("build", build, BUILD_LINE, BUILD_FIXED),
+                                            ("logs", reduce_fn, LOGS_LINE, LOGS_FIXED)):
+        text = source_of(function)
+        if text is None:
+            return None, f"Keras {version}'s source cannot be read", ()
+        if failing in text:
+            places.append(place)
+        elif not any(f in text for f in fixed):
+            unknown.append(place)  # neither the failing line nor the fix: cannot tell
+    return tuple(places), None, tuple(unknown)
 
 
 def patch_trainer(module: ModuleType) -> bool:
@@ -238,13 +251,24 @@ def patch_trainer(module: ModuleType) -> bool:
     if getattr(module, PATCHED, False):
         return False
     version = keras_version() or "(version unknown)"
-    places, why = _trainer_plan(module, version)
-    if why:
+    places, why, unknown = _trainer_plan(module, version)
+    if why or places is None:
         if multi_worker_job():
             say_once("skipped", SKIPPED.format(issue=ISSUE, why=why))
         return False
+    named = {"build": "_maybe_symbolic_build", "logs": "reduce_per_replica"}
+    if unknown:
+        doubt = (f"its {' and '.join(named[p] for p in unknown)} holds neither the failing "
+                 "line nor the fix this knows")
+        if forced():
+            say_once("forced", FORCED.format(version=version, what="fit and evaluate",
+                                             issue=ISSUE, why=doubt))
+            places = places + unknown  # the rewrites act only on the failing call forms
+        elif multi_worker_job():
+            say_once("cannot-tell", CANNOT_TELL.format(version=version, what="fit and evaluate",
+                                                       issue=ISSUE, why=doubt))
     if not places:
-        if multi_worker_job():
+        if multi_worker_job() and not unknown:
             say_once("upstream", FIXED_UPSTREAM.format(version=version))
         setattr(module, PATCHED, True)
         return False
@@ -280,17 +304,28 @@ def install(after_import: Callable[[str, Callable[[ModuleType], object]], None])
 
 
 def fix_keras_multi_worker() -> bool:
-    """Make Keras 3 ``fit``/``evaluate`` work under multi-worker MultiWorkerMirroredStrategy
-    in this process (keras-team/keras#20585), and its BackupAndRestore and ModelCheckpoint
-    chief-aware, for programs that mwhelpers did not start.
+    """Arm mwhelpers' mends of Keras 3 in this process, for programs that mwhelpers did not
+    start (its tasks get them at start-up).  Call it anywhere before the first ``fit`` (before
+    or after importing Keras); calling it again is harmless.
 
-    Call it anywhere before the first ``fit`` (before or after importing Keras). Calling it
-    again is harmless. Only a MultiWorkerMirroredStrategy in multi-worker mode behaves
-    differently; a Keras outside the tested releases, or with other internals, is left
-    unchanged and the first multi-worker use says why in one line (also when the installed
-    Keras has fixed the bug upstream). Returns True once the fix is armed, False when
-    ``MWHELPERS_KERAS_FIX=0`` (or ``%%worker --no-keras-fix``) says off, which it then says
-    in one line.
+    What each changes, and where:
+
+    * ``fit``/``evaluate`` (keras-team/keras#20585), ``BackupAndRestore``/``ModelCheckpoint``
+      and ``TensorBoard`` made chief-aware: only under a MultiWorkerMirroredStrategy in
+      multi-worker mode;
+    * ``BackupAndRestore(save_freq=N)`` resuming at the backup's batch
+      (docs/keras-backup-resume.md): in any process, on a backup that this mend wrote;
+    * ``LossScaleOptimizer``'s finite check decided by all replicas (docs/keras-lossscale.md):
+      under any strategy with more than one replica in sync, MirroredStrategy in one process
+      included;
+    * ``optimizer.iterations`` counted atomically (docs/keras-pss-iterations.md): an optimizer
+      whose counter lives under a ParameterServerStrategy.
+
+    Each acts only on the Keras releases it was tested with and only where Keras's source
+    still holds what it mends; where Keras carries the fix it steps aside, and where it cannot
+    tell it does nothing; each says so in one line (``MWHELPERS_KERAS_FIX_FORCE=1`` mends where
+    it cannot tell).  Returns True once armed, False when ``MWHELPERS_KERAS_FIX=0`` (or
+    ``%%worker --no-keras-fix``) says off, which it then says in one line.
     """
     from .tfdata import after_import
 
