@@ -9,7 +9,7 @@ from test_keras_upstream import KERAS_DIR
 from upstream import keras_test, patched_copy, run_script
 
 HERE = ROOT / "docs" / "keras-pss-iterations"
-REPRO, PATCH = HERE / "repro.py", HERE / "core.patch"
+REPRO, PATCH = HERE / "repro.py", HERE / "optimizer.patch"
 STEPS = "150"
 pytestmark = [pytest.mark.tf, pytest.mark.skipif(KERAS_DIR is None, reason="no Keras 3")]
 
@@ -36,6 +36,15 @@ def test_the_mend_counts_every_step():
 def test_the_patch_counts_every_step_and_its_keras_test_passes(patched, tmp_path):
     code, out = repro(path=patched)
     assert code == 0 and "FIXED" in out, out
-    code, out = keras_test(patched, HERE / "parameter_server_test.py", "src/backend/tensorflow",
+    code, out = keras_test(patched, HERE / "optimizer_iterations_test.py", "src/optimizers",
                            tmp_path)
     assert code == 0 and "2 passed" in out, out
+
+
+def test_the_keras_test_fails_without_the_patch(tmp_path_factory, tmp_path):
+    """The regression test catches the bug: on Keras as released, the counter's update is a read
+    and an assign, not one AssignAddVariableOp."""
+    unpatched = patched_copy(tmp_path_factory, KERAS_DIR, None, "pss-keras-unpatched")
+    code, out = keras_test(unpatched, HERE / "optimizer_iterations_test.py", "src/optimizers",
+                           tmp_path)
+    assert code == 1 and "1 failed, 1 passed" in out and "AssignAddVariableOp" in out, out

@@ -15,8 +15,12 @@ import pytest
 
 def patched_copy(tmp_path_factory, keras_dir, patch, name, must_apply=False):
     """The folder holding a copy of ``keras_dir`` (the installed ``keras`` package) with
-    ``patch`` applied.  A patch that no longer applies (Keras changed upstream) skips, or
-    fails with ``must_apply``."""
+    ``patch`` applied (None: the copy as it is).  A patch that no longer applies (Keras changed
+    upstream) skips, or fails with ``must_apply``."""
+    if patch is None:
+        root = tmp_path_factory.mktemp(name)
+        shutil.copytree(keras_dir, root / "keras", copy_function=shutil.copy2)
+        return root
     if shutil.which("patch") is None:
         reason = "GNU patch is not installed (Debian package: patch)"
         if os.environ.get("CI") == "true":

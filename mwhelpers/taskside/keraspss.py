@@ -13,7 +13,10 @@ Here an optimizer whose counter lives under a ParameterServerStrategy gets, on t
 variable, an ``assign_add`` that is TensorFlow's own: one ``AssignAddVariableOp`` on the
 parameter server, which no other step can split.  Nothing else changes: other variables,
 other strategies and other backends run Keras's code.  Only while Keras's source still holds
-the read-then-write; a Keras that has changed it is left alone, said in one line.
+the read-then-write; a Keras whose ``apply`` counts with the optimizer's own ``assign_add``
+(the upstream patch, ``docs/keras-pss-iterations/optimizer.patch``) carries the fix, and any
+other change it cannot judge: either is said in one line in a job with a ps, and left alone
+(``MWHELPERS_KERAS_FIX_FORCE=1`` mends what it cannot judge).
 
 Armed with the ``fit`` mend (:func:`kerasfix.install`), on the same terms.  This file
 imports only the standard library and its siblings.
@@ -26,7 +29,18 @@ import os
 import sys
 from types import ModuleType
 
-from .kerasbase import PATCHED, SKIPPED, keras_version, say_once, source_of, untested
+from .kerasbase import (
+    CANNOT_TELL,
+    FIXED,
+    FORCED,
+    PATCHED,
+    SKIPPED,
+    forced,
+    keras_version,
+    say_once,
+    source_of,
+    untested,
+)
 
 TARGET = "keras.src.optimizers.base_optimizer"
 ISSUE = "docs/keras-pss-iterations.md"
@@ -34,6 +48,8 @@ VARIABLES = "keras.src.backend.common.variables"
 STATELESS = "keras.src.backend.common.stateless_scope"
 # What is mended, whitespace removed, as Keras 3.0 to 3.15 write it.
 INCREMENT = "self._iterations.assign_add(1)"
+FIXED_INCREMENT = "self.assign_add(self._iterations,1)"  # docs/keras-pss-iterations/optimizer.patch
+WHAT = "optimizer.iterations under ParameterServerStrategy"
 READ_THEN_WRITE = "defassign_add(self,value):returnself.assign(self+value)"
 NOTICE = ("[mwhelpers] Keras {version} under ParameterServerStrategy: optimizer.iterations "
           "counts every step (one assign_add on the parameter server; Keras reads, then "
@@ -51,25 +67,29 @@ def _parameter_server_variable(variable: object) -> bool:
         return False
 
 
-def _plan(module: ModuleType) -> tuple[type | None, str | None]:
-    """(Keras's BaseOptimizer, None) when this Keras has the read-then-write increment, else
-    (None, why): the version is untested or the source is not what this mends."""
+def _plan(module: ModuleType) -> tuple[str, type | None, str]:
+    """("mend", Keras's BaseOptimizer, "") when this Keras counts steps with the read-then-write
+    increment; ("fixed", None, how) when ``apply`` counts with the optimizer's own
+    ``assign_add`` (docs/keras-pss-iterations/optimizer.patch); ("unknown", BaseOptimizer or
+    None, why) when the source is neither; ("skip", None, why) for an untested release."""
     version = keras_version()
     why = untested(version)
     if why:
-        return None, why
+        return "skip", None, why
     cls = getattr(module, "BaseOptimizer", None)
     apply = getattr(cls, "apply", None)
     add = getattr(getattr(sys.modules.get(VARIABLES), "Variable", None), "assign_add", None)
     if not isinstance(cls, type) or not callable(apply) or not callable(add):
-        return None, f"Keras {version} has no BaseOptimizer.apply or Variable.assign_add"
+        return "unknown", None, "it has no BaseOptimizer.apply or Variable.assign_add"
     apply_text, add_text = source_of(apply), source_of(add)
     if apply_text is None or add_text is None:
-        return None, f"Keras {version}'s source cannot be read"
-    if INCREMENT not in apply_text or READ_THEN_WRITE not in add_text:
-        return None, (f"Keras {version} no longer counts steps with a Keras variable's "
-                      "read-then-write assign_add")
-    return cls, None
+        return "unknown", None, "its source cannot be read"
+    if FIXED_INCREMENT in apply_text:
+        return "fixed", None, "BaseOptimizer.apply counts with the optimizer's assign_add"
+    if INCREMENT in apply_text and READ_THEN_WRITE in add_text:
+        return "mend", cls, ""
+    return "unknown", cls, ("its BaseOptimizer.apply and Variable.assign_add count steps "
+                            "otherwise than the releases this was written for (3.0 to 3.16)")
 
 
 def _atomic_add(variable: object, original: object) -> object:
@@ -92,10 +112,20 @@ def _atomic_add(variable: object, original: object) -> object:
 def patch(module: ModuleType) -> None:
     """Mend ``keras.src.optimizers.base_optimizer``: each optimizer made after this whose step
     counter lives under a ParameterServerStrategy counts with one atomic ``assign_add``."""
-    cls, why = _plan(module)
-    if cls is None:
+    verdict, cls, why = _plan(module)
+    version = keras_version()
+    if verdict == "unknown" and cls is not None and forced():
         if _ps_job():
-            say_once(f"skipped-{ISSUE}", SKIPPED.format(issue=ISSUE, why=why))
+            say_once(f"forced-{ISSUE}", FORCED.format(version=version, what=WHAT, issue=ISSUE,
+                                                     why=why))
+        verdict = "mend"
+    if verdict != "mend" or cls is None:
+        if _ps_job():
+            line = {"fixed": FIXED.format(version=version, what=WHAT, issue=ISSUE, how=why),
+                    "unknown": CANNOT_TELL.format(version=version, what=WHAT, issue=ISSUE,
+                                                  why=why)
+                    }.get(verdict) or SKIPPED.format(issue=ISSUE, why=why)
+            say_once(f"skipped-{ISSUE}", line)
         return
     init = vars(cls)["__init__"]
     if getattr(init, PATCHED, False):
