@@ -149,6 +149,14 @@ class FixedUpstream(Backup315):
         training_metadata = json.loads("{}")
         self.model._initial_epoch = training_metadata["epoch"]
         self.model._initial_step = training_metadata["batch"]
+
+
+class ReadsTheBatch(Backup315):
+    def _load_model(self):
+        training_metadata = json.loads("{}")
+        epoch = training_metadata["epoch"]
+        self.model._initial_epoch = epoch
+        self._resume_at = training_metadata.get("batch", 0)
 '''
 
 
@@ -163,7 +171,10 @@ def test_the_resume_reads_where_each_keras_restores_the_epoch(tmp_path, monkeypa
     monkeypatch.setattr(kerasresume, "_iterator_mended", True)
     assert kerasresume.why_not(module.Backup35) is None
     assert kerasresume.why_not(module.Backup315) is None
-    assert "reads the batch itself" in kerasresume.why_not(module.FixedUpstream)
+    for cls in (module.Backup35, module.Backup315):
+        assert kerasresume.carries_fix(cls) is None
+    assert "restores the step inside the epoch" in kerasresume.carries_fix(module.FixedUpstream)
+    assert "reads the backup's batch" in kerasresume.carries_fix(module.ReadsTheBatch)
     monkeypatch.setattr(kerasresume, "_iterator_mended", False)
     assert "epoch iterator" in kerasresume.why_not(module.Backup315)
     monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__="3.17.0"))

@@ -1,11 +1,15 @@
-"""LossScaleOptimizer under MultiWorkerMirroredStrategy with two workers.
+"""LossScaleOptimizer under a strategy with two replicas:
+MultiWorkerMirroredStrategy with two workers, and MirroredStrategy over two
+logical CPUs in one process.
 
 Upstream path: keras/src/optimizers/loss_scale_optimizer_multi_worker_test.py.
 Each worker is a fresh Python process with its own TF_CONFIG, as a
 multi-worker job runs; both listen on 127.0.0.1.  At one step the gradients
 of worker 1 overflow float16 and those of worker 0 do not: both must skip
 that step.  The collectives time out, so a Keras with the bug fails the test
-instead of hanging it.
+instead of hanging it.  Under MirroredStrategy (a fresh process, so that it can
+make two logical CPUs) replica 1's half of one global batch overflows: with the
+bug the first replica's answer is taken for both and every weight becomes NaN.
 """
 
 import json
@@ -83,6 +87,49 @@ WORKER = textwrap.dedent(
 )
 
 
+MIRRORED = textwrap.dedent(
+    """
+    import json
+
+    import numpy as np
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+    )
+    import keras
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(%(steps)d * 16, 3)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    y[16 + 8 : 32] *= 1e6  # step 1: replica 1's half of the global batch
+    with strategy.scope():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        optimizer = keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(0.01), initial_scale=2.0**10
+        )
+        model.compile(optimizer, "mse")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    model.fit(data, epochs=1, verbose=0, shuffle=False)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "weights": [w.ravel().tolist() for w in model.get_weights()],
+                "scale": float(model.optimizer.dynamic_scale.numpy()),
+                "iterations": int(model.optimizer.iterations.numpy()),
+            }
+        )
+    )
+    """
+    % {"steps": STEPS}
+)
+
+
 def _free_ports(count):
     sockets = [socket.socket() for _ in range(count)]
     for s in sockets:
@@ -93,14 +140,15 @@ def _free_ports(count):
     return ports
 
 
-def _run_workers(count, timeout=120):
-    """Runs WORKER in `count` processes; returns [(exit code, output)]."""
+def _run_workers(count, timeout=120, program=WORKER):
+    """Runs `program` in `count` processes (with a TF_CONFIG each when
+    `count` > 1); returns [(exit code, output)]."""
     cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(count)]}
     # The workers import the same Keras as this test.
     keras_root = os.path.dirname(os.path.dirname(keras.__file__))
     path = [keras_root, os.environ.get("PYTHONPATH", "")]
     env = dict(
-        os.environ,
+        {k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
         KERAS_BACKEND="tensorflow",
         TF_CPP_MIN_LOG_LEVEL="2",
         PYTHONPATH=os.pathsep.join(p for p in path if p),
@@ -109,12 +157,15 @@ def _run_workers(count, timeout=120):
     try:
         for index in range(count):
             task = {"type": "worker", "index": index}
-            env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": task})
+            if count > 1:
+                env["TF_CONFIG"] = json.dumps(
+                    {"cluster": cluster, "task": task}
+                )
             log = tempfile.TemporaryFile("w+")
             procs.append(
                 (
                     subprocess.Popen(
-                        [sys.executable, "-c", WORKER],
+                        [sys.executable, "-c", program],
                         env=env,
                         stdout=log,
                         stderr=subprocess.STDOUT,
@@ -145,18 +196,30 @@ def _run_workers(count, timeout=120):
     reason="MultiWorkerMirroredStrategy is a TensorFlow strategy.",
 )
 class LossScaleOptimizerMultiWorkerTest(testing.TestCase):
-    def test_overflow_on_one_worker_skips_the_step_on_both(self):
+    def _results(self, count, program=WORKER):
         results = []
-        for code, output in _run_workers(2):
+        for code, output in _run_workers(count, program=program):
             self.assertEqual(code, 0, msg=output[-3000:])
             lines = [
                 ln for ln in output.splitlines() if ln.startswith("RESULT")
             ]
             self.assertLen(lines, 1, msg=output[-3000:])
             results.append(json.loads(lines[0][len("RESULT ") :]))
-        first, second = results
+        return results
+
+    def test_overflow_on_one_replica_of_mirrored_strategy(self):
+        (result,) = self._results(1, MIRRORED)
+        # Step 1 skipped on both replicas, the loss scale halved once, and
+        # no replica's inf reached the weights.
+        self.assertEqual(result["iterations"], STEPS - 1)
+        self.assertEqual(result["scale"], 2.0**9)
+        for w in result["weights"]:
+            self.assertTrue(all(abs(v) < 1e3 for v in w), msg=result)
+
+    def test_overflow_on_one_worker_skips_the_step_on_both(self):
+        first, second = self._results(2)
         # One step skipped on both workers, the loss scale halved once.
-        for result in results:
+        for result in (first, second):
             self.assertEqual(result["iterations"], STEPS - 1)
             self.assertEqual(result["scale"], 2.0**9)
         for a, b in zip(first["weights"], second["weights"]):

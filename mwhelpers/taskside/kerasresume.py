@@ -16,6 +16,11 @@ Here (Keras's TensorFlow trainer; JAX's and PyTorch's too from Keras 3.10):
   twice and nothing is skipped: the job ends with exactly epochs x steps optimizer steps;
 * a backup taken at the last batch of an epoch resumes at the next epoch.
 
+A Keras that resumes at the saved batch itself (``model._initial_step``, the upstream patch
+``docs/keras-backup-resume/backup_and_restore.patch``, or a ``BackupAndRestore`` that reads the
+backup's batch) is left alone, said in one line: both acting would skip the restored batches
+twice (a backup of an epoch's last batch would skip the whole next epoch).
+
 What the restored epoch reads, by kind of input:
 
 * a finite dataset (one pass per epoch; Keras makes a new iterator each epoch): the batches
@@ -44,9 +49,10 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from .kerasbase import PATCHED, keras_version, local_path, say_once, source_of, untested
+from .kerasbase import FIXED, PATCHED, keras_version, local_path, say_once, source_of, untested
 
 ISSUE = "docs/keras-backup-resume.md"
+WHAT = "BackupAndRestore's resume"
 POSITION = "mwhelpers_batches_done"  # the key each backup's metadata gets
 EPOCH_ITERATOR = "keras.src.trainers.epoch_iterator"
 RESUMING = ("[mwhelpers] Keras {version} BackupAndRestore: epoch {epoch} resumes after its "
@@ -114,8 +120,19 @@ def why_not(backup_class: type) -> str | None:
     text = source_of(load or (lambda: None))
     if text is None or 'training_metadata["epoch"]' not in text:
         return "its BackupAndRestore does not restore the epoch the way this was written for"
-    if 'training_metadata["batch"]' in text:
-        return "its BackupAndRestore reads the batch itself"
+    return None
+
+
+def carries_fix(backup_class: type) -> str | None:
+    """How this Keras resumes at the saved batch itself (docs/keras-backup-resume/
+    backup_and_restore.patch, or a fix that reads the backup's batch), or None."""
+    begin = getattr(backup_class, "on_train_begin", None)
+    load = getattr(backup_class, "_load_model", None) or getattr(begin, "__wrapped__", begin)
+    text = source_of(load or (lambda: None)) or ""
+    if "_initial_step" in text:
+        return "its BackupAndRestore restores the step inside the epoch (model._initial_step)"
+    if 'training_metadata["batch"]' in text or "training_metadata.get(\"batch\"" in text:
+        return "its BackupAndRestore reads the backup's batch"
     return None
 
 
@@ -124,6 +141,11 @@ def plan(backup: Backup, epoch: int) -> int | None:
     draw and drop, or None to let Keras run the epoch from its start."""
     done = position(backup._training_metadata_path)
     if not done or not isinstance(backup.save_freq, int) or isinstance(backup.save_freq, bool):
+        return None
+    fixed = carries_fix(type(backup))
+    if fixed:
+        say_once("resume-fixed", FIXED.format(version=keras_version(), what=WHAT, issue=ISSUE,
+                                              how=fixed))
         return None
     why = why_not(type(backup))
     if why:

@@ -19,6 +19,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from .kerasbase import (
+    CANNOT_TELL,
+    FIXED,
     PATCHED,
     SKIPPED,
     keras_version,
@@ -36,6 +38,7 @@ TARGET = "keras.src.callbacks.tensorboard"
 ISSUE = "docs/keras-tensorboard.md"
 # What is mended, whitespace removed, as Keras 3.0 to 3.15 write it: the folder is log_dir.
 WRITE_DIR = "self._log_write_dir=self.log_dir"
+FIX = "_worker_temp_dir("  # docs/keras-tensorboard/tensorboard.patch: Keras carries the fix
 
 if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of other hosts)
     from typing import Protocol
@@ -60,8 +63,14 @@ def _why_not(cls: object) -> str | None:
     text = source_of(getattr(cls, "set_model"))  # noqa: B009 (a class of unknown type)
     if text is None:
         return f"Keras {version}'s source cannot be read"
+    if FIX in text:
+        return FIXED.format(version=version, what="TensorBoard under multi-worker MWMS",
+                            issue=ISSUE, how="its set_model sends a worker that is not the "
+                            "chief to a folder of its own")
     if WRITE_DIR not in text:
-        return f"Keras {version}'s TensorBoard.set_model no longer writes to log_dir as it is"
+        return CANNOT_TELL.format(version=version, what="TensorBoard under multi-worker MWMS",
+                                  issue=ISSUE, why="its TensorBoard.set_model no longer writes "
+                                  "to log_dir as it is")
     return None
 
 
@@ -71,7 +80,8 @@ def patch(module: ModuleType) -> None:
     why = _why_not(cls)
     if why:
         if multi_worker_job():
-            say_once(f"skipped-{ISSUE}", SKIPPED.format(issue=ISSUE, why=why))
+            say_once(f"skipped-{ISSUE}", why if why.startswith("[mwhelpers]")
+                     else SKIPPED.format(issue=ISSUE, why=why))
         return
     assert isinstance(cls, type)
     if getattr(cls, PATCHED, False):

@@ -1,0 +1,110 @@
+"""Keras's own tests of every file that the five upstream patches touch (docs/keras-*.md),
+run three ways on the TensorFlow and JAX backends:
+
+- ``patched``: a copy of the installed Keras with all five patches applied (and the patches'
+  new test files in place), with the tests as the patches leave them;
+- ``mended``: the installed Keras, with mwhelpers' runtime mends armed in the test process
+  and in the workers it starts (``fix_keras_multi_worker()`` from a ``sitecustomize``),
+  against the same tests: a mend behaves as Keras with the patch (``test_best_case_step``
+  expects the resumed count the patch gives).  One test checks the patch's form, not its
+  behaviour, and is left out there: ``test_iterations_is_one_assign_add`` (every optimizer's
+  counter is one op with the patch; the mend changes only a counter under
+  ParameterServerStrategy);
+- ``both``: the patched copy with the mends armed: the mends recognise the fix and step aside
+  (a resume done twice would skip a whole epoch in the tests of a backup at an epoch's last
+  batch).
+
+Keras's wheel ships its test modules, so this runs offline; it needs GNU patch (CI=true fails
+without it).  The nightly wheel ships no tests: the nightly's lines are checked by the
+matrix's nightly run instead.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+from test_keras_upstream import KERAS_DIR
+from upstream import patched_copy
+
+DOCS = ROOT / "docs"
+PATCHES = ["keras-20585/trainer.patch", "keras-backup-resume/backup_and_restore.patch",
+           "keras-lossscale/loss_scale_optimizer.patch", "keras-pss-iterations/optimizer.patch",
+           "keras-tensorboard/tensorboard.patch"]
+# The patches' new test files, where each goes in Keras's tree.
+NEW_TESTS = {
+    "keras-backup-resume/backup_and_restore_resume_test.py": "src/callbacks",
+    "keras-lossscale/loss_scale_optimizer_multi_worker_test.py": "src/optimizers",
+    "keras-pss-iterations/optimizer_iterations_test.py": "src/optimizers",
+    "keras-tensorboard/tensorboard_multi_worker_test.py": "src/callbacks",
+    "keras-20585/multi_worker_test.py": "src/backend/tensorflow",
+}
+# Keras's test modules of the touched files (trainer.py: the distribute tests), and the new ones.
+MODULES = [
+    "src/callbacks/backup_and_restore_test.py", "src/trainers/epoch_iterator_test.py",
+    "src/callbacks/tensorboard_test.py", "src/optimizers/loss_scale_optimizer_test.py",
+    "src/optimizers/optimizer_test.py", "src/optimizers/multi_optimizer_test.py",
+    "src/backend/tensorflow/distribute_test.py",
+    "src/backend/tensorflow/optimizer_distribute_test.py",
+] + [f"{where}/{os.path.basename(name)}" for name, where in NEW_TESTS.items()]
+pytestmark = [pytest.mark.tf, pytest.mark.skipif(KERAS_DIR is None, reason="no Keras 3")]
+
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory):
+    """A copy of the installed Keras with the five patches and their new tests."""
+    root = None
+    for patch in PATCHES:
+        if root is None:
+            root = patched_copy(tmp_path_factory, KERAS_DIR, DOCS / patch, "lane-keras",
+                                must_apply=True)
+            continue
+        done = subprocess.run(["patch", "-p1", "--forward", "-i", str(DOCS / patch)], cwd=root,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+    for name, where in NEW_TESTS.items():
+        shutil.copy(DOCS / name, root / "keras" / where)
+    return root
+
+
+@pytest.fixture(scope="module")
+def tests_alone(patched, tmp_path_factory):
+    """The patched copy's test modules in a folder of their own, outside any ``keras``
+    package, so that they import whichever Keras comes first on the path."""
+    folder = tmp_path_factory.mktemp("lane-tests")
+    for module in MODULES:
+        shutil.copy(patched / "keras" / module, folder / module.replace("/", "__"))
+    return folder
+
+
+def run_keras_tests(files, backend, path, mends, cwd, deselect=()):
+    site = ROOT / "tests" / "kerasmends" if mends else None
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONPATH": os.pathsep.join(str(p) for p in (site, path, ROOT) if p),
+           "MWHELPERS_KERAS_FIX": "1"}
+    env.pop(  # the mends' own switch decides, not a developer's leftover setting
+        "MWHELPERS_KERAS_FIX_FORCE", None)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", "--import-mode=importlib", "-W", "ignore",
+                           *(["-k", " and ".join(f"not {d}" for d in deselect)] if deselect
+                             else []), *map(str, files)],
+                          capture_output=True, text=True, timeout=900, cwd=cwd, env=env)
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+@pytest.mark.parametrize("how", ["patched", "mended", "both"])
+def test_kerass_own_tests_pass(patched, tests_alone, tmp_path, backend, how):
+    if backend == "jax":
+        pytest.importorskip("jax")
+    deselect = []
+    if how == "mended":
+        files, path = sorted(tests_alone.iterdir()), None
+        deselect = ["test_iterations_is_one_assign_add"]
+    else:
+        files, path = [patched / "keras" / m for m in MODULES], patched
+    code, out = run_keras_tests(files, backend, path, how != "patched", tmp_path, deselect)
+    summary = out.strip().splitlines()[-1] if out.strip() else out
+    assert code == 0 and " passed" in summary and "failed" not in summary, out[-6000:]
