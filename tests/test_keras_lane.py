@@ -15,8 +15,7 @@ run three ways on the TensorFlow and JAX backends:
   batch).
 
 Keras's wheel ships its test modules, so this runs offline; it needs GNU patch (CI=true fails
-without it).  The nightly wheel ships no tests: the nightly's lines are checked by the
-matrix's nightly run instead.
+without it).  The nightly wheel ships no tests, so this runs on the installed release only.
 """
 
 import os
@@ -55,15 +54,8 @@ pytestmark = [pytest.mark.tf, pytest.mark.skipif(KERAS_DIR is None, reason="no K
 @pytest.fixture(scope="module")
 def patched(tmp_path_factory):
     """A copy of the installed Keras with the five patches and their new tests."""
-    root = None
-    for patch in PATCHES:
-        if root is None:
-            root = patched_copy(tmp_path_factory, KERAS_DIR, DOCS / patch, "lane-keras",
-                                must_apply=True)
-            continue
-        done = subprocess.run(["patch", "-p1", "--forward", "-i", str(DOCS / patch)], cwd=root,
-                              capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stdout + done.stderr
+    root = patched_copy(tmp_path_factory, KERAS_DIR, [DOCS / p for p in PATCHES], "lane-keras",
+                        must_apply=True)
     for name, where in NEW_TESTS.items():
         shutil.copy(DOCS / name, root / "keras" / where)
     return root
@@ -84,8 +76,7 @@ def run_keras_tests(files, backend, path, mends, cwd, deselect=()):
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2",
            "PYTHONPATH": os.pathsep.join(str(p) for p in (site, path, ROOT) if p),
            "MWHELPERS_KERAS_FIX": "1"}
-    env.pop(  # the mends' own switch decides, not a developer's leftover setting
-        "MWHELPERS_KERAS_FIX_FORCE", None)
+    env.pop("MWHELPERS_KERAS_FIX_FORCE", None)  # the mends decide, not a leftover setting
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-p", "no:xdist", "--import-mode=importlib", "-W", "ignore",
                            *(["-k", " and ".join(f"not {d}" for d in deselect)] if deselect

@@ -15,13 +15,11 @@ import pytest
 
 def patched_copy(tmp_path_factory, keras_dir, patch, name, must_apply=False):
     """The folder holding a copy of ``keras_dir`` (the installed ``keras`` package) with
-    ``patch`` applied (None: the copy as it is).  A patch that no longer applies (Keras changed
-    upstream) skips, or fails with ``must_apply``."""
-    if patch is None:
-        root = tmp_path_factory.mktemp(name)
-        shutil.copytree(keras_dir, root / "keras", copy_function=shutil.copy2)
-        return root
-    if shutil.which("patch") is None:
+    ``patch`` applied: a patch file, a list of them (applied in order), or None (the copy as
+    it is).  A patch that no longer applies (Keras changed upstream) skips, or fails with
+    ``must_apply``."""
+    patches = [] if patch is None else list(patch) if isinstance(patch, list) else [patch]
+    if patches and shutil.which("patch") is None:
         reason = "GNU patch is not installed (Debian package: patch)"
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must apply the upstream patch, but: {reason}")
@@ -30,13 +28,14 @@ def patched_copy(tmp_path_factory, keras_dir, patch, name, must_apply=False):
     # copy2 keeps the modification times, so the copied bytecode stays valid (except the
     # patched files') and the copy imports as fast as the installed Keras.
     shutil.copytree(keras_dir, root / "keras", copy_function=shutil.copy2)
-    done = subprocess.run(["patch", "-p1", "--forward", "-i", str(patch)], cwd=root,
-                          capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        if must_apply:
-            pytest.fail(done.stdout + done.stderr)
-        pytest.skip(f"{patch.name} does not apply to the installed Keras (changed upstream): "
-                    + done.stdout[-300:])
+    for one in patches:
+        done = subprocess.run(["patch", "-p1", "--forward", "-i", str(one)], cwd=root,
+                              capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            if must_apply:
+                pytest.fail(done.stdout + done.stderr)
+            pytest.skip(f"{one.name} does not apply to the installed Keras (changed upstream): "
+                        + done.stdout[-300:])
     return root
 
 

@@ -107,6 +107,14 @@ def position(metadata_path: object) -> int | None:
 
 # -- on restore ----------------------------------------------------------------------------
 
+def _restore_source(backup_class: type) -> str | None:
+    """The source (whitespace removed) of where this Keras reads the backup: ``_load_model``
+    (3.10 and 3.15 have it), else ``on_train_begin`` itself (3.5), Keras's own when mended."""
+    begin = getattr(backup_class, "on_train_begin", None)
+    load = getattr(backup_class, "_load_model", None) or getattr(begin, "__wrapped__", begin)
+    return source_of(load or (lambda: None))
+
+
 def why_not(backup_class: type) -> str | None:
     """Why this Keras's BackupAndRestore is left resuming as it does, or None."""
     why = untested(keras_version())
@@ -114,10 +122,7 @@ def why_not(backup_class: type) -> str | None:
         return why
     if not _iterator_mended:
         return "its epoch iterator is not one this was written for"
-    # Where Keras reads the backup: _load_model (3.10 and 3.15 have it), on_train_begin itself (3.5).
-    begin = getattr(backup_class, "on_train_begin", None)
-    load = getattr(backup_class, "_load_model", None) or getattr(begin, "__wrapped__", begin)
-    text = source_of(load or (lambda: None))
+    text = _restore_source(backup_class)
     if text is None or 'training_metadata["epoch"]' not in text:
         return "its BackupAndRestore does not restore the epoch the way this was written for"
     return None
@@ -126,9 +131,7 @@ def why_not(backup_class: type) -> str | None:
 def carries_fix(backup_class: type) -> str | None:
     """How this Keras resumes at the saved batch itself (docs/keras-backup-resume/
     backup_and_restore.patch, or a fix that reads the backup's batch), or None."""
-    begin = getattr(backup_class, "on_train_begin", None)
-    load = getattr(backup_class, "_load_model", None) or getattr(begin, "__wrapped__", begin)
-    text = source_of(load or (lambda: None)) or ""
+    text = _restore_source(backup_class) or ""
     if "_initial_step" in text:
         return "its BackupAndRestore restores the step inside the epoch (model._initial_step)"
     if 'training_metadata["batch"]' in text or "training_metadata.get(\"batch\"" in text:

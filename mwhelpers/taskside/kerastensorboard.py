@@ -52,36 +52,37 @@ if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of oth
         _writers: dict[str, object]
 
 
-def _why_not(cls: object) -> str | None:
+def _aside(cls: object) -> str | None:
+    """The line to say where this Keras's TensorBoard is left alone (an untested release,
+    other internals, the fix carried, source it cannot judge), or None to mend it."""
     version = keras_version()
+    what = "TensorBoard under multi-worker MWMS"
     why = untested(version)
     if why:
-        return why
+        return SKIPPED.format(issue=ISSUE, why=why)
     needed = ("set_model", "on_train_end")
     if not isinstance(cls, type) or not all(callable(getattr(cls, n, None)) for n in needed):
-        return f"Keras {version}'s TensorBoard has no {' or '.join(needed)}"
+        return SKIPPED.format(issue=ISSUE, why=f"Keras {version}'s TensorBoard has no "
+                                               f"{' or '.join(needed)}")
     text = source_of(getattr(cls, "set_model"))  # noqa: B009 (a class of unknown type)
     if text is None:
-        return f"Keras {version}'s source cannot be read"
+        return SKIPPED.format(issue=ISSUE, why=f"Keras {version}'s source cannot be read")
     if FIX in text:
-        return FIXED.format(version=version, what="TensorBoard under multi-worker MWMS",
-                            issue=ISSUE, how="its set_model sends a worker that is not the "
-                            "chief to a folder of its own")
+        return FIXED.format(version=version, what=what, issue=ISSUE, how="its set_model sends a "
+                            "worker that is not the chief to a folder of its own")
     if WRITE_DIR not in text:
-        return CANNOT_TELL.format(version=version, what="TensorBoard under multi-worker MWMS",
-                                  issue=ISSUE, why="its TensorBoard.set_model no longer writes "
-                                  "to log_dir as it is")
+        return CANNOT_TELL.format(version=version, what=what, issue=ISSUE, why="its "
+                                  "TensorBoard.set_model no longer writes to log_dir as it is")
     return None
 
 
 def patch(module: ModuleType) -> None:
     """Make ``keras.src.callbacks.tensorboard.TensorBoard`` chief-aware."""
     cls = getattr(module, "TensorBoard", None)
-    why = _why_not(cls)
-    if why:
+    aside = _aside(cls)
+    if aside:
         if multi_worker_job():
-            say_once(f"skipped-{ISSUE}", why if why.startswith("[mwhelpers]")
-                     else SKIPPED.format(issue=ISSUE, why=why))
+            say_once(f"skipped-{ISSUE}", aside)
         return
     assert isinstance(cls, type)
     if getattr(cls, PATCHED, False):
