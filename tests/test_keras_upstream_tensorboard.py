@@ -43,3 +43,9 @@ def test_the_patch_leaves_only_the_chiefs_files_and_its_keras_test_passes(patche
     assert code == 0 and FIXED in out and f"({patched / 'keras'})" in out, out
     code, out = keras_test(patched, KERAS_TEST, "src/callbacks", tmp_path)
     assert code == 0 and "1 passed" in out, out
+
+
+def test_the_patch_cleans_up_after_a_standalone_evaluate(patched):
+    code, out = repro("--patched-keras", str(patched), "--then-evaluate")
+    assert code == 0 and FIXED in out, out
+    assert "log_dir/validation: 2 event files (worker 0, worker 0)" in out, out

@@ -61,9 +61,8 @@ WORKER = textwrap.dedent(
         return sorted(folders)
 
     x = np.ones((8, 3), "float32")
-    callbacks = keras.callbacks.CallbackList(
-        [keras.callbacks.TensorBoard(log_dir)], model=model
-    )
+    board = keras.callbacks.TensorBoard(log_dir)
+    callbacks = keras.callbacks.CallbackList([board], model=model)
     callbacks.on_train_begin()
     for epoch in range(2):
         callbacks.on_epoch_begin(epoch)
@@ -75,7 +74,27 @@ WORKER = textwrap.dedent(
         callbacks.on_epoch_end(epoch, {"loss": loss, "val_loss": loss})
     before_end = own_event_folders()
     callbacks.on_train_end()
-    print("RESULT " + json.dumps({"pid": os.getpid(), "before": before_end}))
+    # `evaluate` and `predict` after `fit`, with the same callback: each
+    # makes a list of its own, which sets the model again.
+    callbacks = keras.callbacks.CallbackList([board], model=model)
+    callbacks.on_test_begin()
+    callbacks.on_test_end({"loss": loss})
+    after_evaluate = sorted(os.listdir(log_dir))
+    callbacks = keras.callbacks.CallbackList([board], model=model)
+    callbacks.on_predict_begin()
+    callbacks.on_predict_end()
+    after_predict = sorted(os.listdir(log_dir))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "pid": os.getpid(),
+                "before": before_end,
+                "after_evaluate": after_evaluate,
+                "after_predict": after_predict,
+            }
+        )
+    )
     """
 )
 
@@ -163,9 +182,12 @@ class TensorBoardMultiWorkerTest(testing.TestCase):
                 os.path.join("workertemp_1", "validation"),
             ],
         )
+        # A standalone `evaluate` and `predict` leave no temporary folder
+        # behind either (each worker looks right after its own call).
+        self.assertNotIn("workertemp_1", other["after_evaluate"])
+        self.assertNotIn("workertemp_1", other["after_predict"])
         # Afterwards only the chief's files are left.
         self.assertEqual(sorted(os.listdir(log_dir)), ["train", "validation"])
         for folder in ("train", "validation"):
-            names = os.listdir(os.path.join(log_dir, folder))
-            self.assertLen(names, 1)
-            self.assertEqual(names[0].split(".")[-3], str(chief["pid"]))
+            for name in os.listdir(os.path.join(log_dir, folder)):
+                self.assertEqual(name.split(".")[-3], str(chief["pid"]))
