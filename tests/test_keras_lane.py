@@ -3,8 +3,9 @@ run three ways on the TensorFlow and JAX backends:
 
 - ``patched``: a copy of the installed Keras with all five patches applied (and the patches'
   new test files in place), with the tests as the patches leave them;
-- ``mended``: the installed Keras, with mwhelpers' runtime mends armed in the test process
-  and in the workers it starts (``fix_keras_multi_worker()`` from a ``sitecustomize``),
+- ``mended``: a copy of the installed Keras as released (with the patched tests and their
+  helper added), with mwhelpers' runtime mends armed in the test process and in the workers
+  it starts (``fix_keras_multi_worker()`` from a ``sitecustomize``),
   against the same tests: a mend behaves as Keras with the patch (``test_best_case_step``
   expects the resumed count the patch gives).  One test checks the patch's form, not its
   behaviour, and is left out there: ``test_iterations_is_one_assign_add`` (every optimizer's
@@ -19,20 +20,20 @@ without it).  The nightly wheel ships no tests, so this runs on the installed re
 """
 
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 from conftest import ROOT
 from test_keras_upstream import KERAS_DIR
-from upstream import patched_copy
+from upstream import add_tests, patched_copy
 
 DOCS = ROOT / "docs"
 PATCHES = ["keras-20585/trainer.patch", "keras-backup-resume/backup_and_restore.patch",
            "keras-lossscale/loss_scale_optimizer.patch", "keras-pss-iterations/optimizer.patch",
            "keras-tensorboard/tensorboard.patch"]
-# The patches' new test files, where each goes in Keras's tree.
+# The patches' new test files, where each goes in Keras's tree (their helper,
+# docs/keras-testing/multi_worker.py, goes to src/testing: upstream.add_tests).
 NEW_TESTS = {
     "keras-backup-resume/backup_and_restore_resume_test.py": "src/callbacks",
     "keras-lossscale/loss_scale_optimizer_multi_worker_test.py": "src/optimizers",
@@ -56,19 +57,17 @@ def patched(tmp_path_factory):
     """A copy of the installed Keras with the five patches and their new tests."""
     root = patched_copy(tmp_path_factory, KERAS_DIR, [DOCS / p for p in PATCHES], "lane-keras",
                         must_apply=True)
-    for name, where in NEW_TESTS.items():
-        shutil.copy(DOCS / name, root / "keras" / where)
+    add_tests(root, {DOCS / name: where for name, where in NEW_TESTS.items()})
     return root
 
 
 @pytest.fixture(scope="module")
-def tests_alone(patched, tmp_path_factory):
-    """The patched copy's test modules in a folder of their own, outside any ``keras``
-    package, so that they import whichever Keras comes first on the path."""
-    folder = tmp_path_factory.mktemp("lane-tests")
-    for module in MODULES:
-        shutil.copy(patched / "keras" / module, folder / module.replace("/", "__"))
-    return folder
+def released(patched, tmp_path_factory):
+    """A copy of the installed Keras as released, holding the tests as the patches leave them
+    (and their helper)."""
+    root = patched_copy(tmp_path_factory, KERAS_DIR, None, "lane-keras-released")
+    add_tests(root, {patched / "keras" / m: os.path.dirname(m) for m in MODULES})
+    return root
 
 
 def run_keras_tests(files, backend, path, mends, cwd, deselect=()):
@@ -78,7 +77,7 @@ def run_keras_tests(files, backend, path, mends, cwd, deselect=()):
            "MWHELPERS_KERAS_FIX": "1"}
     env.pop("MWHELPERS_KERAS_FIX_FORCE", None)  # the mends decide, not a leftover setting
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-p", "no:xdist", "--import-mode=importlib", "-W", "ignore",
+                           "-p", "no:xdist", "-W", "ignore", "--rootdir", str(path),
                            *(["-k", " and ".join(f"not {d}" for d in deselect)] if deselect
                              else []), *map(str, files)],
                           capture_output=True, text=True, timeout=900, cwd=cwd, env=env)
@@ -87,15 +86,13 @@ def run_keras_tests(files, backend, path, mends, cwd, deselect=()):
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 @pytest.mark.parametrize("how", ["patched", "mended", "both"])
-def test_kerass_own_tests_pass(patched, tests_alone, tmp_path, backend, how):
+def test_kerass_own_tests_pass(patched, released, tmp_path, backend, how):
     if backend == "jax":
         pytest.importorskip("jax")
-    deselect = []
-    if how == "mended":
-        files, path = sorted(tests_alone.iterdir()), None
-        deselect = ["test_iterations_is_one_assign_add"]
-    else:
-        files, path = [patched / "keras" / m for m in MODULES], patched
+    path = released if how == "mended" else patched
+    files = [path / "keras" / m for m in MODULES]
+    # The mend changes only a counter under ParameterServerStrategy, not every optimizer's.
+    deselect = ["test_iterations_is_one_assign_add"] if how == "mended" else []
     code, out = run_keras_tests(files, backend, path, how != "patched", tmp_path, deselect)
     summary = out.strip().splitlines()[-1] if out.strip() else out
     assert code == 0 and " passed" in summary and "failed" not in summary, out[-6000:]

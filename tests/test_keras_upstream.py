@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from upstream import patched_copy
+from upstream import keras_test, patched_copy
 
 HERE = ROOT / "docs" / "keras-20585"
 REPRO, PATCH = HERE / "repro.py", HERE / "trainer.patch"
@@ -125,6 +125,21 @@ def test_the_loss_scale_patch_makes_both_workers_skip_the_step(lso_patched_keras
     code, output = lso_repro("--patched-keras", str(lso_patched_keras))
     assert code == 0 and verdict(output) == LSO_FIXED, output
     assert output.count(f"({lso_patched_keras / 'keras'})") == 2, output
+
+
+@pytest.mark.skipif(bool(LSO_REASON), reason=LSO_REASON)
+def test_the_loss_scale_keras_tests_pass_with_the_patch_and_fail_without(
+        lso_patched_keras, tmp_path_factory, tmp_path):
+    """Both cases of loss_scale_optimizer_multi_worker_test.py (two MWMS workers; MirroredStrategy
+    over two logical CPUs) fail on Keras as released and pass with the patch."""
+    test = LSO_HERE / "loss_scale_optimizer_multi_worker_test.py"
+    for name in ("patched", "released"):
+        (tmp_path / name).mkdir()
+    code, out = keras_test(lso_patched_keras, test, "src/optimizers", tmp_path / "patched")
+    assert code == 0 and "2 passed" in out, out
+    released = patched_copy(tmp_path_factory, KERAS_DIR, None, "lossscale-keras-released")
+    code, out = keras_test(released, test, "src/optimizers", tmp_path / "released")
+    assert code == 1 and "2 failed" in out, out
 
 
 def test_steps_per_execution_above_one_fails_under_mirrored_strategy_too():

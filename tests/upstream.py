@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,11 +40,23 @@ def patched_copy(tmp_path_factory, keras_dir, patch, name, must_apply=False):
     return root
 
 
+# The write-ups' helper for tests that run worker processes, and where it goes in Keras.
+HELPER = Path(__file__).resolve().parents[1] / "docs" / "keras-testing" / "multi_worker.py"
+HELPER_WHERE = "src/testing"
+
+
+def add_tests(copy, files):
+    """Put the write-ups' test ``files`` ({path: folder in Keras's tree}) and their helper into
+    the Keras ``copy``."""
+    for source, where in {**files, HELPER: HELPER_WHERE}.items():
+        shutil.copy(source, copy / "keras" / where / Path(source).name)
+
+
 def keras_test(patched, source, where, tmp_path, timeout=300):
     """Run the Keras-style test file ``source`` as ``keras/<where>/<its name>`` of the
     ``patched`` copy, with pytest; (exit code, output)."""
+    add_tests(patched, {source: where})
     test = patched / "keras" / where / source.name
-    shutil.copy(source, test)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-p", "no:xdist", "--rootdir", str(patched), str(test)],
                           capture_output=True, text=True, timeout=timeout, cwd=tmp_path,

@@ -5,19 +5,13 @@ Upstream path: keras/src/backend/tensorflow/multi_worker_test.py
 TF_CONFIG, as a multi-worker job runs; both listen on 127.0.0.1.
 """
 
-import json
-import os
-import socket
-import subprocess
-import sys
-import tempfile
 import textwrap
 
 import pytest
 
-import keras
 from keras.src import backend
 from keras.src import testing
+from keras.src.testing import multi_worker
 
 WORKER = textwrap.dedent(
     """
@@ -57,78 +51,13 @@ WORKER = textwrap.dedent(
 )
 
 
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def _run_workers(count, timeout=240):
-    """Runs WORKER in `count` processes; returns [(exit code, output)]."""
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(count)]}
-    # The workers import the same Keras as this test.
-    keras_root = os.path.dirname(os.path.dirname(keras.__file__))
-    path = [keras_root, os.environ.get("PYTHONPATH", "")]
-    env = dict(
-        os.environ,
-        KERAS_BACKEND="tensorflow",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        PYTHONPATH=os.pathsep.join(p for p in path if p),
-    )
-    procs = []
-    try:
-        for index in range(count):
-            task = {"type": "worker", "index": index}
-            env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": task})
-            log = tempfile.TemporaryFile("w+")
-            procs.append(
-                (
-                    subprocess.Popen(
-                        [sys.executable, "-c", WORKER],
-                        env=env,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        text=True,
-                    ),
-                    log,
-                )
-            )
-        results = []
-        for proc, log in procs:
-            try:
-                code = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                code = "timeout"
-            log.seek(0)
-            results.append((code, log.read()))
-        return results
-    finally:
-        for proc, log in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            log.close()
-
-
 @pytest.mark.skipif(
     backend.backend() != "tensorflow",
     reason="MultiWorkerMirroredStrategy is a TensorFlow strategy.",
 )
 class MultiWorkerMirroredStrategyTest(testing.TestCase):
     def test_fit_and_evaluate_with_two_workers(self):
-        results = []
-        for code, output in _run_workers(2):
-            self.assertEqual(code, 0, msg=output[-3000:])
-            lines = [
-                ln for ln in output.splitlines() if ln.startswith("RESULT")
-            ]
-            self.assertLen(lines, 1, msg=output[-3000:])
-            results.append(json.loads(lines[0][len("RESULT ") :]))
-        first, second = results
+        first, second = multi_worker.worker_results(WORKER, 2, timeout=240)
         self.assertLen(first["loss"], 2)
         self.assertLess(first["loss"][1], first["loss"][0])
         # Synchronous training: same logs and same weights on both workers.

@@ -12,19 +12,13 @@ make two logical CPUs) replica 1's half of one global batch overflows: with the
 bug the first replica's answer is taken for both and every weight becomes NaN.
 """
 
-import json
-import os
-import socket
-import subprocess
-import sys
-import tempfile
 import textwrap
 
 import pytest
 
-import keras
 from keras.src import backend
 from keras.src import testing
+from keras.src.testing import multi_worker
 
 STEPS = 5
 
@@ -130,85 +124,13 @@ MIRRORED = textwrap.dedent(
 )
 
 
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def _run_workers(count, timeout=120, program=WORKER):
-    """Runs `program` in `count` processes (with a TF_CONFIG each when
-    `count` > 1); returns [(exit code, output)]."""
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(count)]}
-    # The workers import the same Keras as this test.
-    keras_root = os.path.dirname(os.path.dirname(keras.__file__))
-    path = [keras_root, os.environ.get("PYTHONPATH", "")]
-    env = dict(
-        {k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
-        KERAS_BACKEND="tensorflow",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        PYTHONPATH=os.pathsep.join(p for p in path if p),
-    )
-    procs = []
-    try:
-        for index in range(count):
-            task = {"type": "worker", "index": index}
-            if count > 1:
-                env["TF_CONFIG"] = json.dumps(
-                    {"cluster": cluster, "task": task}
-                )
-            log = tempfile.TemporaryFile("w+")
-            procs.append(
-                (
-                    subprocess.Popen(
-                        [sys.executable, "-c", program],
-                        env=env,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        text=True,
-                    ),
-                    log,
-                )
-            )
-        results = []
-        for proc, log in procs:
-            try:
-                code = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                code = "timeout"
-            log.seek(0)
-            results.append((code, log.read()))
-        return results
-    finally:
-        for proc, log in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            log.close()
-
-
 @pytest.mark.skipif(
     backend.backend() != "tensorflow",
     reason="MultiWorkerMirroredStrategy is a TensorFlow strategy.",
 )
 class LossScaleOptimizerMultiWorkerTest(testing.TestCase):
-    def _results(self, count, program=WORKER):
-        results = []
-        for code, output in _run_workers(count, program=program):
-            self.assertEqual(code, 0, msg=output[-3000:])
-            lines = [
-                ln for ln in output.splitlines() if ln.startswith("RESULT")
-            ]
-            self.assertLen(lines, 1, msg=output[-3000:])
-            results.append(json.loads(lines[0][len("RESULT ") :]))
-        return results
-
     def test_overflow_on_one_replica_of_mirrored_strategy(self):
-        (result,) = self._results(1, MIRRORED)
+        (result,) = multi_worker.worker_results(MIRRORED, 1)
         # Step 1 skipped on both replicas, the loss scale halved once, and
         # no replica's inf reached the weights.
         self.assertEqual(result["iterations"], STEPS - 1)
@@ -217,7 +139,7 @@ class LossScaleOptimizerMultiWorkerTest(testing.TestCase):
             self.assertTrue(all(abs(v) < 1e3 for v in w), msg=result)
 
     def test_overflow_on_one_worker_skips_the_step_on_both(self):
-        first, second = self._results(2)
+        first, second = multi_worker.worker_results(WORKER, 2)
         # One step skipped on both workers, the loss scale halved once.
         for result in (first, second):
             self.assertEqual(result["iterations"], STEPS - 1)

@@ -8,19 +8,14 @@ does, and write to the same `log_dir`. Only the chief may write there; the
 other worker writes to `log_dir/workertemp_1`, removed when training ends.
 """
 
-import json
 import os
-import socket
-import subprocess
-import sys
-import tempfile
 import textwrap
 
 import pytest
 
-import keras
 from keras.src import backend
 from keras.src import testing
+from keras.src.testing import multi_worker
 
 WORKER = textwrap.dedent(
     """
@@ -99,63 +94,6 @@ WORKER = textwrap.dedent(
 )
 
 
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def _run_workers(count, log_dir, timeout=120):
-    """Runs WORKER in `count` processes; returns [(exit code, output)]."""
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(count)]}
-    # The workers import the same Keras as this test.
-    keras_root = os.path.dirname(os.path.dirname(keras.__file__))
-    path = [keras_root, os.environ.get("PYTHONPATH", "")]
-    env = dict(
-        os.environ,
-        KERAS_BACKEND="tensorflow",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        PYTHONPATH=os.pathsep.join(p for p in path if p),
-    )
-    procs = []
-    try:
-        for index in range(count):
-            task = {"type": "worker", "index": index}
-            env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": task})
-            log = tempfile.TemporaryFile("w+")
-            procs.append(
-                (
-                    subprocess.Popen(
-                        [sys.executable, "-c", WORKER, log_dir],
-                        env=env,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        text=True,
-                    ),
-                    log,
-                )
-            )
-        results = []
-        for proc, log in procs:
-            try:
-                code = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                code = "timeout"
-            log.seek(0)
-            results.append((code, log.read()))
-        return results
-    finally:
-        for proc, log in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            log.close()
-
-
 @pytest.mark.skipif(
     backend.backend() != "tensorflow",
     reason="MultiWorkerMirroredStrategy is a TensorFlow strategy.",
@@ -163,15 +101,7 @@ def _run_workers(count, log_dir, timeout=120):
 class TensorBoardMultiWorkerTest(testing.TestCase):
     def test_only_the_chief_writes_to_log_dir(self):
         log_dir = self.get_temp_dir()
-        results = []
-        for code, output in _run_workers(2, log_dir):
-            self.assertEqual(code, 0, msg=output[-3000:])
-            lines = [
-                ln for ln in output.splitlines() if ln.startswith("RESULT")
-            ]
-            self.assertLen(lines, 1, msg=output[-3000:])
-            results.append(json.loads(lines[0][len("RESULT ") :]))
-        chief, other = results
+        chief, other = multi_worker.worker_results(WORKER, 2, [log_dir])
         # While training, each worker wrote its own train and validation
         # files: the chief to `log_dir`, the other to its temporary folder.
         self.assertEqual(chief["before"], ["train", "validation"])
