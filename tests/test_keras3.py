@@ -19,7 +19,7 @@ import types
 import pytest
 from conftest import ROOT, module_from_source, results
 
-from mwhelpers.taskside import kerasbase, kerasfix
+from mwhelpers.taskside import kerasbase, kerascallbacks, kerasfix
 
 PROGRAMS = ROOT / "tests" / "programs"
 NOTICE = "[mwhelpers] Keras 3.15.1: fit and evaluate mended for multi-worker"
@@ -246,3 +246,68 @@ def test_the_switch_also_turns_off_the_explicit_call(monkeypatch, capsys):
     assert kerasfix.fix_keras_multi_worker() is False
     assert [f for f in sys.meta_path if getattr(f, "name", "") == kerasfix.TRAINER] == armed
     assert capsys.readouterr().err.strip() == kerasfix.OFF
+
+
+# -- the checkpointing callbacks' chief-aware part: which Keras it mends ----------------------
+
+BACKUP_SAVE = ("self.model.save_weights(filepath=self._weights_path, overwrite=True)\n"
+               "        with file_utils.File(self._training_metadata_path, 'w') as f:\n"
+               "            f.write('{}')")
+CHECKPOINT_SAVE = ("filepath = self._get_file_path(epoch, batch, logs)\n"
+                   "        self.model.save(filepath, overwrite=True)")
+
+
+def _callbacks_module(folder, name, backup_save, checkpoint_save):
+    """Stand-ins for keras.src.callbacks.backup_and_restore and model_checkpoint (one module
+    holding both classes) whose _save_model has the given body."""
+    hooks = "".join(f"    def {h}(self, *args, **kwargs):\n        pass\n"
+                    for h in ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
+                              "on_train_batch_end"))
+    source = ("class BackupAndRestore:\n" + hooks
+              + f"    def _save_model(self):\n        {backup_save}\n"
+              "class ModelCheckpoint:\n"
+              f"    def _save_model(self, epoch, batch, logs):\n        {checkpoint_save}\n"
+              "    def _get_file_path(self, epoch, batch, logs):\n        return 'x'\n")
+    return module_from_source(folder, name, source)
+
+
+@pytest.mark.parametrize("version, backup_save, checkpoint_save, said_line", [
+    ("3.15.1", BACKUP_SAVE, CHECKPOINT_SAVE, None),
+    # a later Keras that writes one more file into the backup: the chief-aware part cannot
+    # tell whether its redirection still covers every file
+    ("3.16.0", BACKUP_SAVE + "\n        self.model.optimizer.save(self._optimizer_path)",
+     CHECKPOINT_SAVE + "\n        self.model.save(self._best_path)",
+     "cannot tell whether {cls} under multi-worker MWMS (keras-team/keras#20585) still needs "
+     "mending: its _save_model writes {path}"),
+    # a Keras whose callbacks ask which worker is the chief
+    ("3.16.0", "if self.model.distribute_strategy.extended.should_checkpoint:\n"
+               "            " + BACKUP_SAVE.replace("\n", "\n    "),
+     "if self.model.distribute_strategy.extended.should_checkpoint:\n"
+     "            " + CHECKPOINT_SAVE.replace("\n", "\n    "),
+     "carries the fix of {cls} under multi-worker MWMS (keras-team/keras#20585): its "
+     "_save_model asks which worker is the chief"),
+    ("3.17.0", BACKUP_SAVE, CHECKPOINT_SAVE, "outside the releases it was tested with"),
+])
+def test_the_callbacks_mend_only_a_keras_it_can_judge(monkeypatch, capsys, tmp_path, version,
+                                                      backup_save, checkpoint_save, said_line):
+    monkeypatch.setattr(kerasbase, "_said", set())
+    monkeypatch.delenv(kerasbase.FORCE_ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__=version))
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
+                                                "task": {"type": "worker", "index": 0}}))
+    name = f"fake_callbacks_{version.replace('.', '_')}_{len(backup_save)}"
+    for target, cls, path in ((kerascallbacks.BACKUP, "BackupAndRestore", "self._optimizer_path"),
+                              (kerascallbacks.CHECKPOINT, "ModelCheckpoint", "self._best_path")):
+        module = _callbacks_module(tmp_path, f"{name}_{cls}", backup_save, checkpoint_save)
+        module.__name__ = target
+        before = getattr(module, cls)._save_model
+        kerascallbacks.patch_callbacks(module)
+        after = getattr(module, cls)._save_model
+        err = capsys.readouterr().err
+        if said_line is None:
+            assert err == "" and after.__wrapped__ is before
+            continue
+        assert said_line.format(cls=cls, path=path) in err and len(err.splitlines()) == 1, err
+        # BackupAndRestore keeps the resume's part (which judges its own Keras); ModelCheckpoint
+        # is left as it is.
+        assert (after is not before) is (cls == "BackupAndRestore")

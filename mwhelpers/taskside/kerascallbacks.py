@@ -17,13 +17,19 @@ chief's backup is written beside and then moved into place file by file, weights
 first: a worker killed while saving never leaves a half-written file, at worst
 new weights with the previous epoch's number (that epoch is then run again).
 
-Armed with the ``fit`` mend (:func:`kerasfix.install`), on the same terms.  This file
-imports only the standard library and its siblings.
+Armed with the ``fit`` mend (:func:`kerasfix.install`).  The chief-aware part acts only on the
+Keras releases of :data:`kerasbase.TESTED`, and only where each callback's ``_save_model``
+writes the files it redirects (:data:`BACKUP_WRITES`, :data:`CHECKPOINT_WRITES`, as 3.1 to
+3.16 write them): a Keras whose ``_save_model`` asks which worker is the chief carries the fix,
+one that writes other files it cannot judge; either is said in one line in a multi-worker job
+and left alone.  BackupAndRestore's resume (``kerasresume.py``) judges its Keras itself.  This
+file imports only the standard library and its siblings.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from types import ModuleType
@@ -31,6 +37,8 @@ from typing import TYPE_CHECKING
 
 from . import kerasresume
 from .kerasbase import (
+    CANNOT_TELL,
+    FIXED,
     PATCHED,
     SKIPPED,
     keras_version,
@@ -40,6 +48,8 @@ from .kerasbase import (
     remove_tree,
     say_once,
     say_who_writes,
+    source_of,
+    untested,
     worker_of,
 )
 
@@ -74,15 +84,51 @@ if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of oth
 
 
 
+# Where Keras asks which worker is the chief (tf.keras's distributed_file_utils does): a Keras
+# whose callbacks do carries the fix of this mend.
+CHIEF_WORDS = ("should_checkpoint", "workertemp", "write_dirpath", "_in_multi_worker_mode")
+# The files each callback's _save_model writes, as its source names them (3.1 to 3.16): the mend
+# redirects these and only these.
+BACKUP_WRITES = frozenset({"self._weights_path", "self._training_metadata_path"})
+CHECKPOINT_WRITES = frozenset({"filepath"})
+
+
+def _aside(cls: type, writes: frozenset[str]) -> str | None:
+    """The line to say where the chief-aware part of this mend leaves ``cls`` (Keras's
+    BackupAndRestore or ModelCheckpoint) alone, or None to mend it."""
+    version = keras_version()
+    what = f"{cls.__name__} under multi-worker MWMS"
+    why = untested(version)
+    if why:
+        return SKIPPED.format(issue=ISSUE, why=why)
+    text = source_of(getattr(cls, "_save_model"))  # noqa: B009 (a class of unknown type)
+    if text is None:
+        return SKIPPED.format(issue=ISSUE, why=f"Keras {version}'s source cannot be read")
+    if any(word in text for word in CHIEF_WORDS):
+        return FIXED.format(version=version, what=what, issue=ISSUE,
+                            how="its _save_model asks which worker is the chief")
+    targets = set(re.findall(r"(?:save_weights|save)\((?:filepath=)?([\w.]+)", text))
+    targets |= set(re.findall(r'File\(([\w.]+),"w"\)', text))
+    if not targets or not targets <= writes:
+        return CANNOT_TELL.format(version=version, what=what, issue=ISSUE, why=(
+            f"its _save_model writes {', '.join(sorted(targets - writes)) or 'nothing it names'}"
+            f", where this knows {', '.join(sorted(writes))}"))
+    return None
+
+
 def _patch_backup(module: ModuleType) -> str | None:
     cls = getattr(module, "BackupAndRestore", None)
     needed = ("_save_model", "on_train_begin", "on_train_end")
     attributes = ("backup_dir", "_weights_path", "_training_metadata_path", "_prev_weights_path",
                   "_prev_training_metadata_path")
     if cls is None or not all(callable(getattr(cls, n, None)) for n in needed):
-        return f"Keras {keras_version()}'s BackupAndRestore has no {' or '.join(needed)}"
+        return SKIPPED.format(issue=ISSUE, why=f"Keras {keras_version()}'s BackupAndRestore "
+                                               f"has no {' or '.join(needed)}")
     if getattr(cls, PATCHED, False):
         return None
+    aside = _aside(cls, BACKUP_WRITES)
+    # Where the chief-aware part steps aside, the resume's part below still runs.
+    chief_of = worker_of if aside is None else (lambda model: None)
     save, train_begin, train_end = cls._save_model, cls.on_train_begin, cls.on_train_end
     epoch_begin, epoch_end, batch_end = cls.on_epoch_begin, cls.on_epoch_end, cls.on_train_batch_end
 
@@ -102,7 +148,7 @@ def _patch_backup(module: ModuleType) -> str | None:
                 setattr(self, a, v)
 
     def _save_model(self: BackupCallback) -> object:
-        worker = worker_of(self.model)
+        worker = chief_of(self.model)
         done = getattr(self, "_mwhelpers_done", None)  # batches of the epoch done
         if worker is None or not all(hasattr(self, a) for a in attributes[:3]):
             result = save(self)
@@ -171,7 +217,7 @@ def _patch_backup(module: ModuleType) -> str | None:
         return epoch_end(self, epoch, logs)
 
     def on_train_end(self: BackupCallback, logs: object = None) -> object:
-        worker = worker_of(self.model)
+        worker = chief_of(self.model)
         if worker is None:
             return train_end(self, logs)
         _, chief, temp_name = worker
@@ -195,16 +241,20 @@ def _patch_backup(module: ModuleType) -> str | None:
         f.__wrapped__ = original  # type: ignore[union-attr]
         setattr(cls, f.__name__, f)
     setattr(cls, PATCHED, True)
-    return None
+    return aside
 
 
 def _patch_checkpoint(module: ModuleType) -> str | None:
     cls = getattr(module, "ModelCheckpoint", None)
     needed = ("_save_model", "_get_file_path")
     if cls is None or not all(callable(getattr(cls, n, None)) for n in needed):
-        return f"Keras {keras_version()}'s ModelCheckpoint has no {' or '.join(needed)}"
+        return SKIPPED.format(issue=ISSUE, why=f"Keras {keras_version()}'s ModelCheckpoint "
+                                               f"has no {' or '.join(needed)}")
     if getattr(cls, PATCHED, False):
         return None
+    aside = _aside(cls, CHECKPOINT_WRITES)
+    if aside:
+        return aside
     save, file_path = cls._save_model, cls._get_file_path
 
     def _get_file_path(self: CheckpointCallback, *args: object, **kwargs: object) -> object:
@@ -241,10 +291,11 @@ def _patch_checkpoint(module: ModuleType) -> str | None:
 
 
 def patch_callbacks(module: ModuleType) -> None:
-    """Make BackupAndRestore or ModelCheckpoint (whichever ``module`` defines) chief-aware."""
+    """Make BackupAndRestore or ModelCheckpoint (whichever ``module`` defines) chief-aware;
+    where that part steps aside, say why in one line in a multi-worker job."""
     patch = _patch_backup if module.__name__ == BACKUP else _patch_checkpoint
-    why = patch(module)
-    if why and multi_worker_job():
-        say_once(f"skipped-{module.__name__}", SKIPPED.format(issue=ISSUE, why=why))
+    aside = patch(module)
+    if aside and multi_worker_job():
+        say_once(f"skipped-{module.__name__}", aside)
 
 
