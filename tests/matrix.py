@@ -128,9 +128,12 @@ ENVS = {
 NOTICE = "[mwhelpers] tf.data autotuning is off"
 WARM = "[mwhelpers] warm start:"  # the task was forked from the warm-start server
 SKIPPED = "[mwhelpers] the end-of-fit stall workaround is not applied"
-# kerasfix.NOTICE's start, and what its "not applied" and "nothing to mend" lines start with
+# kerasfix.NOTICE's start, and what its lines hold where it did not mend: "not applied", Keras
+# "carries the fix", "cannot tell", or mended only because MWHELPERS_KERAS_FIX_FORCE said so
 KERAS_FIXED = re.compile(r"\[mwhelpers\] Keras (3\.\S+): fit and evaluate mended for multi-worker")
-KERAS_NOT_FIXED = ("[mwhelpers] the Keras 3 multi-worker fix", "in its trainer: nothing to mend")
+KERAS_NOT_FIXED = ("[mwhelpers] the Keras 3 multi-worker fix", "carries the fix of fit and evaluate",
+                   "cannot tell whether fit and evaluate", "fit and evaluate (keras-team/keras#20585) "
+                   "mended although")
 
 
 class MatrixFailure(Exception):
@@ -320,7 +323,7 @@ def check_workaround(text, tf_version, who):
 
 def keras_fix_line(text, who):
     """The Keras version of the fix's one line in a worker's log; no line saying it was not
-    applied (or found nothing to mend)."""
+    applied (Keras carries the fix, it cannot tell, or it was forced)."""
     found = KERAS_FIXED.findall(text)
     check(len(found) == 1, f"{who}: expected the Keras fix's line once, found it {len(found)} times:\n"
                            f"{text[-3000:]}")
