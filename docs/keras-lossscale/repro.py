@@ -86,7 +86,7 @@ def worker(args):
     result = {
         "weights": [float(v) for w in model.get_weights() for v in w.ravel()],
         "loss_scale": float(optimizer.dynamic_scale.numpy()),
-        "iterations": int(optimizer.iterations.numpy()),
+        "iterations": int(optimizer.inner_optimizer.iterations.numpy()),
     }
     print("RESULT " + json.dumps(result), flush=True)
 

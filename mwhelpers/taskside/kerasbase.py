@@ -106,11 +106,22 @@ def multi_worker_job(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def keras_version() -> str | None:
-    """The version of the Keras this process imported, from the module itself."""
+    """The version of the Keras this process imported, from the module itself.  While Keras
+    is still being imported (a mend runs as soon as its module loads), ``keras`` has no
+    ``__version__`` yet, and Keras 3.5 has not loaded ``keras.src.version``: it is loaded
+    here then (it holds only the version)."""
     for name in ("keras.src.version", "keras"):
         version = getattr(sys.modules.get(name), "__version__", None)
         if version:
             return str(version)
+    if "keras.src" in sys.modules:
+        import importlib
+
+        try:
+            version = getattr(importlib.import_module("keras.src.version"), "__version__", None)
+        except ImportError:
+            return None
+        return str(version) if version else None
     return None
 
 

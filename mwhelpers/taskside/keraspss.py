@@ -67,6 +67,16 @@ def _parameter_server_variable(variable: object) -> bool:
         return False
 
 
+def _variable_class() -> type | None:
+    """Keras's variable class: ``Variable`` (3.6 and later), ``KerasVariable`` (3.0 to 3.5)."""
+    variables = sys.modules.get(VARIABLES)
+    for name in ("Variable", "KerasVariable"):
+        cls = getattr(variables, name, None)
+        if isinstance(cls, type):
+            return cls
+    return None
+
+
 def _plan(module: ModuleType) -> tuple[str, type | None, str]:
     """("mend", Keras's BaseOptimizer, "") when this Keras counts steps with the read-then-write
     increment; ("fixed", None, how) when ``apply`` counts with the optimizer's own
@@ -78,10 +88,14 @@ def _plan(module: ModuleType) -> tuple[str, type | None, str]:
         return "skip", None, why
     cls = getattr(module, "BaseOptimizer", None)
     apply = getattr(cls, "apply", None)
-    add = getattr(getattr(sys.modules.get(VARIABLES), "Variable", None), "assign_add", None)
+    add = getattr(_variable_class(), "assign_add", None)
     if not isinstance(cls, type) or not callable(apply) or not callable(add):
         return "unknown", None, "it has no BaseOptimizer.apply or Variable.assign_add"
-    apply_text, add_text = source_of(apply), source_of(add)
+    # Where a step is counted: apply (3.6 and later), _backend_apply_gradients (3.5).
+    counting = [f for f in (apply, getattr(cls, "_backend_apply_gradients", None)) if callable(f)]
+    texts = [source_of(f) for f in counting]
+    apply_text = None if None in texts else "".join(t or "" for t in texts)
+    add_text = source_of(add)
     if apply_text is None or add_text is None:
         return "unknown", None, "its source cannot be read"
     if FIXED_INCREMENT in apply_text:
@@ -130,7 +144,7 @@ def patch(module: ModuleType) -> None:
     init = vars(cls)["__init__"]
     if getattr(init, PATCHED, False):
         return
-    expected = sys.modules[VARIABLES].Variable.assign_add
+    expected = getattr(_variable_class(), "assign_add", None)
 
     def __init__(self: object, *args: object, **kwargs: object) -> None:
         init(self, *args, **kwargs)

@@ -4,7 +4,7 @@ where replica 1's half of one global batch overflows float16.
 12 global batches of 32, one epoch of ``fit``; the second half of global batch
 ``OVERFLOW_STEP`` (replica 1's share) has targets a million times larger.  The same model is
 trained on the same global batches without a strategy, for the comparison.  Prints one
-``RESULT {...}`` line: the optimizer's step count and loss scale, whether every weight is
+``RESULT {...}`` line: the steps the inner optimizer applied, the loss scale, whether every weight is
 finite, whether the two replicas hold the same weights, and the sums of the weights of both
 runs.
 
@@ -56,13 +56,13 @@ per_replica = [[np.asarray(v) for v in mirrored.experimental_local_results(w.val
                for w in model.weights]
 print("RESULT " + json.dumps({
     "replicas": mirrored.num_replicas_in_sync,
-    "iterations": int(model.optimizer.iterations.numpy()),
+    "iterations": int(model.optimizer.inner_optimizer.iterations.numpy()),
     "loss_scale": float(model.optimizer.dynamic_scale.numpy()),
     "finite": bool(all(np.isfinite(v).all() for w in per_replica for v in w)),
     "replicas_equal": bool(all(np.array_equal(w[0], v, equal_nan=True) for w in per_replica
                                for v in w)),
     "weights_sum": float(sum(np.sum(w[0]) for w in per_replica)),
-    "alone": {"iterations": int(alone.optimizer.iterations.numpy()),
+    "alone": {"iterations": int(alone.optimizer.inner_optimizer.iterations.numpy()),
               "loss_scale": float(alone.optimizer.dynamic_scale.numpy()),
               "weights_sum": float(sum(np.sum(w.numpy()) for w in alone.weights))},
 }), flush=True)
