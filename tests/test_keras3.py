@@ -311,3 +311,24 @@ def test_the_callbacks_mend_only_a_keras_it_can_judge(monkeypatch, capsys, tmp_p
         # BackupAndRestore keeps the resume's part (which judges its own Keras); ModelCheckpoint
         # is left as it is.
         assert (after is not before) is (cls == "BackupAndRestore")
+
+
+def test_the_version_is_known_while_keras_is_still_being_imported(monkeypatch, tmp_path):
+    """A mend runs as soon as its module loads, inside ``import keras``: ``keras`` has no
+    ``__version__`` yet, and Keras 3.5 has not loaded ``keras.src.version``.  The version is
+    read from that module then (before, 3.5 and 3.10 read as unknown and two mends stood
+    aside)."""
+    import types
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "version.py").write_text('__version__ = "3.5.0"\n')
+    keras, src = types.ModuleType("keras"), types.ModuleType("keras.src")
+    keras.__path__, src.__path__ = [str(tmp_path)], [str(tmp_path / "src")]
+    monkeypatch.setitem(sys.modules, "keras", keras)
+    monkeypatch.setitem(sys.modules, "keras.src", src)
+    monkeypatch.delitem(sys.modules, "keras.src.version", raising=False)
+    assert kerasbase.keras_version() == "3.5.0"
+    monkeypatch.delitem(sys.modules, "keras.src.version")
+    monkeypatch.delitem(sys.modules, "keras.src")
+    assert kerasbase.keras_version() is None  # Keras not imported at all: nothing imported
+    assert "keras.src.version" not in sys.modules
