@@ -28,7 +28,9 @@ Environments:
   (a ValueError, reported as WorkerFailed in the cell), so the matrix notices when Keras mends
   it upstream. Under ``supervise``, a worker SIGKILLed between two backups of
   ``BackupAndRestore(save_freq=3)`` is restarted and the epoch resumes after the backup's batch
-  (``mwhelpers/taskside/kerasresume.py``): exactly epochs x steps optimizer steps.
+  (``mwhelpers/taskside/kerasresume.py``): exactly epochs x steps optimizer steps. The sweep
+  of docs/keras-versions.md (``docs/keras-versions/sweep.py``): each mend's reproducer shows
+  the bug as released and passes mended (``SWEEP_MENDED``).
 * ``keras3-floor``: Python 3.10, TensorFlow 2.16.2 with Keras 3.5.0, IPython 8.26 and
   ipykernel 6.29.5, ``TF_USE_LEGACY_KERAS`` unset: the oldest TensorFlow with the oldest Keras 3
   under which the workers train one model together. 3.5.0 is the first release with both
@@ -39,7 +41,11 @@ Environments:
   the fix's line in both logs, and the resume after a SIGKILL, as in ``keras3``. (3.5 to 3.7
   sum the workers' gradients without scaling the loss, so a step is N times the single-process one,
   keras-team/keras#20609; upstream, not mended here. Measured per release in
-  docs/keras-versions.md.)
+  docs/keras-versions.md.) The sweep, as in ``keras3``.
+* ``nightly`` (only when named: ``python3 dev.py matrix nightly``): Python 3.11,
+  tf-nightly-cpu 2.22.0.dev20260905, keras-nightly 3.16.0.dev2026102704 and tb-nightly, the
+  pair a user of TensorFlow's next release gets, pinned to the ones docs/keras-versions.md
+  measured: the sweep alone.
 * ``jax``: Python 3.11, TensorFlow 2.21 (tensorflow-cpu), the Keras 3 pip resolves for it and
   ``jax[cpu]`` 0.10.2, ``TF_USE_LEGACY_KERAS`` unset, the newest IPython and ipykernel. Through
   the magics (``%cluster 2``, ``%worker all --bg jax_train.py``, ``%waitworkers``), Keras 3 on
@@ -81,6 +87,14 @@ PROGRAMS = ROOT / "tests" / "programs" / "tutorial"
 JAX_TRAIN = ROOT / "tests" / "programs" / "jax_train.py"
 
 OTHER_CHECKS = ("bare", "conda")
+# docs/keras-versions.md's sweep where every mend acts (3.5.0 to 3.15.1, the 3.16 nightly):
+# (unmended, mended) as the verdicts of docs/keras-versions/sweep.py start.
+SWEEP_MENDED = {
+    "20585": ("BUG PRESENT", "FIXED"), "resume": ("BUG PRESENT", "FIXED"),
+    "lossscale": ("BUG PRESENT", "FIXED"),
+    "mirrored": ("5 of 12 steps, scale 256, NaN", "11 of 12 steps, scale 16384, finite"),
+    "pss": ("BUG PRESENT", "FIXED"), "tensorboard": ("BUG PRESENT", "FIXED"),
+}
 ENVS = {
     "floor": {
         "python": "3.10",
@@ -102,6 +116,9 @@ ENVS = {
         # docs/keras-versions.md's row for this Keras, run by docs/keras-versions/run.py:
         # fixed equals one process (True), or trains equal weights off it (False)
         "versions_row": {"fixed_as_reference": True, "spe_fails": True},
+        # docs/keras-versions.md's sweep for this Keras (docs/keras-versions/sweep.py): each
+        # mend's reproducer, (unmended, mended), as the verdicts start
+        "sweep": SWEEP_MENDED,
     },
     "keras3-floor": {
         "python": "3.10",
@@ -113,6 +130,7 @@ ENVS = {
         "expect": {"tensorflow-cpu": "2.16.2", "keras": "3.5.0", "ipython": "8.26.0"},
         # 3.5 to 3.7: each step N times larger; steps_per_execution=2 still trains in 3.5
         "versions_row": {"fixed_as_reference": False, "spe_fails": False},
+        "sweep": SWEEP_MENDED,
     },
     "jax": {
         "python": "3.11",
@@ -125,6 +143,22 @@ ENVS = {
                    "ipython": "9.18.1"},
     },
 }
+# Not checked by default (``python3 dev.py matrix nightly``): TensorFlow's and Keras's next
+# release as the registry's nightlies hold them, pinned to the ones measured in
+# docs/keras-versions.md; only the sweep runs there.
+ENVS["nightly"] = {
+    "python": "3.11",
+    "user": ["tf-nightly-cpu==2.22.0.dev20260905", "keras-nightly==3.16.0.dev2026102704",
+             "tb-nightly==2.21.0a20251023", "ipython==9.18.1", "ipykernel==7.4.0"],
+    "user_no_deps": [],
+    "legacy_keras": False,
+    "sweep_only": True,
+    "expect": {"tf-nightly-cpu": "2.22.0.dev20260905", "keras-nightly": "3.16.0.dev2026102704",
+               "ipython": "9.18.1"},
+    "sweep": SWEEP_MENDED,
+}
+OPTIONAL = ("nightly",)
+DEFAULT_ENVS = [n for n in ENVS if n not in OPTIONAL]
 NOTICE = "[mwhelpers] tf.data autotuning is off"
 WARM = "[mwhelpers] warm start:"  # the task was forked from the warm-start server
 SKIPPED = "[mwhelpers] the end-of-fit stall workaround is not applied"
@@ -494,7 +528,33 @@ def versions_row(py, spec):
             "MirroredStrategy"]
 
 
+VERSIONS_SWEEP = ROOT / "docs" / "keras-versions" / "sweep.py"
+SWEEP_LINE = re.compile(r"(\S+) Keras (\S+): unmended (.*?); mended (.*?); mend: ")
+
+
+def sweep_rows(py, spec):
+    """docs/keras-versions.md's sweep for this environment's Keras: each mend's reproducer,
+    unmended and mended (docs/keras-versions/sweep.py, the checkout's mends on the path), with
+    the verdicts that page gives."""
+    done = subprocess.run([str(py), str(VERSIONS_SWEEP), "--python", str(py)],
+                          capture_output=True, text=True, timeout=2400)
+    check(done.returncode == 0, f"sweep.py failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    rows = {m.group(1): m for m in map(SWEEP_LINE.match, done.stdout.splitlines()) if m}
+    facts = []
+    for case, (plain, mended) in spec["sweep"].items():
+        row = rows.get(case)
+        check(row is not None, f"sweep: no line for {case}:\n{done.stdout}")
+        check(row.group(3).startswith(plain) and row.group(4).startswith(mended),
+              f"sweep {case}: wanted unmended {plain!r}, mended {mended!r}; got:\n"
+              f"{row.group(0)}")
+        facts.append(f"sweep {case} (Keras {row.group(2)}): unmended {row.group(3)}, "
+                     f"mended {row.group(4)}")
+    return facts
+
+
 def in_kernel(name, spec, py, work):
+    if spec.get("sweep_only"):
+        return sweep_rows(py, spec)
     workdir = work / f"{name}-work"
     shutil.rmtree(workdir, ignore_errors=True)
     shutil.copytree(PROGRAMS, workdir)
@@ -530,6 +590,8 @@ def in_kernel(name, spec, py, work):
         k.close()
     if spec.get("versions_row"):
         facts += versions_row(py, spec)
+    if spec.get("sweep"):
+        facts += sweep_rows(py, spec)
     return facts
 
 
@@ -633,10 +695,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python3 dev.py matrix", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("envs", nargs="*", metavar="ENV",
-                   help=f"which to check (default: all of {', '.join([*ENVS, *OTHER_CHECKS])})")
+                   help=f"which to check (default: all of "
+                        f"{', '.join([*DEFAULT_ENVS, *OTHER_CHECKS])}; also: "
+                        f"{', '.join(OPTIONAL)})")
     p.add_argument("--keep", action="store_true", help="keep the environments and logs")
     a = p.parse_args(argv)
-    names = a.envs or [*ENVS, *OTHER_CHECKS]
+    names = a.envs or [*DEFAULT_ENVS, *OTHER_CHECKS]
     unknown = [n for n in names if n not in ENVS and n not in OTHER_CHECKS]
     if unknown:
         p.error(f"unknown environment(s) {', '.join(unknown)}; "

@@ -146,10 +146,15 @@ def test_the_mend_makes_only_a_parameter_server_counter_atomic(monkeypatch, caps
 def test_the_mend_steps_aside_where_keras_differs(monkeypatch, capsys, tmp_path, version,
                                                   increment, assign_add, why):
     monkeypatch.delenv(kerasbase.FORCE_ENV, raising=False)
-    _, module, _ = _modules(tmp_path, monkeypatch, f"pss_aside_{len(increment)}_{len(assign_add)}",
-                            increment, assign_add, version)
-    init = module.BaseOptimizer.__init__
+    Variable, module, ps = _modules(tmp_path, monkeypatch,
+                                    f"pss_aside_{len(increment)}_{len(assign_add)}", increment,
+                                    assign_add, version)
     keraspss.patch(module)
-    assert module.BaseOptimizer.__init__ is init
+    assert capsys.readouterr().err == ""  # said when it matters: an optimizer under PSS
+    alone = module.BaseOptimizer(Variable(_Inner(None)))
+    assert capsys.readouterr().err == "" and "assign_add" not in vars(alone._iterations)
+    for _ in range(2):
+        on_ps = module.BaseOptimizer(Variable(_Inner(ps())))
+        assert "assign_add" not in vars(on_ps._iterations)  # Keras's own counting, unchanged
     (line,) = capsys.readouterr().err.splitlines()
     assert why in line and keraspss.ISSUE in line, line

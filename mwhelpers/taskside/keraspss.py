@@ -78,15 +78,17 @@ def _variable_class() -> type | None:
 
 
 def _plan(module: ModuleType) -> tuple[str, type | None, str]:
-    """("mend", Keras's BaseOptimizer, "") when this Keras counts steps with the read-then-write
-    increment; ("fixed", None, how) when ``apply`` counts with the optimizer's own
-    ``assign_add`` (docs/keras-pss-iterations/optimizer.patch); ("unknown", BaseOptimizer or
-    None, why) when the source is neither; ("skip", None, why) for an untested release."""
+    """(verdict, Keras's BaseOptimizer or None, why): "mend" when this Keras counts steps with
+    the read-then-write increment; "fixed" when ``apply`` counts with the optimizer's own
+    ``assign_add`` (docs/keras-pss-iterations/optimizer.patch), with how; "unknown" when the
+    source is neither, with why; "skip" for an untested release."""
     version = keras_version()
+    cls = getattr(module, "BaseOptimizer", None)
+    if not isinstance(cls, type) or not callable(getattr(cls, "__init__", None)):
+        cls = None
     why = untested(version)
     if why:
-        return "skip", None, why
-    cls = getattr(module, "BaseOptimizer", None)
+        return "skip", cls, why
     apply = getattr(cls, "apply", None)
     add = getattr(_variable_class(), "assign_add", None)
     if not isinstance(cls, type) or not callable(apply) or not callable(add):
@@ -99,7 +101,7 @@ def _plan(module: ModuleType) -> tuple[str, type | None, str]:
     if apply_text is None or add_text is None:
         return "unknown", None, "its source cannot be read"
     if FIXED_INCREMENT in apply_text:
-        return "fixed", None, "BaseOptimizer.apply counts with the optimizer's assign_add"
+        return "fixed", cls, "BaseOptimizer.apply counts with the optimizer's assign_add"
     if INCREMENT in apply_text and READ_THEN_WRITE in add_text:
         return "mend", cls, ""
     return "unknown", cls, ("its BaseOptimizer.apply and Variable.assign_add count steps "
@@ -125,21 +127,21 @@ def _atomic_add(variable: object, original: object) -> object:
 
 def patch(module: ModuleType) -> None:
     """Mend ``keras.src.optimizers.base_optimizer``: each optimizer made after this whose step
-    counter lives under a ParameterServerStrategy counts with one atomic ``assign_add``."""
+    counter lives under a ParameterServerStrategy counts with one atomic ``assign_add``.  Where
+    this Keras is left alone, the first such optimizer says why in one line instead."""
     verdict, cls, why = _plan(module)
     version = keras_version()
+    forced_line = None
     if verdict == "unknown" and cls is not None and forced():
-        if _ps_job():
-            say_once(f"forced-{ISSUE}", FORCED.format(version=version, what=WHAT, issue=ISSUE,
-                                                     why=why))
+        forced_line = FORCED.format(version=version, what=WHAT, issue=ISSUE, why=why)
         verdict = "mend"
-    if verdict != "mend" or cls is None:
-        if _ps_job():
-            line = {"fixed": FIXED.format(version=version, what=WHAT, issue=ISSUE, how=why),
-                    "unknown": CANNOT_TELL.format(version=version, what=WHAT, issue=ISSUE,
-                                                  why=why)
-                    }.get(verdict) or SKIPPED.format(issue=ISSUE, why=why)
-            say_once(f"skipped-{ISSUE}", line)
+    aside = None if verdict == "mend" else (
+        {"fixed": FIXED.format(version=version, what=WHAT, issue=ISSUE, how=why),
+         "unknown": CANNOT_TELL.format(version=version, what=WHAT, issue=ISSUE, why=why)
+         }.get(verdict) or SKIPPED.format(issue=ISSUE, why=why))
+    if cls is None:
+        if aside and _ps_job():
+            say_once(f"skipped-{ISSUE}", aside)
         return
     init = vars(cls)["__init__"]
     if getattr(init, PATCHED, False):
@@ -151,6 +153,11 @@ def patch(module: ModuleType) -> None:
         counter = getattr(self, "_iterations", None)
         if counter is None or not _parameter_server_variable(getattr(counter, "value", None)):
             return
+        if aside:
+            say_once(f"skipped-{ISSUE}", aside)
+            return
+        if forced_line:
+            say_once(f"forced-{ISSUE}", forced_line)
         add = getattr(type(counter), "assign_add", None)
         text = source_of(add) if callable(add) else None
         if add is not expected and READ_THEN_WRITE not in (text or ""):
