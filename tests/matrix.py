@@ -20,7 +20,7 @@ Environments:
   IPython 7.34 and ipykernel 6.29, psutil 5.9.0 and NumPy 1.23.5: the lowest versions the
   library declares, and the oldest TensorFlow we support. ``TF_USE_LEGACY_KERAS=1``.
 * ``keras3``: Python 3.13, TensorFlow 2.21 and the Keras 3 pip resolves for it, no tf_keras,
-  ``TF_USE_LEGACY_KERAS`` unset, the newest IPython and ipykernel, as on hosted notebook
+  ``TF_USE_LEGACY_KERAS`` unset, TensorBoard, the newest IPython and ipykernel, as on hosted notebook
   services. A Keras 3 custom loop trains on 2 workers with equal weights; the tutorial's ``fit``
   program trains on 2 workers, each worker's log holding the Keras fix's line
   (``[mwhelpers] Keras X: fit and evaluate mended ...``, keras-team/keras#20585) and no line
@@ -107,7 +107,10 @@ ENVS = {
     },
     "keras3": {
         "python": "3.13",
-        "user": ["tensorflow-cpu==2.21.0", "ipython==9.18.1", "ipykernel==7.4.0"],
+        # tensorflow-cpu 2.21 no longer requires tensorboard; hosted notebooks have it, and
+        # Keras's TensorBoard callback needs it (the sweep's tensorboard case)
+        "user": ["tensorflow-cpu==2.21.0", "tensorboard==2.21.0", "ipython==9.18.1",
+                 "ipykernel==7.4.0"],
         "user_no_deps": [],
         "legacy_keras": False,
         "custom_loop": True,     # the Keras 3 custom loop, ctl_main.py

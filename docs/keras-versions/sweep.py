@@ -85,6 +85,13 @@ def run(python, keras_dir, case, mended, timeout):
     return verdict(case, code, out), version.group(1) if version else "?", lines
 
 
+def has_tensorboard(python):
+    """Whether ``python`` can import the tensorboard package (Keras's TensorBoard callback
+    needs it; tensorflow-cpu 2.21 no longer installs it)."""
+    return subprocess.run([python, "-c", "import tensorboard"], capture_output=True,
+                          timeout=120).returncode == 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", default=sys.executable)
@@ -93,6 +100,9 @@ def main():
     parser.add_argument("--timeout", type=float, default=300)
     args = parser.parse_args()
     for case in args.cases.split(","):
+        if case == "tensorboard" and not has_tensorboard(args.python):
+            print(f"{case}: not run: the tensorboard package is not installed", flush=True)
+            continue
         plain, version, _ = run(args.python, args.keras, case, False, args.timeout)
         mended, version2, lines = run(args.python, args.keras, case, True, args.timeout)
         mend = re.sub(r"\s+", " ", lines[0])[:220] if lines else "(no line)"
