@@ -5,10 +5,10 @@ Python process with its own `TF_CONFIG`, as a multi-worker job runs, and
 listens on 127.0.0.1. The workers import the same Keras as the test.
 
 The workers' ports are reserved until they exit: the test binds each one
-with `SO_REUSEADDR` and does not listen on it. No other process can bind
-it meanwhile (a free port picked, closed and handed on could be taken
-before the worker binds it), while TensorFlow's gRPC server, which binds
-with `SO_REUSEADDR` too, can.
+with `SO_REUSEADDR` and does not listen on it. A port picked, closed and
+handed on could be taken by any process before the worker binds it; a
+reserved one can be bound only by a process that sets `SO_REUSEADDR` too,
+as TensorFlow's gRPC server does. The workers see no GPU.
 """
 
 import json
@@ -17,8 +17,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
-import keras
+# The folder that holds this Keras: keras/src/testing/multi_worker.py.
+KERAS_ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)
 
 
 def _reserve_ports(count):
@@ -35,14 +39,15 @@ def run_workers(program, count, args=(), timeout=120):
     """Runs `python -c program *args` as `count` workers.
 
     With one worker, `TF_CONFIG` is not set (a job of one process). Returns
-    `[(exit code or "timeout", output)]`, in task order.
+    `[(exit code or "timeout", output)]`, in task order; `timeout` bounds
+    the whole job.
     """
-    keras_root = os.path.dirname(os.path.dirname(keras.__file__))
-    path = [keras_root, os.environ.get("PYTHONPATH", "")]
+    path = [KERAS_ROOT, os.environ.get("PYTHONPATH", "")]
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env.update(
         KERAS_BACKEND="tensorflow",
         TF_CPP_MIN_LOG_LEVEL="2",
+        CUDA_VISIBLE_DEVICES="",
         PYTHONPATH=os.pathsep.join(p for p in path if p),
     )
     sockets = _reserve_ports(count)
@@ -62,10 +67,11 @@ def run_workers(program, count, args=(), timeout=120):
                 command, env=env, stdout=log, stderr=subprocess.STDOUT
             )
             procs.append((proc, log))
+        deadline = time.monotonic() + timeout
         results = []
         for proc, log in procs:
             try:
-                code = proc.wait(timeout=timeout)
+                code = proc.wait(timeout=max(deadline - time.monotonic(), 0))
             except subprocess.TimeoutExpired:
                 code = "timeout"
             log.seek(0)

@@ -38,7 +38,9 @@ TARGET = "keras.src.callbacks.tensorboard"
 ISSUE = "docs/keras-tensorboard.md"
 # What is mended, whitespace removed, as Keras 3.0 to 3.15 write it: the folder is log_dir.
 WRITE_DIR = "self._log_write_dir=self.log_dir"
-FIX = "_worker_temp_dir("  # docs/keras-tensorboard/tensorboard.patch: Keras carries the fix
+# A set_model that asks where this process writes (docs/keras-tensorboard/tensorboard.patch, or
+# tf.keras's way): Keras carries the fix.
+FIX = ("_non_chief_log_dir(", "should_save_summary", "write_dirpath(")
 
 if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of other hosts)
     from typing import Protocol
@@ -67,7 +69,7 @@ def _aside(cls: object) -> str | None:
     text = source_of(getattr(cls, "set_model"))  # noqa: B009 (a class of unknown type)
     if text is None:
         return SKIPPED.format(issue=ISSUE, why=f"Keras {version}'s source cannot be read")
-    if FIX in text:
+    if any(f in text for f in FIX):
         return FIXED.format(version=version, what=what, issue=ISSUE, how="its set_model sends a "
                             "worker that is not the chief to a folder of its own")
     if WRITE_DIR not in text:
