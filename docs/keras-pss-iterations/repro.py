@@ -35,8 +35,13 @@ def free_ports(n):
 def serve(cluster, job, index):
     import tensorflow as tf
 
-    server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job,
-                                  task_index=index, protocol="grpc", start=True)
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(cluster),
+        job_name=job,
+        task_index=index,
+        protocol="grpc",
+        start=True,
+    )
     server.join()
 
 
@@ -44,8 +49,11 @@ def coordinate(cluster, steps):
     import tensorflow as tf
 
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(cluster), task_type="chief", task_id=0,
-        rpc_layer="grpc")
+        tf.train.ClusterSpec(cluster),
+        task_type="chief",
+        task_id=0,
+        rpc_layer="grpc",
+    )
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
 
@@ -84,14 +92,26 @@ def main():
         mwhelpers.fix_keras_multi_worker()
     steps = int(args[0]) if args else 400
     ports = free_ports(4)
-    cluster = {"chief": [f"localhost:{ports[0]}"],
-               "worker": [f"localhost:{ports[1]}", f"localhost:{ports[2]}"],
-               "ps": [f"localhost:{ports[3]}"]}
+    cluster = {
+        "chief": [f"localhost:{ports[0]}"],
+        "worker": [f"localhost:{ports[1]}", f"localhost:{ports[2]}"],
+        "ps": [f"localhost:{ports[3]}"],
+    }
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
     servers = [
-        subprocess.Popen([sys.executable, __file__, "--serve",
-                          json.dumps(cluster), job, str(i)], env=env)
-        for job, i in (("worker", 0), ("worker", 1), ("ps", 0))]
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--serve",
+                json.dumps(cluster),
+                job,
+                str(i),
+            ],
+            env=env,
+        )
+        for job, i in (("worker", 0), ("worker", 1), ("ps", 0))
+    ]
     try:
         os.environ.update(CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
         counted, iterations = coordinate(cluster, steps)
@@ -99,8 +119,10 @@ def main():
         for p in servers:
             p.kill()
             p.wait()
-    print(f"steps scheduled: {steps}; counted by a tf.Variable: {counted}; "
-          f"optimizer.iterations: {iterations}")
+    print(
+        f"steps scheduled: {steps}; counted by a tf.Variable: {counted}; "
+        f"optimizer.iterations: {iterations}"
+    )
     if iterations != counted:
         print("BUG: optimizer.iterations lost", counted - iterations, "steps")
         sys.exit(1)

@@ -72,6 +72,7 @@ if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of oth
         _last_batch_seen: int
         _training_metadata_path: str
         _mwhelpers_done: int
+        _mwhelpers_saved: int | None
         _mwhelpers_resume: tuple[int, int]
 
     class CheckpointCallback(Protocol):
@@ -150,6 +151,7 @@ def _patch_backup(module: ModuleType) -> str | None:
     def _save_model(self: BackupCallback) -> object:
         worker = chief_of(self.model)
         done = getattr(self, "_mwhelpers_done", None)  # batches of the epoch done
+        self._mwhelpers_saved = done
         if worker is None or not all(hasattr(self, a) for a in attributes[:3]):
             result = save(self)
             kerasresume.mark(str(getattr(self, "_training_metadata_path", "")), done)
@@ -212,9 +214,19 @@ def _patch_backup(module: ModuleType) -> str | None:
         return batch_end(self, batch, logs)
 
     def on_epoch_end(self: BackupCallback, epoch: int, logs: object = None) -> object:
+        ended = getattr(self, "_mwhelpers_done", 0)
+        saved = vars(self).pop("_mwhelpers_saved", None)
         self._mwhelpers_done = 0
         kerasresume.disarm()
-        return epoch_end(self, epoch, logs)
+        result = epoch_end(self, epoch, logs)
+        # The newest backup is of this epoch's last batch: it now says that the next epoch
+        # begins (where the number of batches is unknown, its restore could not tell).
+        if saved and saved == ended and self.save_freq != "epoch" and \
+                kerasresume.resumes(type(self)):
+            worker = chief_of(self.model)
+            if worker is None or worker[1]:
+                kerasresume.mark_epoch_done(str(self._training_metadata_path), epoch + 1)
+        return result
 
     def on_train_end(self: BackupCallback, logs: object = None) -> object:
         worker = chief_of(self.model)

@@ -79,17 +79,28 @@ if TYPE_CHECKING:  # (not evaluated: this file also runs under the Python of oth
 
 # -- the record ----------------------------------------------------------------------------
 
-def mark(metadata_path: str, done: int | None) -> None:
-    """Add ``done`` (batches of the epoch done) to the backup's metadata file, written beside
-    and renamed into place."""
-    if done is None or not local_path(metadata_path) or not os.path.exists(metadata_path):
+def _update(metadata_path: str, changes: dict[str, int]) -> None:
+    """Set ``changes`` in the backup's metadata file, written beside and renamed into place."""
+    if not local_path(metadata_path) or not os.path.exists(metadata_path):
         return
     with open(metadata_path) as f:
         metadata = json.load(f)
-    metadata[POSITION] = done
+    metadata.update(changes)
     with open(metadata_path + ".mwhelpers", "w") as f:
         json.dump(metadata, f)
     os.replace(metadata_path + ".mwhelpers", metadata_path)
+
+
+def mark(metadata_path: str, done: int | None) -> None:
+    """Add ``done`` (batches of the epoch done) to the backup's metadata file."""
+    if done is not None:
+        _update(metadata_path, {POSITION: done})
+
+
+def mark_epoch_done(metadata_path: str, next_epoch: int) -> None:
+    """Make the backup's metadata say that ``next_epoch`` begins, with no batch of it done (a
+    backup of the previous epoch's last batch)."""
+    _update(metadata_path, {"epoch": next_epoch, POSITION: 0})
 
 
 def position(metadata_path: object) -> int | None:
@@ -126,6 +137,12 @@ def why_not(backup_class: type) -> str | None:
     if text is None or 'training_metadata["epoch"]' not in text:
         return "its BackupAndRestore does not restore the epoch the way this was written for"
     return None
+
+
+def resumes(backup_class: type) -> bool:
+    """Whether this mend resumes this Keras's BackupAndRestore at the saved batch (neither left
+    alone nor fixed upstream)."""
+    return why_not(backup_class) is None and carries_fix(backup_class) is None
 
 
 def carries_fix(backup_class: type) -> str | None:
