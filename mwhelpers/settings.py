@@ -129,9 +129,9 @@ KERAS_FIX: Setting[bool] = Setting(
     "explicit `fix_keras_multi_worker()` call; `--no-keras-fix` per launch", "1 or 0")
 KERAS_FIX_FORCE: Setting[bool] = Setting(
     "MWHELPERS_KERAS_FIX_FORCE", switch, False, "off",
-    "`1` makes each Keras 3 mend act where it cannot tell whether the installed Keras still "
-    "needs it (a release outside those it was tested with, or source it does not recognise; "
-    "each says so in one line); a Keras that shows the fix is left alone all the same",
+    "`1` makes each Keras 3 mend act where it cannot tell whether this Keras needs it (an "
+    "untested release, or source it does not know). A Keras that shows the fix is still left "
+    "alone",
     "1 or 0")
 LAZY_PYPLOT: Setting[bool] = Setting(
     "MWHELPERS_LAZY_PYPLOT", switch, True, "on",
