@@ -79,6 +79,11 @@ WORKER = textwrap.dedent(
     callbacks.on_predict_begin()
     callbacks.on_predict_end()
     after_predict = sorted(os.listdir(log_dir))
+    # A `predict` whose callback never made its folder (no graph written).
+    quiet = keras.callbacks.TensorBoard(log_dir + "-quiet", write_graph=False)
+    callbacks = keras.callbacks.CallbackList([quiet], model=model)
+    callbacks.on_predict_begin()
+    callbacks.on_predict_end()
     print(
         "RESULT "
         + json.dumps(

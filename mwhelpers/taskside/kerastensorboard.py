@@ -95,6 +95,8 @@ def patch(module: ModuleType) -> None:
     predict_end = getattr(cls, "on_predict_end")  # noqa: B009 (a class of unknown type)
 
     def _set_model(self: TensorBoardCallback, model: object) -> object:
+        # on_train_begin follows within fit; a fit that raised must not leave it set.
+        self._mwhelpers_training = False
         worker = worker_of(model)
         if worker is None or not local_path(self.log_dir):
             return set_model(self, model)
