@@ -8,7 +8,9 @@ The workers' ports are reserved until they exit: the test binds each one
 with `SO_REUSEADDR` and does not listen on it. A port picked, closed and
 handed on could be taken by any process before the worker binds it; a
 reserved one can be bound only by a process that sets `SO_REUSEADDR` too,
-as TensorFlow's gRPC server does. The workers see no GPU.
+as TensorFlow's gRPC server does. That is Linux's rule for a socket bound
+but not listening; other systems may want `SO_REUSEPORT` (not checked).
+The workers see no GPU.
 """
 
 import json
