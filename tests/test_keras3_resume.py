@@ -179,3 +179,27 @@ def test_the_resume_reads_where_each_keras_restores_the_epoch(tmp_path, monkeypa
     assert "epoch iterator" in kerasresume.why_not(module.Backup315)
     monkeypatch.setitem(sys.modules, "keras.src.version", types.SimpleNamespace(__version__="3.17.0"))
     assert "outside the releases" in kerasresume.why_not(module.Backup315)
+
+
+def test_an_iterator_of_super_batches_is_drawn_once_per_execution():
+    """Keras master's JAX epoch iterator hands the trainer one draw per execution, holding all
+    of its batches: with steps_per_execution 2 and 4 batches done, 2 draws, not 4."""
+    data = iter([(0, 1), (2, 3), (4, 5), (6, 7)])  # super-batches of 2
+    items = [(s, s + 1, data) for s in range(0, 8, 2)]
+    left = list(kerasresume._skipping(iter(items), 4, 2, per_draw=2))
+    assert [item[0] for item in left] == [4, 6]
+    assert next(data) == (4, 5)
+
+
+def test_only_a_super_batch_iterator_is_read_as_one():
+    class Plain:
+        def _get_iterator(self):
+            return iter(self.data_adapter.get_jax_iterator())
+
+    class Master:
+        def _get_iterator(self):
+            super_batch = self.steps_per_execution
+            return iter(self.data_adapter.get_jax_iterator(super_batch=super_batch))
+
+    assert not kerasresume._super_batches(Plain())
+    assert kerasresume._super_batches(Master())

@@ -188,10 +188,11 @@ def disarm() -> None:
 
 # -- the epoch iterator ----------------------------------------------------------------------
 
-def _skipping(items: Iterator[tuple[object, ...]], skip: int, per_item: int
+def _skipping(items: Iterator[tuple[object, ...]], skip: int, per_item: int, per_draw: int = 1
               ) -> Iterator[tuple[object, ...]]:
     """``items`` ((step, iterator) or (first step, last step, iterator)), the steps before
-    ``skip`` left out after their batches were drawn from their iterator."""
+    ``skip`` left out after their batches were drawn from their iterator, where one draw
+    holds ``per_draw`` batches."""
     tf = sys.modules.get("tensorflow")
     ran_out: tuple[type[BaseException], ...] = (StopIteration,)
     if tf is not None:
@@ -204,7 +205,7 @@ def _skipping(items: Iterator[tuple[object, ...]], skip: int, per_item: int
             yield item
             continue
         try:
-            for _ in range(min(last, skip - 1) - first + 1):
+            for _ in range(-(-(min(last, skip - 1) - first + 1) // per_draw)):
                 next(item[-1])  # type: ignore[call-overload]  # the epoch's data iterator
         except ran_out:
             drawing = False  # the input ran out: Keras sees it at the next step, as it would
@@ -218,6 +219,13 @@ def _take() -> int:
     return int(skip)
 
 
+def _super_batches(epoch_iterator: object) -> bool:
+    """Whether each draw from this epoch iterator holds all the batches of one execution (the
+    JAX trainer's on Keras master: ``get_jax_iterator(super_batch=...)``)."""
+    text = source_of(getattr(type(epoch_iterator), "_get_iterator", None) or (lambda: None))
+    return "super_batch" in (text or "")
+
+
 def _wrap_generator(cls: type, name: str) -> None:
     original = getattr(cls, name)
 
@@ -226,7 +234,8 @@ def _wrap_generator(cls: type, name: str) -> None:
         skip = _take()
         if not skip:
             return items
-        return _skipping(items, skip, int(getattr(self, "steps_per_execution", 1) or 1))
+        per_item = int(getattr(self, "steps_per_execution", 1) or 1)
+        return _skipping(items, skip, per_item, per_item if _super_batches(self) else 1)
 
     method.__name__ = name
     method.__wrapped__ = original  # type: ignore[attr-defined]
