@@ -38,13 +38,13 @@ def test_the_patch_resumes_and_its_keras_test_passes(patched, tmp_path):
     assert code == 0 and "FIXED" in out, out
     code, out = keras_test(patched, HERE / "backup_and_restore_resume_test.py", "src/callbacks",
                            tmp_path)
-    assert code == 0 and "5 passed" in out, out
+    assert code == 0 and "6 passed" in out, out
 
 
 def test_the_keras_tests_fail_without_the_patch(tmp_path_factory, tmp_path):
-    """The five new tests catch the bug: on Keras as released each resumed fit begins at the
+    """The six new tests catch the bug: on Keras as released each resumed fit begins at the
     restored epoch's first batch."""
     unpatched = patched_copy(tmp_path_factory, KERAS_DIR, None, "resume-keras-unpatched")
     code, out = keras_test(unpatched, HERE / "backup_and_restore_resume_test.py",
                            "src/callbacks", tmp_path)
-    assert code == 1 and "5 failed" in out, out
+    assert code == 1 and "6 failed" in out, out

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+from keras.src import backend
 from keras.src import callbacks
 from keras.src import layers
 from keras.src import optimizers
@@ -70,7 +71,7 @@ def fit_twice(backup_dir, stop_at, save_freq, unknown_size=False, **kwargs):
     recorder, the model, its history)."""
     data = make_data(unknown_size)
 
-    def fit(recorder, **more):
+    def fit(recorder):
         model = make_model(**kwargs)
         backup = callbacks.BackupAndRestore(backup_dir, save_freq=save_freq)
         history = model.fit(
@@ -83,6 +84,11 @@ def fit_twice(backup_dir, stop_at, save_freq, unknown_size=False, **kwargs):
     second = StopAfter(None)
     model, history = fit(second)
     return second, model, history
+
+
+class StopInValidation(callbacks.Callback):
+    def on_test_begin(self, logs=None):
+        raise Stop()
 
 
 class BackupAndRestoreResumeTest(testing.TestCase):
@@ -153,3 +159,35 @@ class BackupAndRestoreResumeTest(testing.TestCase):
             model.fit(**make_data(unknown_size), epochs=3, verbose=0)
             for a, b in zip(resumed.get_weights(), model.get_weights()):
                 self.assertAllClose(a, b)
+
+    @pytest.mark.requires_trainable_backend
+    @pytest.mark.skipif(
+        backend.backend() == "jax",
+        reason="The JAX trainer cannot run an epoch with no batch: a separate "
+        "gap (its model variables are restored by a step).",
+    )
+    def test_a_fault_between_the_last_backup_and_the_epochs_end(self):
+        # Input of unknown size; the newest backup is of epoch 0's last
+        # batch, and the fault comes in validation, before the epoch's end
+        # records that epoch 1 begins: the restored epoch 0 has no batch
+        # left, and runs none.
+        backup_dir = os.path.join(self.get_temp_dir(), "backup")
+        data = make_data(unknown_size=True)
+        backup = callbacks.BackupAndRestore(backup_dir, save_freq=4)
+        with pytest.raises(Stop):
+            make_model().fit(
+                **data,
+                epochs=3,
+                validation_data=data["x"],
+                callbacks=[backup, StopInValidation()],
+                verbose=0,
+            )
+        second = StopAfter(None)
+        backup = callbacks.BackupAndRestore(backup_dir, save_freq=4)
+        history = make_model().fit(
+            **data, epochs=3, callbacks=[second, backup], verbose=0
+        )
+        self.assertEqual(history.epoch[-1], 2)
+        self.assertTrue(all(b >= 8 for e, b in second.batches if e == 0))
+        batches = [epoch for epoch, _ in second.batches]
+        self.assertEqual(batches.count(1), batches.count(2))

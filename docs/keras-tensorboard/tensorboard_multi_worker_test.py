@@ -22,6 +22,7 @@ WORKER = textwrap.dedent(
     import json
     import os
     import sys
+    import tempfile
 
     import numpy as np
     import tensorflow as tf
@@ -80,10 +81,12 @@ WORKER = textwrap.dedent(
     callbacks.on_predict_end()
     after_predict = sorted(os.listdir(log_dir))
     # A `predict` whose callback never made its folder (no graph written).
-    quiet = keras.callbacks.TensorBoard(log_dir + "-quiet", write_graph=False)
+    quiet_dir = os.path.join(tempfile.mkdtemp(), "quiet")
+    quiet = keras.callbacks.TensorBoard(quiet_dir, write_graph=False)
     callbacks = keras.callbacks.CallbackList([quiet], model=model)
     callbacks.on_predict_begin()
     callbacks.on_predict_end()
+    quiet_left = os.path.exists(quiet_dir)
     print(
         "RESULT "
         + json.dumps(
@@ -92,6 +95,7 @@ WORKER = textwrap.dedent(
                 "before": before_end,
                 "after_evaluate": after_evaluate,
                 "after_predict": after_predict,
+                "quiet_left": quiet_left,
             }
         )
     )
@@ -121,6 +125,7 @@ class TensorBoardMultiWorkerTest(testing.TestCase):
         # behind either (each worker looks right after its own call).
         self.assertNotIn("workertemp_1", other["after_evaluate"])
         self.assertNotIn("workertemp_1", other["after_predict"])
+        self.assertFalse(other["quiet_left"])
         # Afterwards only the chief's files are left.
         self.assertEqual(sorted(os.listdir(log_dir)), ["train", "validation"])
         for folder in ("train", "validation"):
