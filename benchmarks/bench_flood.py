@@ -9,7 +9,7 @@ then ``rt.jobs.current().watch(runs, stream=True)``, the way a foreground ``%%wo
 ``--lines`` lines each (default 200,000), every 1,000th of them 10,000 characters long.  The
 echo stands in for the cell: it prints every line it is given into a file, flushed, as the
 kernel's default echo prints to the cell.  A round is watched twice, alternately: with
-the default bounds (``mwhelpers.watcher.cell_limits``) and unbounded (``head`` and
+the default bounds (a runtime's ``rt.cell_limits``) and unbounded (``head`` and
 ``width`` None, every line whole, as before the bounds).  It prints, per mode: the bytes the
 cell received, the lines, the time from the launch to the end of the watch, and the
 kernel's CPU time during the watch; the bytes the logs hold (everything); and the ratios.
@@ -56,28 +56,23 @@ class Cell:
 
 
 def one_watch(lines, bounded, workdir):
-    from mwhelpers import watcher
     from mwhelpers.workers import Runtime
 
-    saved = (watcher.cell_limits.head, watcher.cell_limits.width)
-    if not bounded:
-        watcher.cell_limits.head = watcher.cell_limits.width = None
     cell = Cell(workdir / "cell.txt")
-    try:
-        with Runtime(log_dir=workdir / "logs", echo=cell) as rt:
-            rt.define_cluster(2)
-            t0 = time.monotonic()
-            runs = [rt.launch(f"worker:{i}", code=FLOOD, env={"LINES": str(lines)},
-                              background=True, ready="start") for i in range(2)]
-            cell.lines = 0  # the "started in the background" lines are not the flood's
-            cpu0 = time.process_time()
-            rt.jobs.current().watch(runs, 300, stream=True)
-            cpu = time.process_time() - cpu0
-            took = time.monotonic() - t0
-            logged = sum(r.log_path.stat().st_size for r in runs)
-            failed = [f"{r.task}: {r.outcome()}" for r in runs if r.returncode != 0]
-    finally:
-        watcher.cell_limits.head, watcher.cell_limits.width = saved
+    with Runtime(log_dir=workdir / "logs", echo=cell) as rt:
+        if not bounded:
+            rt.cell_limits.head = rt.cell_limits.width = None
+        rt.define_cluster(2)
+        t0 = time.monotonic()
+        runs = [rt.launch(f"worker:{i}", code=FLOOD, env={"LINES": str(lines)},
+                          background=True, ready="start") for i in range(2)]
+        cell.lines = 0  # the "started in the background" lines are not the flood's
+        cpu0 = time.process_time()
+        rt.jobs.current().watch(runs, 300, stream=True)
+        cpu = time.process_time() - cpu0
+        took = time.monotonic() - t0
+        logged = sum(r.log_path.stat().st_size for r in runs)
+        failed = [f"{r.task}: {r.outcome()}" for r in runs if r.returncode != 0]
     if failed:
         sys.exit(f"a task failed: {failed}")
     shown_lines = cell.lines
@@ -93,7 +88,7 @@ def main():
     a = p.parse_args()
     from mwhelpers import watcher
 
-    lim = watcher.cell_limits
+    lim = watcher.CellLimits()
     print(f"2 tasks x {a.lines:,} lines (every 1,000th {LONG:,} characters long); bounds: "
           f"first {lim.head} and last {lim.tail} lines per task, lines cut at {lim.width:,} "
           f"characters", flush=True)

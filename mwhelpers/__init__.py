@@ -16,7 +16,7 @@ __version__ = "0.2.0"
 
 _LAZY = {
     "Cluster": "cluster", "Task": "cluster", "parse_task": "cluster",
-    "Runtime": "workers", "runtime": "workers", "TaskRun": "workers",
+    "Runtime": "workers", "runtime": "workers", "set_runtime": "workers", "TaskRun": "workers",
     "avoid_teardown_stall": "taskside.tfdata",
     "fix_keras_multi_worker": "taskside.kerasfix",
     "Failure": "failures", "LaunchRequest": "taskrun",
@@ -65,6 +65,7 @@ if _typing.TYPE_CHECKING:
     from .workers import Runtime as Runtime
     from .workers import TaskRun as TaskRun
     from .workers import runtime as runtime
+    from .workers import set_runtime as set_runtime
 
 
 def __getattr__(name: str) -> _typing.Any:

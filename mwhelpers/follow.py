@@ -2,8 +2,8 @@
 
 A task's log is the one record of its output.  What the kernel learns from it
 while the task runs comes from one :class:`LogFeed` per run (``run.feed``).  A
-feed reads the bytes written since its last read, whoever asks for them (the
-:data:`FOLLOWER` thread, every :data:`BACKGROUND` seconds while the run runs,
+feed reads the bytes written since its last read, whoever asks for them (its runtime's
+:class:`Follower` thread, every :data:`BACKGROUND` seconds while the run runs,
 every :data:`INTERVAL` while a cell streams it, and once more after it ended; a
 watch that wants the last lines at once), splits
 them into lines as a terminal shows them (:func:`mwhelpers.logs.shown`) and
@@ -223,7 +223,8 @@ class Follower:
     """One daemon thread that reads every followed feed while its run runs, every
     ``interval`` seconds if a subscriber hurries it, else every ``background`` seconds, and
     once more (to its end) after the run ended; it stops by itself when nothing is left to
-    follow, and :meth:`follow` starts it again."""
+    follow, and :meth:`follow` starts it again.  Each runtime owns one
+    (:class:`mwhelpers.services.Services`), which :meth:`close` ends with it."""
 
     def __init__(self, interval: float = INTERVAL, background: float = BACKGROUND) -> None:
         self.interval = interval
@@ -240,6 +241,16 @@ class Follower:
                 self._thread = threading.Thread(target=self._loop, name="mwhelpers-follow",
                                                 daemon=True)
                 self._thread.start()
+
+    def close(self) -> None:
+        """Follow nothing any more: each feed is read once more, to its end, here."""
+        with self._lock:
+            feeds, self._feeds = list(self._feeds), {}
+        for feed in feeds:
+            try:
+                feed.read(final=True)
+            except Exception:  # a subscriber's mistake must not keep the others from their end
+                pass
 
     @property
     def following(self) -> int:
@@ -272,6 +283,3 @@ class Follower:
                     return
             time.sleep(self.interval if hurried else self.background)
 
-
-# The kernel's follower: every TaskRun's feed is followed by it.
-FOLLOWER = Follower()

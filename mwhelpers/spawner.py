@@ -46,6 +46,8 @@ from .watcher import SERVER_JOBS
 if TYPE_CHECKING:
     from .backends.base import Launcher, Process
     from .cluster import Task
+    from .follow import Follower
+    from .services import Services
 
 GRPC_OPTIONS_ENV = "TF_GRPC_DEFAULT_OPTIONS"  # read by TensorFlow's gRPC channels
 RECONNECT_OPTION = "grpc.initial_reconnect_backoff_ms"
@@ -81,14 +83,15 @@ def fast_reconnect(env: Mapping[str, str], ms: int) -> dict[str, str]:
 
 def open_cluster(workers: int, chief: bool, ps: int, evaluator: bool,
                  gpus_per_task: int | None, backend: str | None,
-                 options: Mapping[str, object]) -> tuple[Cluster, Launcher]:
+                 options: Mapping[str, object], services: Services) -> tuple[Cluster, Launcher]:
     """A new cluster of these tasks, placed by its backend (``backend``, or the one that
-    takes every option: :func:`~mwhelpers.backends.pick_backend`), and that backend; with
-    ``gpus_per_task``, the GPUs of each task.  Nothing is left held when it fails."""
+    takes every option: :func:`~mwhelpers.backends.pick_backend`), and that backend, lent
+    what the runtime owns (``services``); with ``gpus_per_task``, the GPUs of each task.
+    Nothing is left held when it fails."""
     check_per_task(gpus_per_task)
     name = backend or pick_backend(options)
     tasks = job_tasks(workers, chief, ps, evaluator)
-    launcher = create_backend(name, options)
+    launcher = create_backend(name, options, services)
     cluster = None
     try:
         cluster = Cluster(workers=workers, chief=chief, ps=ps, evaluator=evaluator,
@@ -148,9 +151,10 @@ class Spawner:
     """Starts the tasks of ``cluster`` through ``launcher`` (see the module's text)."""
 
     def __init__(self, cluster: Cluster, launcher: Launcher, defaults: TaskDefaults,
-                 names: LogNames, lookout: Lookout) -> None:
+                 names: LogNames, lookout: Lookout, follower: Follower) -> None:
         self.cluster = cluster
         self.launcher = launcher
+        self.follower = follower  # the runtime's, which reads each run's log (mwhelpers.follow)
         self.defaults = defaults
         self.names = names
         self.lookout = lookout
@@ -327,8 +331,8 @@ class Spawner:
         Keras 3)."""
         cluster = self.cluster
         run = TaskRun(task, process, spec.log_path, cluster.port(task), cluster.address(task),
-                      ready, spec.script, attempt=attempt, cwd=spec.cwd, host=spec.host,
-                      cell=spec.cell)
+                      ready, spec.script, self.follower, attempt=attempt, cwd=spec.cwd,
+                      host=spec.host, cell=spec.cell)
         if cluster.gpus is not None:
             run.gpus = spec.env.get("CUDA_VISIBLE_DEVICES", "")
         run.keras_fix = keras_fix

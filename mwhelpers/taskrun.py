@@ -30,7 +30,7 @@ from . import results
 from .cluster import Task, parse_task
 from .errors import UsageError
 from .exitrecord import ExitRecord, path_for
-from .follow import FOLLOWER, Event, LogFeed
+from .follow import Event, Follower, LogFeed
 from .launchoptions import LAUNCH_OPTIONS, ReadyMode
 from .logs import TAIL, tail_lines
 from .proctree import describe_exit
@@ -169,7 +169,8 @@ class TaskRun:
     """One launch of one task: its process, log, state and outcome."""
 
     def __init__(self, task: Task, process: Process, log_path: str | os.PathLike[str], port: int,
-                 address: str, ready_mode: RunReady, script: str, attempt: int = 1,
+                 address: str, ready_mode: RunReady, script: str, follower: Follower,
+                 attempt: int = 1,
                  cwd: str | None = None, host: str | None = None, cell: bool = False) -> None:
         self.task = task
         self.process = process
@@ -198,10 +199,11 @@ class TaskRun:
         self._lock = threading.Lock()
         self._state: State = "starting" if ready_mode == "port" else "running"
         process.on_exit(self._exited)
-        # Its log, read once as it grows, for whoever follows it (mwhelpers.follow).
+        # Its log, read once as it grows by its runtime's ``follower``, for whoever
+        # subscribes (mwhelpers.follow).
         self.feed = LogFeed(self.log_path)
         self.feed.subscribe(on_event=self._log_event)
-        FOLLOWER.follow(self.feed, lambda: process.running)
+        follower.follow(self.feed, lambda: process.running)
 
     # -- transitions -------------------------------------------------------------
     def mark_ready(self) -> bool:

@@ -3,11 +3,11 @@ already, instead of starting a fresh interpreter that imports it again.
 
 Importing TensorFlow costs every task about 3 s of CPU (``python -c "import tensorflow"``
 under ``/usr/bin/time``: 2.9 to 3.1 s here), more than a short job's training;
-``benchmarks/bench_warmstart.py`` measures what forking saves.  A :class:`WarmStarter` (one per process,
-shared by its local launchers) keeps, for each environment its tasks start from, a server process
-(``_forkserver.py``, run as ``_bootstrap.py --zygote``) that imported TensorFlow once; each
-task is then forked from it and goes on as a cold start would after its own
-``import tensorflow``.
+``benchmarks/bench_warmstart.py`` measures what forking saves.  A :class:`WarmStarter` (one
+per runtime, shared by its local launchers: :class:`mwhelpers.services.Services`) keeps, for
+each environment its tasks start from, a server process (``_forkserver.py``, run as
+``_bootstrap.py --zygote``) that imported TensorFlow once; each task is then forked from it
+and goes on as a cold start would after its own ``import tensorflow``.
 
 A task is started cold (a fresh interpreter, as before) when:
 
@@ -29,9 +29,8 @@ mwhelpers' own per-task variables, :data:`PER_TASK`), and its folder, is part of
 tasks with another key get another server, unless their environment differs from a server's
 only in what that server's own import set (a kernel that has imported TensorFlow since its
 first launch) or, where it did not load JAX, in ``JAX_*`` variables (:func:`same_import`).
-The local launchers of one process share their servers (:func:`acquire`): a new cluster
-(``%cluster`` again) forks from the server the last one used.  The servers end when the last
-of those launchers is closed.
+The local launchers of one runtime share their servers: a new cluster (``%cluster`` again)
+forks from the server the last one used.  The servers end when the runtime is closed.
 """
 
 from __future__ import annotations
@@ -451,8 +450,8 @@ def _exists(pid: int) -> bool:
 
 
 class WarmStarter:
-    """The warm-start servers of one process, by key (its local launchers share it: see
-    :func:`acquire`); thread-safe."""
+    """The warm-start servers of one runtime, by key (its local launchers share it: see
+    :mod:`mwhelpers.services`); thread-safe."""
 
     def __init__(self, python: str, bootstrap: str) -> None:
         self.python = python
@@ -561,30 +560,3 @@ class WarmStarter:
             self._servers, self._retired = {}, []
         for server in servers:
             server.close(kill=True)
-
-
-_shared: dict[tuple[str, str], tuple[WarmStarter, int]] = {}  # (python, bootstrap) -> it, users
-_shared_lock = threading.Lock()
-
-
-def acquire(python: str, bootstrap: str) -> WarmStarter:
-    """The process's warm starter for ``python``; every call is matched by a :func:`release`."""
-    with _shared_lock:
-        starter, users = _shared.get((python, bootstrap), (None, 0))
-        if starter is None:
-            starter = WarmStarter(python, bootstrap)
-        _shared[(python, bootstrap)] = (starter, users + 1)
-        return starter
-
-
-def release(starter: WarmStarter) -> None:
-    """One user fewer; the last one's release ends its servers."""
-    key = (starter.python, starter.bootstrap)
-    with _shared_lock:
-        current, users = _shared.get(key, (None, 0))
-        if current is starter and users > 1:
-            _shared[key] = (starter, users - 1)
-            return
-        if current is starter:
-            del _shared[key]
-    starter.close()

@@ -20,7 +20,8 @@ What a cell shows of a flood of output is bounded, as notebook front-ends
 bound long outputs: :func:`echo_lines` shows each task's first lines as they
 come, then keeps only its last lines, which it shows when the watch ends after
 a line saying how many were left out and naming the log, which keeps every
-line.  Very long lines are cut.  The bounds are :data:`cell_limits`.
+line.  Very long lines are cut.  The bounds are a :class:`CellLimits`: a runtime's own
+(``rt.cell_limits``) for the watches of its jobs.
 """
 
 from __future__ import annotations
@@ -82,10 +83,6 @@ class CellLimits:
         super().__setattr__(name, value)
 
 
-# The bounds every new watch uses; change them in place, e.g.
-# ``mwhelpers.watcher.cell_limits.head = 1000`` or ``cell_limits.head = None`` (everything).
-cell_limits = CellLimits()
-
 
 class _Shown:
     """One run's part of a :class:`CellEcho`."""
@@ -122,7 +119,7 @@ class CellEcho:
         self._show = show
         self._kept = kept or (lambda run: str(run.log_path))
         self.quiet = quiet
-        self.limits = replace(limits or cell_limits)  # a change during a watch waits for the next
+        self.limits = replace(limits or CellLimits())  # a change during a watch waits for the next
         self._filters: dict[int, QuietFilter] = {}  # id(run) -> its filter
         self._runs: dict[int, _Shown] = {}  # id(run) -> _Shown, in the order first seen
 
@@ -184,7 +181,7 @@ def echo_lines(echo: Callable[[str], None], quiet: bool = False,
                limits: CellLimits | None = None) -> CellEcho:
     """A listener that echoes each line as ``[task] line`` (without TensorFlow's
     informational lines when ``quiet``: :class:`~mwhelpers.logs.QuietFilter`), each
-    run's output bounded by ``limits`` (default: :data:`cell_limits`): see
+    run's output bounded by ``limits`` (default: :class:`CellLimits`' defaults): see
     :class:`CellEcho`."""
     return CellEcho(echo, quiet, limits)
 

@@ -37,12 +37,13 @@ from .launchoptions import LaunchOptions
 from .logs import LogFollower
 from .precheck import Lookout
 from .proctree import Policy
+from .services import Services
 from .session import claim_session, escaped_orphans
 from .spawner import LogNames, Spawner, TaskDefaults, open_cluster, port_accepts
 from .status import StatusTable
 from .taskrun import LaunchRequest, TaskRun, parse_timeout
 from .timeline import Timeline
-from .watcher import CellLimits, cell_limits
+from .watcher import CellLimits
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -82,9 +83,12 @@ class Runtime:
         self.defaults = TaskDefaults()
         # Cells show a task's output without TF's informational C++ lines (logs keep them).
         self.verbose = False
-        # How much of a task's output a cell shows (mwhelpers.watcher.CellLimits): the
-        # process's own, mwhelpers.watcher.cell_limits (rt.cell_limits.head = 1000, say).
-        self.cell_limits: CellLimits = cell_limits
+        # What it owns and closes with it: the follower of its runs' logs, the cell limits,
+        # the warm-start servers of its local launchers (mwhelpers.services).
+        self.services = Services()
+        # How much of a task's output a cell shows (mwhelpers.watcher.CellLimits): this
+        # runtime's own (rt.cell_limits.head = 1000, say).
+        self.cell_limits: CellLimits = self.services.cell_limits
         self.jobs = Jobs(self)  # every attempt's runs (mwhelpers.job)
         self.session = claim_session()
         self._names = LogNames(lambda: self.log_dir)
@@ -96,8 +100,9 @@ class Runtime:
         # (mwhelpers.interactive; started by interactive()).
         self.engines: Interactive | None = None
         self._launchers: list[Launcher] = []  # the current one, for the finalizer
-        # At exit (or when this object is collected) the launchers end what still runs.
-        self._finalizer = weakref.finalize(self, _close_launchers, self._launchers)
+        # At exit (or when this object is collected) the launchers end what still runs, then
+        # its services end.
+        self._finalizer = weakref.finalize(self, _close_launchers, self._launchers, self.services)
 
     # -- life cycle ------------------------------------------------------------
     def close(self) -> None:
@@ -165,11 +170,12 @@ class Runtime:
                     + ", ".join(str(r.task) for r in busy)
                     + "); end them first (%killbgscripts or %waitworkers)")
             new, launcher = open_cluster(workers, chief, ps, evaluator, gpus_per_task, backend,
-                                         options)
+                                         options, self.services)
             self._drop_cluster()
             self.cluster, self.launcher = new, launcher
             self._launchers.append(launcher)
-            self.jobs.use(Spawner(new, launcher, self.defaults, self._names, self._lookout))
+            self.jobs.use(Spawner(new, launcher, self.defaults, self._names, self._lookout,
+                                  self.services.follower))
             return new
 
     def _drop_cluster(self) -> None:
@@ -418,9 +424,10 @@ def _close(engines: Interactive | None) -> bool:
     return True
 
 
-def _close_launchers(launchers: list[Launcher]) -> None:
+def _close_launchers(launchers: list[Launcher], services: Services) -> None:
     for launcher in list(launchers):
         launcher.close()
+    services.close()
 
 
 _RUNTIME: Runtime | None = None
@@ -439,4 +446,13 @@ def runtime() -> Runtime:
     return _RUNTIME
 
 
-__all__ = ["Runtime", "runtime", "TaskRun", "StatusTable", "LogFollower", "port_accepts"]
+def set_runtime(rt: Runtime | None) -> Runtime | None:
+    """Make ``rt`` the process-wide Runtime, the one the magics drive (None: the next
+    :func:`runtime` makes a new one); returns the one it replaces, which stays open (a
+    script or test that made its own closes it)."""
+    global _RUNTIME
+    previous, _RUNTIME = _RUNTIME, rt
+    return previous
+
+
+__all__ = ["Runtime", "runtime", "set_runtime", "TaskRun", "StatusTable", "LogFollower", "port_accepts"]

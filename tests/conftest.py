@@ -186,12 +186,12 @@ def rt(tmp_path, monkeypatch):
     echo = Echo()
     runtime = Runtime(log_dir=tmp_path / "logs", echo=echo)
     runtime.echo_lines = echo
-    monkeypatch.setattr(rt_mod, "_RUNTIME", runtime)
+    previous = rt_mod.set_runtime(runtime)
     yield runtime
+    rt_mod.set_runtime(previous)
     leftovers = [p.pid for r in runtime.history for p in r.process.processes() if pid_alive(p.pid)]
     # The warm-start servers (mwhelpers.warmstart) of its local launchers end with it.
-    servers = [pid for launcher in runtime._launchers
-               for pid in getattr(getattr(launcher, "warm", None), "pids", [])]
+    servers = runtime.services.warm_pids
     runtime.end_all(policy="now")
     runtime.close()
     assert not leftovers, f"test left worker processes running: {leftovers}"
@@ -218,7 +218,7 @@ def ip(rt):
     globalipapp.start_ipython()  # once per test session; later calls return None
     shell = globalipapp.get_ipython()
     shell.run_line_magic("load_ext", "mwhelpers")
-    rt_mod._RUNTIME = rt
+    rt_mod.set_runtime(rt)
     yield shell
 
 

@@ -34,7 +34,7 @@ def expected(task, i, long_at, width):
 
 def test_two_flooding_tasks_show_their_first_and_last_lines_and_how_many_were_left_out(rt):
     n, long_at = 5000, {3, 1000, 4990}
-    limits = watcher.cell_limits
+    limits = rt.cell_limits
     head, tail, width = limits.head, limits.tail, limits.width
     rt.define_cluster(2)
     env = {"LINES": str(n), "LONG_AT": ",".join(map(str, sorted(long_at)))}
@@ -67,9 +67,9 @@ def test_two_flooding_tasks_show_their_first_and_last_lines_and_how_many_were_le
 
 def test_a_foreground_launch_is_bounded_by_limits_the_user_sets_and_lifts(rt, monkeypatch):
     env = {"LINES": "100", "LONG_AT": "2"}
-    monkeypatch.setattr(watcher.cell_limits, "head", 10)
-    monkeypatch.setattr(watcher.cell_limits, "tail", 5)
-    monkeypatch.setattr(watcher.cell_limits, "width", 30)
+    monkeypatch.setattr(rt.cell_limits, "head", 10)
+    monkeypatch.setattr(rt.cell_limits, "tail", 5)
+    monkeypatch.setattr(rt.cell_limits, "width", 30)
     run = rt.launch("worker:0", code=program(), env=env, verbose=True)
     shown = [ln for ln in rt.echo_lines if ln.startswith("[worker:0] ")]
     # verbose=True shows mwhelpers' own start-up line in the log too; the bounds still hold.
@@ -79,14 +79,14 @@ def test_a_foreground_launch_is_bounded_by_limits_the_user_sets_and_lifts(rt, mo
     assert shown[12:] == [f"[worker:0] w0 line {k}" for k in range(95, 100)]
 
     rt.echo_lines.clear()
-    monkeypatch.setattr(watcher.cell_limits, "head", None)
-    monkeypatch.setattr(watcher.cell_limits, "width", None)
+    monkeypatch.setattr(rt.cell_limits, "head", None)
+    monkeypatch.setattr(rt.cell_limits, "width", None)
     rt.launch("worker:0", code=program(), env=env)
     assert rt.echo_lines == [f"[worker:0] w0 line {k}" + ("x" * LONG if k == 2 else "")
                              for k in range(100)]
 
     with pytest.raises(ValueError, match=r"cell_limits.tail must be a whole number >= 0, not -1"):
-        watcher.cell_limits.tail = -1
+        rt.cell_limits.tail = -1
     with pytest.raises(ValueError, match=r"cell_limits.width must be .* >= 1 or None, not 0"):
         watcher.CellLimits(width=0)
 
@@ -108,7 +108,7 @@ def test_an_interrupted_watch_still_shows_the_last_lines_and_the_count(rt):
         rt.jobs.current().watch([run], 30, stream=True, until=interrupt,
                  on_line=lambda r, ln: seen.append(ln) if ln.startswith("w0 line ") else None)
     assert not run.running
-    head, tail = watcher.cell_limits.head, watcher.cell_limits.tail
+    head, tail = rt.cell_limits.head, rt.cell_limits.tail
     said = rt.echo_lines
     left = said.index(f"[worker:0] ... {n - head - tail:,} lines left out; "
                       f"the log has every line: {run.log_path}")

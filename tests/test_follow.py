@@ -7,7 +7,7 @@ import time
 
 from conftest import ROOT
 
-from mwhelpers.follow import FOLLOWER, progress, progress_of
+from mwhelpers.follow import progress, progress_of
 
 # Keras epochs and steps, a custom loop's step lines, the facts line, a stack dump, and a
 # progress bar that rewrites its last line without ending it.
@@ -50,9 +50,10 @@ def test_a_feed_hands_every_line_and_its_events_to_its_subscribers(rt):
     assert run.feed.recent(1) == [" 3/4 [===>..]"]
     run.wait(10)
     deadline = time.monotonic() + 5
-    while FOLLOWER.following and time.monotonic() < deadline:
+    follower = rt.services.follower  # the runtime's own
+    while follower.following and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not FOLLOWER.following  # nothing is followed once nothing runs
+    assert not follower.following  # nothing is followed once nothing runs
     lines = run.lines()
     assert early == lines and lines[-1] == " 3/4 [===>..]"  # every line once, in order
     kinds = [(e.kind, e.text) for e in events]
@@ -92,3 +93,42 @@ def test_each_progress_pattern_is_written_once_in_the_package():
                     PATTERN, node.value, re.IGNORECASE):
                 found.setdefault(path.name, []).append(node.value)
     assert set(found) == {"follow.py"}, found
+
+
+def test_two_runtimes_share_no_follower_limits_or_warm_starter_and_each_ends_its_own(rt, tmp_path):
+    from mwhelpers import Runtime
+    from mwhelpers.backends.base import BOOTSTRAP
+
+    other = Runtime(log_dir=tmp_path / "other", echo=lambda line: None)
+    try:
+        assert other.services.follower is not rt.services.follower
+        assert other.cell_limits is not rt.cell_limits
+        rt.cell_limits.head = 3
+        assert other.cell_limits.head == 200  # a change in one runtime is not seen by the other
+        python = "/usr/bin/python3"
+        assert other.services.warm_starter(python, BOOTSTRAP) is not rt.services.warm_starter(
+            python, BOOTSTRAP)
+        assert rt.services.warm_starter(python, BOOTSTRAP) is rt.services.warm_starter(
+            python, BOOTSTRAP)  # its launchers share one
+
+        rt.define_cluster(1)
+        other.define_cluster(1)
+        code = "import time\nprint('up', flush=True)\ntime.sleep(30)\n"
+        mine = rt.launch("worker:0", code=code, background=True, ready="start")
+        theirs = other.launch("worker:0", code=code, background=True, ready="start")
+        assert rt.services.follower.following == 1 == other.services.follower.following
+        deadline = time.monotonic() + 10
+        while not ("up" in mine.lines() and "up" in theirs.lines()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        other.close()  # ends its task, its follower and its warm starters; rt's go on
+        assert not theirs.running and other.services.follower.following == 0
+        assert other.services.closed and other.services.warm_pids == []
+        assert mine.running and rt.services.follower.following == 1
+        deadline = time.monotonic() + 10
+        while "up" not in mine.feed.recent() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "up" in mine.feed.recent()  # rt's follower still reads its run's log
+        assert "up" in theirs.feed.recent()  # the closed one's log was read to its end
+    finally:
+        other.close()
+        rt.end_all(policy="now")

@@ -134,7 +134,8 @@ def test_the_public_api_has_type_hints_that_resolve():
     from mwhelpers.workshop import load_mnist
 
     functions = [load_mnist] + [getattr(mwhelpers, name) for name in (
-        "runtime", "parse_task", "avoid_teardown_stall", "register_backend", "write_sbatch")]
+        "runtime", "set_runtime", "parse_task", "avoid_teardown_stall", "register_backend",
+        "write_sbatch")]
     for cls, methods in PUBLIC_METHODS.items():
         functions += [getattr(getattr(mwhelpers, cls), m) for m in methods]
     for fn in functions:

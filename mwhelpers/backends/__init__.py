@@ -40,7 +40,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
-from .base import Launcher, LaunchSpec, Placement, Process
+from .base import Launcher, LaunchSpec, Lent, Placement, Process
 from .options import BackendOptions, OptionSpec, option, seconds, text
 
 if TYPE_CHECKING:
@@ -148,9 +148,10 @@ def pick_backend(options: Mapping[str, object]) -> str:
     raise UsageError(f"{', '.join(sorted(takers))} all take {what}: name one with backend=NAME")
 
 
-def create_backend(name: str, options: Mapping[str, object]) -> Launcher:
-    """A new instance of backend ``name`` for one cluster, made from its options: those
-    given in ``options`` (None: not given), checked against the ones it declares and
-    converted (:meth:`BackendOptions.from_given`), the rest their defaults."""
+def create_backend(name: str, options: Mapping[str, object], services: Lent) -> Launcher:
+    """A new instance of backend ``name`` for one cluster of the runtime that owns
+    ``services``, made from its options: those given in ``options`` (None: not given),
+    checked against the ones it declares and converted (:meth:`BackendOptions.from_given`),
+    the rest their defaults."""
     cls = backend_class(name)
-    return cls(_options_class(name, cls).from_given(name, options))
+    return cls.create(_options_class(name, cls).from_given(name, options), services)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol
 
 import psutil
 
@@ -36,6 +36,9 @@ from ..cluster import Task
 from ..ports import PortHold
 from ..proctree import Escalation
 from .options import BackendOptions
+
+if TYPE_CHECKING:
+    from ..warmstart import WarmStarter
 
 BOOTSTRAP = str(Path(__file__).parents[1] / "taskside" / "_bootstrap.py")
 
@@ -226,6 +229,15 @@ def end_together(jobs: Sequence[Callable[[], Iterable[str] | None]]) -> list[str
     return [line for lines in out if lines for line in lines]
 
 
+class Lent(Protocol):
+    """What a runtime lends the launchers of its clusters (its
+    :class:`mwhelpers.services.Services`), which it ends when it closes."""
+
+    def warm_starter(self, python: str, bootstrap: str) -> WarmStarter:
+        """The runtime's warm starter of tasks that ``python`` starts with ``bootstrap``."""
+        ...
+
+
 class Launcher:
     """A backend: places a cluster's tasks and starts them (one instance per cluster).
 
@@ -247,6 +259,13 @@ class Launcher:
 
     def __init__(self, options: BackendOptions | None = None) -> None:
         """A backend that takes no options needs no constructor of its own."""
+
+    @classmethod
+    def create(cls, options: BackendOptions, services: Lent) -> Launcher:
+        """The launcher of one cluster of the runtime that owns ``services`` (what it
+        lends, such as the warm-start servers: :class:`Lent`); by default made from its
+        options alone."""
+        return cls(options)
 
     def place(self, tasks: Sequence[Task], port_range: tuple[int, int]) -> dict[Task, Placement]:
         """``{task: Placement}`` for the cluster's ``tasks`` (ports in ``port_range``)."""

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 
 import psutil
 
-from .. import proctree, warmstart
+from .. import proctree
 from ..cluster import Task
 from ..gpus import visible_gpus
 from ..ports import reserve_ports
 from ..proctree import Escalation
-from .base import BOOTSTRAP, Launcher, LaunchSpec, Placement, Process, end_local, open_log
+from ..warmstart import WarmStarter
+from .base import BOOTSTRAP, Launcher, LaunchSpec, Lent, Placement, Process, end_local, open_log
 from .options import BackendOptions, option, text
 
 
@@ -88,20 +89,29 @@ class LocalLauncher(Launcher):
     launcher is closed.
 
     A task whose program imports TensorFlow is forked from a process that has imported
-    it already (:mod:`mwhelpers.warmstart`; ``MWHELPERS_WARM_START=0`` turns it off).  So
-    it starts no standbys (``supervise(standby=True)``): a restart skips the import anyway.
+    it already (:mod:`mwhelpers.warmstart`; ``MWHELPERS_WARM_START=0`` turns it off), the
+    warm starter ``warm`` its runtime lends it (:meth:`create`); without one, every task
+    starts cold.  So it starts no standbys (``supervise(standby=True)``): a restart skips the
+    import anyway.
     """
 
     name = "local"
     options = LocalOptions
 
-    def __init__(self, options: LocalOptions = LocalOptions()) -> None:
+    def __init__(self, options: LocalOptions = LocalOptions(),
+                 warm: WarmStarter | None = None) -> None:
         self.host = options.host
         self._guard_r: int | None
         self._guard_w: int | None
         self._guard_r, self._guard_w = os.pipe()
         self.started: list[Process] = []  # the Processes it started that may still run
-        self.warm = warmstart.acquire(sys.executable, BOOTSTRAP)  # shared, see there
+        self.warm = warm  # its runtime's, which ends its servers (mwhelpers.services)
+
+    @classmethod
+    def create(cls, options: BackendOptions, services: Lent) -> LocalLauncher:
+        launcher = cls(options)  # type: ignore[arg-type]  # (a subclass's own options too)
+        launcher.warm = services.warm_starter(sys.executable, BOOTSTRAP)
+        return launcher
 
     def place(self, tasks: Sequence[Task],
               port_range: tuple[int, int] | None = None) -> dict[Task, Placement]:
@@ -132,7 +142,8 @@ class LocalLauncher(Launcher):
             os.close(dump_w)
             raise
         try:
-            forked = self.warm.start(spec.script, args, env, spec.cwd, logf, passed)
+            forked = (self.warm.start(spec.script, args, env, spec.cwd, logf, passed)
+                      if self.warm is not None else None)
             if forked is not None:
                 pid, wait = forked
             else:
@@ -153,11 +164,9 @@ class LocalLauncher(Launcher):
         return proc
 
     def close(self) -> None:
-        """SIGKILL whatever still runs, let go of the warm-start servers (the last launcher
-        to close ends them), then close the guard pipe."""
+        """SIGKILL whatever still runs, then close the guard pipe (the warm-start servers
+        are its runtime's, which ends them)."""
         super().close()
-        if self._guard_w is not None:  # (the first close)
-            warmstart.release(self.warm)
         for fd in (self._guard_r, self._guard_w):
             if fd is not None:
                 try:
