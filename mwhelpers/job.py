@@ -35,7 +35,6 @@ from .backends.base import end_local, end_together
 from .diagnosis import explain_failure
 from .errors import UsageError
 from .failures import Failure, WorkerFailed
-from .logs import LogFollower
 from .proctree import Policy
 from .taskrun import LaunchRequest, Standby, TaskRun, parse_timeout
 from .timeouts import not_ready_error, timeout_error
@@ -43,6 +42,7 @@ from .watcher import CellLimits, Watcher, await_ready, echo_lines
 
 if TYPE_CHECKING:
     from .cluster import Task
+    from .follow import Event
     from .spawner import Spawner
 
 TRAINING_JOBS = ("chief", "worker")  # tasks that wait for each other (collectives)
@@ -278,37 +278,63 @@ def end_runs(runs: Iterable[TaskRun], why: str = "", policy: Policy | str = Poli
 
 def dump_stacks(runs: Sequence[TaskRun], within: float = 1.0) -> None:
     """Have every run write its Python stacks into its log (the step before a stuck task is
-    ended), and give the dumps up to ``within`` seconds, for all at once, to land.  Those
-    whose log did not grow are asked again by signal (a thread of theirs may hold Python's
+    ended), and give the dumps up to ``within`` seconds, for all at once, to begin; what each
+    wrote is heard from its feed (its ``stacks`` events and the lines after them).  Those
+    whose dump did not begin are asked again by signal (a thread of theirs may hold Python's
     lock, which the backend's first way needs), with as long again."""
-    sizes = {r: _log_size(r) for r in runs}
-    for r in runs:
-        r.process.dump_stacks()
-    waiting = _await_growth(runs, sizes, within)
-    if waiting:
-        for r in waiting:
-            r.process.dump_stacks_by_signal()
-        waiting = _await_growth(waiting, sizes, within)
-    if len(waiting) < len(runs):
-        time.sleep(0.1)  # the rest of a dump that has begun
-    for r in runs:  # what each wrote since it was asked: its main thread's stack, or not
-        since = LogFollower(r.log_path, sizes[r]).poll(final=True)
-        r.stacks_written = bool(stacks.main_stack(since))
+    heard = {r: _DumpHeard(r) for r in runs}
+    try:
+        for r in runs:
+            r.process.dump_stacks()
+        waiting = _await_dumps(heard, runs, within)
+        if waiting:
+            for r in waiting:
+                r.process.dump_stacks_by_signal()
+            waiting = _await_dumps(heard, waiting, within)
+        deadline = time.monotonic() + 0.2  # the rest of a dump that has begun
+        while (any(h.begun and not h.ended for h in heard.values())
+               and time.monotonic() < deadline):
+            time.sleep(0.02)
+        for r in runs:
+            r.feed.read()
+    finally:
+        for h in heard.values():
+            h.unsubscribe()
+    for r, h in heard.items():  # what each wrote since it was asked: its main thread's stack, or not
+        r.stacks_written = bool(stacks.main_stack(h.lines))
 
 
-def _log_size(run: TaskRun) -> int:
-    return run.log_path.stat().st_size if run.log_path.exists() else 0
+class _DumpHeard:
+    """What a run's feed says after a stack dump was asked for: the lines from the dump's
+    first header on, and whether the dump began and ended.  The follower reads the log in a
+    hurry meanwhile."""
+
+    def __init__(self, run: TaskRun) -> None:
+        self.lines: list[str] = []
+        self.begun = self.ended = False
+        run.feed.read()  # what was written before the request is not part of its dump
+        self.unsubscribe = run.feed.subscribe(self._on_lines, self._on_event, hurry=True)
+
+    def _on_event(self, event: Event) -> None:
+        if event.kind == "stacks":
+            self.begun = True
+        elif event.kind == "stacks-end" and self.begun:
+            self.ended = True
+
+    def _on_lines(self, lines: list[str]) -> None:
+        # (called before the events of the same lines: a dump's first batch is kept whole)
+        self.lines.extend(lines)
 
 
-def _await_growth(runs: Sequence[TaskRun], sizes: dict[TaskRun, int],
-                  within: float) -> list[TaskRun]:
-    """Wait up to ``within`` seconds for each log to grow; the runs still running whose log
-    did not (one that ended will write nothing more)."""
+def _await_dumps(heard: Mapping[TaskRun, _DumpHeard], runs: Sequence[TaskRun],
+                 within: float) -> list[TaskRun]:
+    """Wait up to ``within`` seconds for each dump to begin; the runs still running whose
+    dump did not (one that ended will write nothing more)."""
     deadline = time.monotonic() + within
     waiting = list(runs)
     while waiting and time.monotonic() < deadline:
-        time.sleep(0.05)
-        waiting = [r for r in waiting if _log_size(r) <= sizes[r] and r.process.running]
+        time.sleep(0.02)
+        waiting = [r for r in waiting if not heard[r].begun and r.process.running]
     return waiting
 
 
