@@ -10,20 +10,21 @@ exit read it first; the log's text is read for what a record cannot say: a task 
 signal (SIGKILL, a C++ abort) writes none, nor does a program that ``os._exit`` ends, or one
 that mwhelpers did not start.
 
-Public: :class:`ExitRecord` (``read``, ``summary``, ``name``), :func:`path_for`,
+Public: :class:`ExitRecord` (``read``, ``summary``, ``name``: declared in
+:mod:`mwhelpers.taskside.wire` for the writer and the reader), :func:`path_for`,
 :data:`EXIT_RECORD_ENV`.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-# Where a task's start-up writes its record: named in its environment.  The start-up
-# (taskside/_bootstrap.py, which imports nothing) spells it out again; a test holds them equal.
-EXIT_RECORD_ENV = "MWHELPERS_EXIT_RECORD"
+from .taskside.wire import Env, ExitRecord
+
+# Where a task's start-up writes its record: named in its environment (taskside/wire.py
+# declares it, and the record, for both sides).
+EXIT_RECORD_ENV = Env.EXIT_RECORD
 
 __all__ = ["EXIT_RECORD_ENV", "ExitRecord", "path_for"]
 
@@ -34,49 +35,3 @@ def path_for(log_path: str | os.PathLike[str]) -> Path:
     log = Path(log_path)
     stem = log.stem if log.suffix == ".log" else log.name
     return log.with_name(f"{stem}.exit.json")
-
-
-@dataclass(frozen=True)
-class ExitRecord:
-    """One task's end by an exception: ``type`` (qualified as a traceback's last line names it:
-    ``ValueError``, ``tensorflow.python.framework.errors_impl.UnavailableError``),
-    ``message``, ``traceback`` (the program's frames, as Python prints them), ``time``
-    (``time.time()`` as it ended), ``pid`` (on the host it ran on) and ``exit_code`` (as
-    ``subprocess`` says it: 3 for ``sys.exit(3)``, -2 for a KeyboardInterrupt)."""
-
-    type: str
-    message: str
-    traceback: str
-    time: float
-    pid: int
-    exit_code: int
-
-    @classmethod
-    def read(cls, path: str | os.PathLike[str]) -> ExitRecord | None:
-        """The record at ``path``; None when there is none or it is not one (never raises)."""
-        try:
-            data = json.loads(Path(path).read_text())
-            record = cls(type=data["type"], message=data["message"],
-                         traceback=data["traceback"], time=float(data["time"]),
-                         pid=int(data["pid"]), exit_code=int(data["exit_code"]))
-        except (OSError, ValueError, TypeError, KeyError):
-            return None
-        if not all(isinstance(v, str) for v in (record.type, record.message, record.traceback)):
-            return None
-        return record
-
-    @property
-    def name(self) -> str:
-        """The exception's class name without its module: ``UnavailableError``."""
-        return self.type.rpartition(".")[2]
-
-    @property
-    def summary(self) -> str:
-        """The traceback's last line, its message's first line only: ``ValueError: bad``."""
-        first = self.message.split("\n", 1)[0]
-        return f"{self.type}: {first}" if first else self.type
-
-    @property
-    def exited(self) -> bool:
-        """It ended by ``sys.exit`` (SystemExit), not by an error it raised."""
-        return self.type == "SystemExit"

@@ -148,6 +148,8 @@ class Failure:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        if self.exit_record is not None:  # (a NamedTuple: asdict keeps it one, JSON a list)
+            d["exit_record"] = self.exit_record._asdict()
         d["ended_at_iso"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.ended_at)) + \
             f".{int(self.ended_at % 1 * 1000):03d}"
         return d

@@ -40,6 +40,7 @@ from .job import dump_stacks, end_runs
 from .logs import shown, tail_lines
 from .proctree import Policy
 from .pxoutput import Printer, TaskValues, plain
+from .taskside.wire import Env
 from .timeouts import stacks_said
 
 if TYPE_CHECKING:
@@ -64,11 +65,11 @@ class Host(Protocol):
 # The program each task runs: an engine whose connection (addresses and key) comes from the
 # environment, not from a file on its host; without ipyparallel's nanny, so that signals
 # reach the engine itself.
-ENGINE_CODE = """\
+ENGINE_CODE = f"""\
 import os
 from ipyparallel.engine.app import IPEngine
 IPEngine.launch_instance([
-    "--IPEngine.id=" + os.environ["MWHELPERS_ENGINE_ID"],
+    "--IPEngine.id=" + os.environ["{Env.ENGINE_ID}"],
     "--IPEngine.enable_nanny=False",
     "--IPEngine.log_level=ERROR",
 ])
@@ -195,7 +196,7 @@ class Interactive:
         for task in tasks:
             run = self.rt.launch(task, code=ENGINE_CODE, background=True, ready="start",
                                  env={"IPP_CONNECTION_INFO": connection,
-                                      "MWHELPERS_ENGINE_ID": str(self._next_id)})
+                                      Env.ENGINE_ID: str(self._next_id)})
             self._next_id += 1
             run.interactive = True
             self.runs[task] = run

@@ -13,12 +13,13 @@ import secrets
 import psutil
 
 from . import proctree
+from .taskside.wire import Env
 
-SESSION_ENV = "MWHELPERS_SESSION"
+SESSION_ENV = Env.SESSION
 # Set (to the session mark) in what a %%script --bg cell starts: its escaped descendants are
 # ended by %killbgscripts, other background commands of the kernel are not.
 BG_ENV = "MWHELPERS_BG"
-TASK_ENV = "MWHELPERS_TASK"
+TASK_ENV = Env.TASK
 
 
 def claim_session() -> str:

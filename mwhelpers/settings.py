@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from .errors import UsageError
+from .taskside.wire import Env
 
 OFF_WORDS = ("0", "false", "no", "off")
 
@@ -179,20 +180,20 @@ SETTINGS: tuple[Setting[object], ...] = (
 
 # What mwhelpers puts in a task's environment (not settings: read them, do not set them).
 SET_BY_MWHELPERS: tuple[tuple[str, str], ...] = (
-    ("MWHELPERS_TASK", "the task, for example `worker:1`"),
-    ("MWHELPERS_ATTEMPT", "1, 2, ...: which attempt of a supervised job this is"),
-    ("MWHELPERS_SESSION", "the kernel's mark, by which escaped processes of its tasks are found"),
+    (Env.TASK, "the task, for example `worker:1`"),
+    (Env.ATTEMPT, "1, 2, ...: which attempt of a supervised job this is"),
+    (Env.SESSION, "the kernel's mark, by which escaped processes of its tasks are found"),
     ("MWHELPERS_BG", "set in what a `%%script --bg` cell starts, so that `%killbgscripts` "
                      "finds what escaped from it"),
-    ("MWHELPERS_GUARD_FD", "the pipe by which a local task notices that its kernel died"),
-    ("MWHELPERS_DUMP_FD", "the pipe on which a task's start-up is asked to write every thread's "
+    (Env.GUARD_FD, "the pipe by which a local task notices that its kernel died"),
+    (Env.DUMP_FD, "the pipe on which a task's start-up is asked to write every thread's "
                           "stack to its log (a stuck task, before it is ended); taken out of "
                           "the environment before the program runs"),
-    ("MWHELPERS_ENGINE_ID", "an interactive task's engine number, which it asks ipyparallel's "
+    (Env.ENGINE_ID, "an interactive task's engine number, which it asks ipyparallel's "
                             "controller for (`%cluster N --interactive`)"),
-    ("MWHELPERS_STANDBY_FD", "the pipe on which a process started ahead waits until a restart "
+    (Env.STANDBY_FD, "the pipe on which a process started ahead waits until a restart "
                              "releases it (`supervise(standby=True)`)"),
-    ("MWHELPERS_EXIT_RECORD", "where the task's start-up writes how the program ended when it "
+    (Env.EXIT_RECORD, "where the task's start-up writes how the program ended when it "
                               "raised (the file beside its log, `mwhelpers.exitrecord`); taken "
                               "out of the environment before the program runs"),
 )

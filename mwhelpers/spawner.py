@@ -41,6 +41,7 @@ from .precheck import Lookout, initializes_jax
 from .taskrun import LaunchRequest, RunReady, Standby, TaskRun
 from .taskside.kerasbase import KERAS_FIX_ENV
 from .taskside.tfdata import STALL_FIX_ENV
+from .taskside.wire import Env
 from .watcher import SERVER_JOBS
 
 if TYPE_CHECKING:
@@ -258,8 +259,8 @@ class Spawner:
         if self.cluster.gpus is not None:  # its own GPUs (a --env given at launch still wins)
             # (none for a task that the cluster's GPU map leaves out, as its table says)
             env["CUDA_VISIBLE_DEVICES"] = self.cluster.gpus_of(task) or ""
-        env["MWHELPERS_TASK"] = str(task)
-        env["MWHELPERS_ATTEMPT"] = str(attempt)
+        env[Env.TASK] = str(task)
+        env[Env.ATTEMPT] = str(attempt)
         stall_fix = self.defaults.stall_fix if request.stall_fix is None else request.stall_fix
         env[STALL_FIX_ENV] = "1" if stall_fix else "0"
         env[KERAS_FIX_ENV] = "1" if self._keras_fix(request) else "0"
@@ -302,7 +303,7 @@ class Spawner:
                           log_path=Path(log_path), cell=request.code is not None,
                           host=self.cluster.host_of(task), port=self.cluster.port(task),
                           standby=standby)
-        spec.env[exitrecord.EXIT_RECORD_ENV] = str(exitrecord.path_for(spec.log_path))
+        spec.env[Env.EXIT_RECORD] = str(exitrecord.path_for(spec.log_path))
         return spec, ready, number
 
     def _ready(self, task: Task, request: LaunchRequest, script: Path) -> RunReady:

@@ -55,12 +55,11 @@ from typing import NamedTuple
 import psutil
 
 from . import proctree, settings
+from .taskside.wire import Env
 
 ENV = "MWHELPERS_WARM_START"
 # What differs from one task to the next and is read after TensorFlow's import, never during it.
-PER_TASK = frozenset({"TF_CONFIG", "MWHELPERS_TASK", "MWHELPERS_ATTEMPT", "MWHELPERS_GUARD_FD",
-                      "MWHELPERS_DUMP_FD", "MWHELPERS_STANDBY_FD", "MWHELPERS_ENGINE_ID",
-                      "MWHELPERS_EXIT_RECORD",
+PER_TASK = frozenset({"TF_CONFIG", *Env.PER_TASK,
                       # keras.distribution's place of the task, read when the program calls
                       # initialize(), never at TensorFlow's import (as TF_CONFIG)
                       "KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",

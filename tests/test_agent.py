@@ -1,6 +1,5 @@
 """The task agent on its own, as ssh or srun would run it: header in, reports out."""
 
-import json
 import re
 import socket
 import subprocess
@@ -11,6 +10,7 @@ import psutil
 import pytest
 
 from mwhelpers.backends.agent import AGENT_CODE, LOST_ESCALATION, steps
+from mwhelpers.taskside import wire
 
 LOST = steps(LOST_ESCALATION)  # what the launchers put in every header: SIGKILL, 3 s
 
@@ -22,7 +22,7 @@ def run_agent(header, tmp_path, timeout=30):
     with open(out, "w") as o, open(err, "w") as e:
         proc = subprocess.Popen([sys.executable, "-c", AGENT_CODE], stdin=subprocess.PIPE,
                                 stdout=o, stderr=e, text=True)
-        proc.stdin.write(json.dumps({"escalation": LOST, **header}) + "\n")
+        proc.stdin.write(wire.header(**{"escalation": LOST, **header}) + "\n")
         proc.stdin.flush()
         try:
             code = proc.wait(timeout)
@@ -36,7 +36,7 @@ def test_closing_the_lifeline_ends_the_task_at_once(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     header = {"argv": [sys.executable, "-c", "import time; time.sleep(60)"], "cwd": str(tmp_path),
               "escalation": LOST}
-    out, err = proc.communicate(json.dumps(header) + "\n", timeout=15)  # EOF right after
+    out, err = proc.communicate(wire.header(**header) + "\n", timeout=15)  # EOF right after
     assert "@mwhelpers ended SIGKILL" in err and err.splitlines()[-1] == "@mwhelpers exit -9"
 
 
@@ -47,7 +47,7 @@ def test_the_agent_ends_its_task_through_the_escalation_its_header_gives(tmp_pat
     proc = subprocess.Popen([sys.executable, "-c", AGENT_CODE], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     header = {"argv": [sys.executable, "-c", task], "cwd": str(tmp_path), "escalation": "15:3,9:3"}
-    proc.stdin.write(json.dumps(header) + "\n")
+    proc.stdin.write(wire.header(**header) + "\n")
     proc.stdin.flush()
     assert proc.stdout.readline() == "up\n"
     out, err = proc.communicate(timeout=15)  # EOF: the lifeline closed
@@ -56,10 +56,10 @@ def test_the_agent_ends_its_task_through_the_escalation_its_header_gives(tmp_pat
 
 def test_a_header_without_an_escalation_is_refused(tmp_path):
     header = {"argv": [sys.executable, "-c", "print('ran')"], "cwd": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", AGENT_CODE], input=json.dumps(header) + "\n",
+    done = subprocess.run([sys.executable, "-c", AGENT_CODE], input=wire.header(**header) + "\n",
                           capture_output=True, text=True, timeout=15)
     assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
-    assert done.stderr.startswith("@mwhelpers bad header")
+    assert done.stderr.startswith("@mwhelpers bad-header no escalation")
 
 
 def test_the_agent_runs_the_task_and_reports_its_exit(tmp_path):
@@ -109,7 +109,7 @@ def test_pings_keep_the_task_alive_and_are_answered(tmp_path):
     task = "import time; time.sleep(2.5); print('done', flush=True)"
     proc = subprocess.Popen([sys.executable, "-c", AGENT_CODE], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    proc.stdin.write(json.dumps({"argv": [sys.executable, "-c", task], "cwd": str(tmp_path),
+    proc.stdin.write(wire.header(**{"argv": [sys.executable, "-c", task], "cwd": str(tmp_path),
                                  "heartbeat": 1, "escalation": LOST}) + "\n")
     proc.stdin.flush()
     sent, deadline = 0, time.monotonic() + 10
@@ -157,12 +157,12 @@ def test_dump_asks_the_tasks_dump_thread_and_dump_signal_sends_sigusr1(tmp_path)
     proc = subprocess.Popen([sys.executable, "-c", AGENT_CODE], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        proc.stdin.write(json.dumps({"argv": [sys.executable, "-u", bootstrap, "wait.py"],
+        proc.stdin.write(wire.header(**{"argv": [sys.executable, "-u", bootstrap, "wait.py"],
                                      "cwd": str(tmp_path), "escalation": LOST}) + "\n")
         proc.stdin.flush()
         assert proc.stdout.readline() == "up\n"
         dumps = {}
-        for command in ("dump", "dump signal"):
+        for command in ("dump", "dump-signal"):
             proc.stdin.write(command + "\n")
             proc.stdin.flush()
             lines = []
@@ -176,7 +176,7 @@ def test_dump_asks_the_tasks_dump_thread_and_dump_signal_sends_sigusr1(tmp_path)
         # The dump thread writes it (its own stack is the current one); SIGUSR1's handler runs
         # in the main thread, which it interrupts.
         assert dumps["dump"][0] == "dump", dumps
-        assert "<module>" in dumps["dump signal"], dumps
+        assert "<module>" in dumps["dump-signal"], dumps
         assert proc.poll() is None  # still running, after both
     finally:
         proc.stdin.close()
@@ -189,7 +189,7 @@ def test_dump_signal_leaves_a_task_that_replaced_itself_by_exec(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", AGENT_CODE], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        proc.stdin.write(json.dumps({"argv": [sys.executable, "-c", task], "cwd": str(tmp_path),
+        proc.stdin.write(wire.header(**{"argv": [sys.executable, "-c", task], "cwd": str(tmp_path),
                                      "escalation": LOST}) + "\n")
         proc.stdin.flush()
         assert proc.stdout.readline() == "up\n"
@@ -200,7 +200,7 @@ def test_dump_signal_leaves_a_task_that_replaced_itself_by_exec(tmp_path):
         while "sleep" not in " ".join(psutil.Process(pid).cmdline()):  # exec'd
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        for command in ("dump", "dump signal"):
+        for command in ("dump", "dump-signal"):
             proc.stdin.write(command + "\n")
             proc.stdin.flush()
         time.sleep(0.5)

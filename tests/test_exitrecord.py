@@ -206,13 +206,3 @@ def test_a_task_under_the_agent_writes_it_there_and_the_kernel_puts_it_beside_th
     # The agent's folder (with the file it wrote there) is gone with the task.
     assert not os.path.exists(f"/proc/{record['pid']}")
     assert not [p for p in run.log_path.parent.iterdir() if p.name.startswith(".")]
-
-
-def test_the_kernel_and_the_start_up_name_the_same_variable():
-    """The start-up imports nothing of the package: it spells the variable's name again."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_bootstrap_read", BOOTSTRAP)
-    start_up = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(start_up)  # defines, runs nothing: its main is under __main__
-    assert start_up.EXIT_RECORD_ENV == EXIT_RECORD_ENV == "MWHELPERS_EXIT_RECORD"

@@ -37,10 +37,19 @@ from ..cluster import Task
 from ..errors import InfrastructureError, UsageError
 from ..gpus import visible_gpus
 from ..proctree import Escalation, describe_exit
+from ..taskside import wire
 from .base import BOOTSTRAP, Launcher, LaunchSpec, Placement, Process, open_log
 from .options import BackendOptions, option, seconds, text
 
-AGENT_CODE = (Path(__file__).parents[1] / "taskside" / "_agent.py").read_text()
+_TASKSIDE = Path(__file__).parents[1] / "taskside"
+# What ``python -c`` runs on a host: the protocol's declarations (taskside/wire.py) as the module
+# ``wire``, then the agent (taskside/_agent.py), which finds it among its globals.
+AGENT_CODE = (
+    "import sys, types\n"
+    "wire = sys.modules['mwhelpers_wire'] = types.ModuleType('mwhelpers_wire')\n"
+    f"exec(compile({(_TASKSIDE / 'wire.py').read_text()!r}, 'wire.py', 'exec'), wire.__dict__)\n"
+    f"exec(compile({(_TASKSIDE / '_agent.py').read_text()!r}, '_agent.py', 'exec'), "
+    "{'__name__': '__main__', 'wire': wire})\n")
 # The files the worker start-up loads beside itself, sent with it to every host.
 # What a task's start-up loads beside it (the whole worker-side folder, but for the agent itself).
 BOOTSTRAP_FILES = tuple(sorted(p.name for p in Path(BOOTSTRAP).parent.glob("*.py")
@@ -49,7 +58,6 @@ BOOTSTRAP_FILES = tuple(sorted(p.name for p in Path(BOOTSTRAP).parent.glob("*.py
 PROBE_TRIES = 3
 SSH_DROPPED = ("kex_exchange_identification", "Connection reset by peer",
                "Connection closed by remote host")
-TAG = "@mwhelpers"
 # How an agent ends its task by itself, when the kernel or the connection is gone (end of its
 # input, silence past the heartbeat): sent to it in its header.
 LOST_ESCALATION = proctree.ESCALATIONS["now"]
@@ -57,7 +65,7 @@ LOST_ESCALATION = proctree.ESCALATIONS["now"]
 
 def steps(escalation: Escalation) -> str:
     """``escalation`` as the agent reads it: ``SIGNAL:SECONDS,...`` (``9:3``)."""
-    return ",".join(f"{int(sig)}:{grace:g}" for sig, grace in escalation)
+    return wire.steps_text(escalation)
 
 
 def heartbeat_seconds(environ: Mapping[str, str] | None = None) -> float:
@@ -68,8 +76,8 @@ def heartbeat_seconds(environ: Mapping[str, str] | None = None) -> float:
 FORWARD_PREFIXES = ("TF_", "KERAS_", "PYTHON", "CUDA_", "OMP_", "MKL_", "XLA_", "MWHELPERS_")
 # Not these: this machine's paths and mwhelpers' own bookkeeping (the session mark
 # finds escaped orphans on this machine only).
-FORWARD_NEVER = ("PYTHONHOME", "PYTHONEXECUTABLE", "MWHELPERS_GUARD_FD", "MWHELPERS_SSH",
-                 "MWHELPERS_SESSION", "MWHELPERS_LOG_DIR")
+FORWARD_NEVER = ("PYTHONHOME", "PYTHONEXECUTABLE", wire.Env.GUARD_FD, settings.SSH.name,
+                 wire.Env.SESSION, settings.LOG_DIR.name)
 
 # Run on each host before the cluster is defined (argv: cwd, count, low, high); it lists the
 # host's GPUs with the same function as this machine (its source goes with the probe).
@@ -118,7 +126,7 @@ def transport_env() -> dict[str, str]:
     """The environment of ssh or srun: the kernel's, without mwhelpers' own marks
     (srun passes its environment on to the agent)."""
     return {k: v for k, v in os.environ.items() if not k.startswith("MWHELPERS_")
-            or k == "MWHELPERS_SSH"}
+            or k == settings.SSH.name}
 
 
 def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -160,7 +168,7 @@ class AgentProcess(Process):
         count the task as lost and end the transport.  The agent, hearing no ping, ends the
         task on its host by itself."""
         while not self._exited.wait(min(2.0, limit / 4)):
-            self._command("ping")
+            self._command(wire.command(wire.Command.PING))
             heard = self._heard
             if heard is not None and time.monotonic() - heard > limit:
                 self.lost = (f"lost: {self.host} stopped answering for {limit:g} s; "
@@ -183,17 +191,24 @@ class AgentProcess(Process):
     def _read_reports(self) -> None:
         for raw in self._stderr:
             line = raw.decode(errors="replace").rstrip("\n")
-            if line.startswith(TAG + " "):
+            report = wire.parse_report(line)
+            if report is not None:
                 self._heard = time.monotonic()
-                words = line.split()
-                if words[1] == "started" and len(words) >= 3:
-                    self.remote_pid = int(words[2])
-                elif words[1] == "ended" and len(words) >= 3:
-                    self.ended_by = words[2]
-                elif words[1] == "exit" and len(words) >= 3:
-                    self._reported_exit = int(words[2])
-                elif words[1] == "record" and len(words) >= 3:
-                    self._keep_record(line.split(" ", 2)[2])
+                kind, rest = report
+                try:
+                    if kind is wire.Report.STARTED:
+                        self.remote_pid = int(rest.split()[0])
+                    elif kind is wire.Report.ENDED:
+                        self.ended_by = rest.split()[0]
+                    elif kind is wire.Report.EXIT:
+                        self._reported_exit = int(rest.split()[0])
+                    elif kind is wire.Report.RECORD:
+                        self._keep_record(rest)
+                    elif kind is wire.Report.BAD_HEADER:
+                        self._mark_in_log(f"the agent on {self.host} refused its header: {rest}")
+                except (ValueError, IndexError):
+                    self._mark_in_log(f"a report of the agent on {self.host} not understood: "
+                                      f"{line!r}")
             elif line.strip():
                 with open(self._log_path, "a") as f:  # ssh's or srun's own words
                     f.write(f"[{self.host}] {line}\n")
@@ -219,12 +234,13 @@ class AgentProcess(Process):
 
     # -- commands to the agent ------------------------------------------------------
     def _release(self) -> None:
-        self._command("release")
+        self._command(wire.command(wire.Command.RELEASE))
 
-    def _command(self, text: str) -> bool:
+    def _command(self, line: str) -> bool:
+        """Send one line (a command, or the header first) to the agent."""
         with self._send_lock:
             try:
-                self._stdin.write((text + "\n").encode())
+                self._stdin.write((line + "\n").encode())
                 self._stdin.flush()
                 return True
             except (OSError, ValueError):
@@ -241,18 +257,18 @@ class AgentProcess(Process):
         return []  # they live on another machine: commands go through the agent
 
     def send(self, sig: int) -> list[psutil.Process]:
-        self._command(f"signal {int(sig)}")
+        self._command(wire.command(wire.Command.SIGNAL, int(sig)))
         return []
 
     def dump_stacks(self) -> None:
-        self._command("dump")
+        self._command(wire.command(wire.Command.DUMP))
 
     def dump_stacks_by_signal(self) -> None:
-        self._command("dump signal")
+        self._command(wire.command(wire.Command.DUMP_BY_SIGNAL))
 
     def request_end(self, escalation: Escalation) -> None:
         """Ask the agent to escalate through ``escalation``; returns at once."""
-        if not self._command(f"end {steps(escalation)}"):
+        if not self._command(wire.command(wire.Command.END, steps(escalation))):
             self._close_stdin()
 
     def disconnect(self) -> None:
@@ -470,12 +486,11 @@ class AgentLauncher(Launcher):
         argv = [self.python, "-u", "{dir}/_bootstrap.py", *(["--standby"] if spec.standby else []),
                 *(["--cell"] if spec.cell else []), script, *spec.args]
         spec.cwd = spec.cwd or self.cwd
-        header: dict[str, object] = {"argv": argv, "env": spec.env, "cwd": spec.cwd,
-                  "files": files, "port": spec.port, "heartbeat": self.heartbeat or None,
-                  "script": None if spec.cell else script, "standby": spec.standby,
-                  "escalation": steps(LOST_ESCALATION),
-                  "exit_record": exitrecord.EXIT_RECORD_ENV
-                  if exitrecord.EXIT_RECORD_ENV in spec.env else None}
+        header = wire.header(
+            argv=argv, env=spec.env, cwd=spec.cwd, files=files, port=spec.port,
+            heartbeat=self.heartbeat or None, script=None if spec.cell else script,
+            standby=spec.standby, escalation=steps(LOST_ESCALATION),
+            exit_record=wire.Env.EXIT_RECORD if wire.Env.EXIT_RECORD in spec.env else None)
         logf = open_log(spec.log_path)
         try:
             popen = subprocess.Popen(
@@ -485,7 +500,7 @@ class AgentLauncher(Launcher):
         finally:
             os.close(logf)
         proc = AgentProcess(popen, host, spec.log_path, heartbeat=self.heartbeat)
-        proc._command(json.dumps(header))
+        proc._command(header)
         self.started = [p for p in self.started if p.running] + [proc]
         return proc
 

@@ -15,6 +15,7 @@ from ..cluster import Task
 from ..gpus import visible_gpus
 from ..ports import reserve_ports
 from ..proctree import Escalation
+from ..taskside.wire import Env
 from ..warmstart import WarmStarter
 from .base import BOOTSTRAP, Launcher, LaunchSpec, Lent, Placement, Process, end_local, open_log
 from .options import BackendOptions, option, text
@@ -132,9 +133,9 @@ class LocalLauncher(Launcher):
                              "TensorFlow's import at a restart instead)")
         dump_r, dump_w = os.pipe()
         os.set_blocking(dump_w, False)  # a full pipe has requests enough
-        env = dict(spec.env, MWHELPERS_GUARD_FD=str(guard), MWHELPERS_DUMP_FD=str(dump_r))
+        passed = {Env.GUARD_FD: guard, Env.DUMP_FD: dump_r}
+        env = {**spec.env, **{name: str(fd) for name, fd in passed.items()}}
         args = [*(["--cell"] if spec.cell else []), spec.script, *spec.args]
-        passed = {"MWHELPERS_GUARD_FD": guard, "MWHELPERS_DUMP_FD": dump_r}
         try:
             logf = open_log(spec.log_path)
         except BaseException:

@@ -1,9 +1,10 @@
 """The worker side: the modules that run inside tasks or on other hosts, never in the kernel.
 
-``_bootstrap.py`` is run by path as every task's start-up and loads ``tfdata.py``,
-``kerasfix.py``, ``lazyplot.py``, ``jaxgloo.py`` and ``taskfacts.py`` beside it by path; ``_forkserver.py`` is
-the warm-start server (``_bootstrap.py --zygote``); ``_agent.py`` is sent to other hosts as
-``python -c`` source.  None of them may import the ``mwhelpers`` package or a module outside
+``_bootstrap.py`` is run by path as every task's start-up and loads ``wire.py``,
+``tfdata.py``, ``kerasfix.py``, ``lazyplot.py``, ``jaxgloo.py`` and ``taskfacts.py`` beside it by
+path; ``_forkserver.py`` is the warm-start server (``_bootstrap.py --zygote``); ``_agent.py`` is
+sent to other hosts as ``python -c`` source, after ``wire.py``, the protocol both sides read.
+None of them may import the ``mwhelpers`` package or a module outside
 this folder (``tests/test_layout.py`` checks): a task, or a host without mwhelpers installed,
 runs them on the standard library alone.  The kernel side may import them, for their
 constants (a variable's name, a line's format) and for the functions users call

@@ -5,30 +5,30 @@ that carries standard input and output, ``ssh HOST`` or ``srun``, so nothing
 of mwhelpers needs to be installed where it runs: only the Python that runs
 the task.  Standard library only.
 
-Protocol:
+Protocol (declared in ``wire.py``, which the kernel sends before this file: see
+``mwhelpers.backends.agent.AGENT_CODE``):
 
-* standard input, first line: a JSON header with ``argv`` (the task's
-  command, where ``{dir}`` stands for a private temporary folder), ``env``
-  (variables to set), ``cwd``, ``files`` (name -> text, written into that
-  folder: the worker bootstrap, a cell's code) and ``port`` (checked free
-  before starting, or null), ``heartbeat`` (seconds, or null: see below),
-  ``escalation`` (``SIG:SECONDS,...``: how the agent ends the task by itself, below) and
-  ``exit_record`` (the name of the variable that tells the worker bootstrap where to write
-  how the program ended, or null: the agent points it at a file in that folder and sends the
-  file back when the task has ended);
-* standard input, then: one command per line, ``signal N`` (to the task's
-  process group), ``dump`` (Python stacks into the log: a byte on the task's pipe
-  ``MWHELPERS_DUMP_FD``, which its start-up's dump thread reads), ``dump signal`` (the same
+* standard input, first line: the header (:func:`wire.read_header`): ``argv`` (the task's
+  command, where ``{dir}`` stands for a private temporary folder), ``env`` (variables to
+  set), ``cwd``, ``files`` (name -> text, written into that folder: the worker bootstrap, a
+  cell's code) and ``port`` (checked free before starting, or null), ``heartbeat`` (seconds,
+  or null: see below), ``escalation`` (how the agent ends the task by itself, below) and
+  ``exit_record`` (the name of the variable that tells the worker bootstrap where to write how
+  the program ended, or null: the agent points it at a file in that folder and sends the file
+  back when the task has ended).  A header of another protocol version is refused
+  (``bad-header``), never misread;
+* standard input, then: one command per line (:class:`wire.Command`): ``signal N`` (to the
+  task's process group), ``dump`` (Python stacks into the log: a byte on the task's pipe
+  ``MWHELPERS_DUMP_FD``, which its start-up's dump thread reads), ``dump-signal`` (the same
   by SIGUSR1, for a task whose dump thread cannot run; not sent where the task has no
-  handler for it, which it would end),
-  ``end SIG:SECONDS,...`` (escalate through those signals until the group is
-  gone), ``ping`` (answered with a ``pong`` report), ``release`` (a task started with
-  ``standby`` true in the header, waiting on the pipe ``MWHELPERS_STANDBY_FD`` after
-  importing TensorFlow, runs its program: its port is checked then, not at the start,
-  since the attempt it stands by for still holds it).  End of file means the
-  kernel or the connection is gone: the group is ended through the header's
-  ``escalation``.  SIGHUP, SIGTERM and SIGINT to the agent mean the same, but
-  the group is sent SIGKILL at once (no waiting in a signal handler);
+  handler for it, which it would end), ``end STEPS`` (escalate through those signals until
+  the group is gone), ``ping`` (answered with a ``pong`` report), ``release`` (a task started
+  with ``standby`` true in the header, waiting on the pipe ``MWHELPERS_STANDBY_FD`` after
+  importing TensorFlow, runs its program: its port is checked then, not at the start, since
+  the attempt it stands by for still holds it).  End of file means the kernel or the
+  connection is gone: the group is ended through the header's ``escalation``.  SIGHUP,
+  SIGTERM and SIGINT to the agent mean the same, but the group is sent SIGKILL at once (no
+  waiting in a signal handler);
 * heartbeat: the kernel pings several times per ``heartbeat`` seconds.  A
   network that goes silent (a cable, a switch, a paused VM: no FIN, no RST)
   never ends standard input, so when the agent has heard nothing for
@@ -36,10 +36,10 @@ Protocol:
   by itself and says why in the log;
 * the task's output (stdout and stderr together) is the agent's standard
   output, so it reaches the kernel's log file as it is written;
-* the agent's own reports go to standard error, one per line, each starting
-  with ``@mwhelpers``: ``started PID HOSTNAME``, ``ended SIGNAME``, ``pong``,
+* the agent's own reports go to standard error, one per line (:class:`wire.Report`), each
+  starting with ``@mwhelpers``: ``started PID HOSTNAME``, ``ended SIGNAME``, ``pong``,
   ``record JSON`` (the exit record the task wrote, on one line, before its ``exit``),
-  ``exit CODE`` (negative: killed by that signal, as ``subprocess`` says).
+  ``exit CODE`` (negative: killed by that signal, as ``subprocess`` says), ``bad-header WHY``.
 
 When the task's leader exits, what is left of its process group is killed,
 so nothing outlives the task on that machine.
@@ -61,13 +61,17 @@ from collections.abc import Iterable
 from types import FrameType
 from typing import Any
 
-TAG = "@mwhelpers"
+try:
+    from . import wire
+except ImportError:  # run as ``python -c`` (AGENT_CODE): the kernel defined ``wire`` first
+    wire = globals()["wire"]
+
 PORT_TAKEN = ("port {port} is already in use on this host; define the cluster again to get "
               "new ports")
 
 
-def report(*words: object) -> None:
-    sys.stderr.write(" ".join([TAG, *map(str, words)]) + "\n")
+def report(kind: wire.Report, *words: object) -> None:
+    sys.stderr.write(wire.report(kind, *words) + "\n")
     sys.stderr.flush()
 
 
@@ -85,16 +89,6 @@ def group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-
-
-def parse_steps(text: str) -> list[tuple[int, float]]:
-    """``"9:3,15:1"`` -> ``[(9, 3.0), (15, 1.0)]``: an escalation, as the kernel writes it;
-    ValueError when it is not one."""
-    steps = [(int(sig), float(grace)) for sig, _, grace in
-             (step.partition(":") for step in text.split(","))]
-    if not steps:
-        raise ValueError(f"no steps in {text!r}")
-    return steps
 
 
 def catches_sigusr1(pid: int) -> bool | None:
@@ -141,7 +135,7 @@ class Agent:
     def __init__(self, header: dict[str, Any]) -> None:
         self.header = header
         # how it ends the task by itself (the kernel gone or silent): the kernel's escalation
-        self.lost_steps = parse_steps(header["escalation"])
+        self.lost_steps = wire.parse_steps(header["escalation"])
         self.child: subprocess.Popen[bytes] | None = None
         self.lock = threading.Lock()  # one ending at a time; the exit report waits for it
         self.exited = threading.Event()
@@ -182,7 +176,7 @@ class Agent:
         if h.get("standby"):  # it waits for a byte on this pipe ("release")
             read_end, self.release_fd = os.pipe()
             os.set_inheritable(self.release_fd, False)
-            env["MWHELPERS_STANDBY_FD"] = str(read_end)
+            env[wire.Env.STANDBY_FD] = str(read_end)
             fds = (read_end,)
         elif port and port_taken(int(port)):
             say(PORT_TAKEN.format(port=port))
@@ -190,14 +184,14 @@ class Agent:
         dump_read, self.dump_fd = os.pipe()  # a byte: the task writes its stacks ("dump")
         os.set_inheritable(self.dump_fd, False)
         os.set_blocking(self.dump_fd, False)
-        env["MWHELPERS_DUMP_FD"] = str(dump_read)
+        env[wire.Env.DUMP_FD] = str(dump_read)
         fds = (*fds, dump_read)
         self.child = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                                       stderr=subprocess.STDOUT, start_new_session=True,
                                       preexec_fn=_die_with_parent, pass_fds=fds)
         for fd in fds:
             os.close(fd)
-        report("started", self.child.pid, socket.gethostname())
+        report(wire.Report.STARTED, self.child.pid, socket.gethostname())
         return None
 
     def dump(self, child: subprocess.Popen[bytes], by_signal: bool) -> None:
@@ -237,7 +231,7 @@ class Agent:
                 deadline = time.monotonic() + seconds
                 while time.monotonic() < deadline:
                     if self.exited.wait(0.02) and not group_alive(pgid):
-                        report("ended", signal.Signals(sig).name)
+                        report(wire.Report.ENDED, signal.Signals(sig).name)
                         return
 
     def commands(self) -> None:
@@ -245,20 +239,21 @@ class Agent:
         assert child is not None  # read once the task has started
         for line in sys.stdin:
             self.heard = time.monotonic()
-            words = line.split()
-            if not words:
+            parsed = wire.parse_command(line)
+            if parsed is None:
                 continue
+            verb, argument = parsed
             try:
-                if words[0] == "ping":
-                    report("pong")
-                elif words[0] == "signal":
-                    kill_group(child.pid, int(words[1]))
-                elif words[0] == "dump":
-                    self.dump(child, by_signal=words[1:] == ["signal"])
-                elif words[0] == "release":
+                if verb is wire.Command.PING:
+                    report(wire.Report.PONG)
+                elif verb is wire.Command.SIGNAL:
+                    kill_group(child.pid, int(argument))
+                elif verb in (wire.Command.DUMP, wire.Command.DUMP_BY_SIGNAL):
+                    self.dump(child, by_signal=verb is wire.Command.DUMP_BY_SIGNAL)
+                elif verb is wire.Command.RELEASE:
                     self.release()
-                elif words[0] == "end":
-                    threading.Thread(target=self.end, args=(parse_steps(words[1]),),
+                elif verb is wire.Command.END:
+                    threading.Thread(target=self.end, args=(wire.parse_steps(argument),),
                                      daemon=True).start()
             except (OSError, ValueError, IndexError):
                 pass
@@ -303,22 +298,22 @@ class Agent:
                 record = json.load(f)
         except (OSError, ValueError):
             return
-        report("record", json.dumps(record))
+        report(wire.Report.RECORD, json.dumps(record))
 
 
 def main() -> int:
     line = sys.stdin.readline()
     try:
-        agent = Agent(json.loads(line))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        sys.stderr.write(f"{TAG} bad header {line[:200]!r}\n")
+        agent = Agent(wire.read_header(line))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        report(wire.Report.BAD_HEADER, f"{e}: {line[:200]!r}")
         return 2
 
     # the same as end of input, without waiting in a handler
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if agent.child is not None:
             kill_group(agent.child.pid, signal.SIGKILL)
-        report("exit", -signal.SIGKILL)
+        report(wire.Report.EXIT, -signal.SIGKILL)
         os._exit(128 + signum)
 
     for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
@@ -328,7 +323,7 @@ def main() -> int:
     finally:
         if getattr(agent, "folder", None):
             shutil.rmtree(agent.folder, ignore_errors=True)
-    report("exit", code)
+    report(wire.Report.EXIT, code)
     return code if code >= 0 else 128 - code
 
 

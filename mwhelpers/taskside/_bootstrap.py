@@ -68,13 +68,13 @@ import types
 # No ``from __future__ import annotations`` here: main's compile() would pass it on to the
 # user's program.  The annotations below are ones every Python 3 evaluates.
 
-EXIT_RECORD_ENV = "MWHELPERS_EXIT_RECORD"
-EXIT_RECORD_LIMIT = 50_000  # characters kept of a message (its start) or a traceback (its end)
+# The names of the variables read here, and the exit record's form: wire.py beside this file,
+# which the kernel reads too (_load("wire").Env).
 _exit_record = ""  # where this task's record goes ('': nowhere), read by main()
 
 
 def _arm_guard() -> None:
-    fd_text = os.environ.pop("MWHELPERS_GUARD_FD", "")
+    fd_text = os.environ.pop(_load("wire").Env.GUARD_FD, "")
     if not fd_text:
         return
     fd = int(fd_text)
@@ -97,7 +97,7 @@ def _arm_guard() -> None:
 
 def _arm_dumper() -> None:
     """Each byte on ``MWHELPERS_DUMP_FD``: every thread's stack to standard error."""
-    fd_text = os.environ.pop("MWHELPERS_DUMP_FD", "")
+    fd_text = os.environ.pop(_load("wire").Env.DUMP_FD, "")
     if not fd_text:
         return
     fd = int(fd_text)
@@ -157,7 +157,7 @@ def _wait_as_standby() -> None:
     """Import TensorFlow now, then wait for the kernel's word: a byte on
     ``MWHELPERS_STANDBY_FD`` (b"x": the agent found the task's port taken and said so in the
     log) or end of file (not needed: leave quietly)."""
-    fd = int(os.environ.pop("MWHELPERS_STANDBY_FD"))
+    fd = int(os.environ.pop(_load("wire").Env.STANDBY_FD))
     os.set_inheritable(fd, False)
     try:
         import tensorflow  # noqa: F401  (what a restart would otherwise wait for)
@@ -219,8 +219,7 @@ def _record_exit(exc: BaseException) -> None:
     if not path or code == 0:
         return
     try:
-        import json  # (here: a program that succeeds does not pay for them)
-        import traceback
+        import traceback  # (here: a program that succeeds does not pay for it)
 
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
@@ -230,12 +229,12 @@ def _record_exit(exc: BaseException) -> None:
         except Exception:
             message = f"<the {type(exc).__name__}'s str() failed>"
         formatted = "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
-        record = {"type": _qualified(type(exc)), "message": message[:EXIT_RECORD_LIMIT],
-                  "traceback": formatted[-EXIT_RECORD_LIMIT:],
-                  "time": time.time(), "pid": os.getpid(), "exit_code": code}
+        record = _load("wire").ExitRecord(
+            type=_qualified(type(exc)), message=message, traceback=formatted, time=time.time(),
+            pid=os.getpid(), exit_code=code)
         partial = f"{path}.{os.getpid()}.part"
-        with open(partial, "w") as f:
-            json.dump(record, f)
+        with open(partial, "w", encoding="utf-8") as f:
+            f.write(record.dumps())
         os.replace(partial, path)
     except Exception:  # nowhere to write it: the log still has what the program printed
         pass
@@ -247,7 +246,7 @@ def main() -> int:
     if zygote:
         _serve_as_zygote()
     # (here, a forked task has its own environment)
-    _exit_record = os.environ.pop(EXIT_RECORD_ENV, "")
+    _exit_record = os.environ.pop(_load("wire").Env.EXIT_RECORD, "")
     flags = set()
     while len(sys.argv) > 1 and sys.argv[1] in ("--cell", "--standby"):
         flags.add(sys.argv.pop(1))

@@ -1,0 +1,221 @@
+"""The protocol between the kernel and the processes it starts, declared once for both sides.
+
+Two processes, often on two machines, must agree on it: the kernel (``mwhelpers.spawner``,
+``mwhelpers.backends``, ``mwhelpers.exitrecord``) and a task's start-up
+(``_bootstrap.py``) or a host's agent (``_agent.py``).  Each side reads its names and formats
+here, and nowhere else:
+
+* :class:`Env`: the variables mwhelpers puts in a task's environment;
+* :class:`ExitRecord`: how a task's program ended, written by its start-up as JSON beside its
+  log (:meth:`ExitRecord.dumps`) and read by the kernel (:meth:`ExitRecord.loads`);
+* the agent's header (:func:`header`, :func:`read_header`), the kernel's commands to it
+  (:class:`Command`, :func:`command`, :func:`parse_command`) and its reports back
+  (:class:`Report`, :func:`report`, :func:`parse_report`);
+* an escalation, the signals that end a process and the seconds each is given
+  (:func:`steps_text`, :func:`parse_steps`).
+
+:data:`VERSION` is in every header and exit record.  A side that reads another version says so
+(the agent refuses the header with a ``bad-header`` report; the kernel reads no record from
+it) instead of misreading it.  Raise it whenever a name, a field or a format here changes.
+
+Standard library only, and cheap to import: every task loads it at its start, and a host
+without mwhelpers gets it with the agent (``mwhelpers.backends.agent.AGENT_CODE``).
+"""
+
+from __future__ import annotations  # never evaluated: the host's Python may be older than 3.10
+
+import enum
+import json
+import os
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+VERSION = 1  # of everything below; see the module's text
+
+TAG = "@mwhelpers"  # the first word of an agent's report, on its standard error
+
+
+class Env:
+    """The variables mwhelpers puts in a task's environment (``settings.SET_BY_MWHELPERS``
+    says what each means to a user)."""
+
+    TASK = "MWHELPERS_TASK"  # worker:1
+    ATTEMPT = "MWHELPERS_ATTEMPT"  # 1, 2, ...: the attempt of a supervised job
+    SESSION = "MWHELPERS_SESSION"  # the kernel's mark (mwhelpers.session)
+    GUARD_FD = "MWHELPERS_GUARD_FD"  # the pipe whose end of file means the kernel is gone
+    DUMP_FD = "MWHELPERS_DUMP_FD"  # a byte: write every thread's stack to the log
+    STANDBY_FD = "MWHELPERS_STANDBY_FD"  # a byte: a standby runs its program
+    ENGINE_ID = "MWHELPERS_ENGINE_ID"  # an interactive task's ipyparallel engine id
+    EXIT_RECORD = "MWHELPERS_EXIT_RECORD"  # where the start-up writes the ExitRecord
+
+    # What differs from one task to the next and is never part of how it imports TensorFlow
+    # (mwhelpers.warmstart: not part of a warm-start server's key).
+    PER_TASK = frozenset({TASK, ATTEMPT, GUARD_FD, DUMP_FD, STANDBY_FD, ENGINE_ID, EXIT_RECORD})
+    # What the start-up takes out of the environment before the program runs.
+    TAKEN_OUT = frozenset({GUARD_FD, DUMP_FD, STANDBY_FD, EXIT_RECORD})
+
+
+RECORD_LIMIT = 50_000  # characters an ExitRecord keeps of its message (the start), traceback (the end)
+
+
+class ExitRecord(NamedTuple):
+    """One task's end by an exception: ``type`` (qualified as a traceback's last line names it:
+    ``ValueError``, ``tensorflow.python.framework.errors_impl.UnavailableError``),
+    ``message``, ``traceback`` (the program's frames, as Python prints them), ``time``
+    (``time.time()`` as it ended), ``pid`` (on the host it ran on) and ``exit_code`` (as
+    ``subprocess`` says it: 3 for ``sys.exit(3)``, -2 for a KeyboardInterrupt)."""
+
+    type: str
+    message: str
+    traceback: str
+    time: float
+    pid: int
+    exit_code: int
+
+    def dumps(self) -> str:
+        """The record as the file holds it: one JSON object, with :data:`VERSION`."""
+        return json.dumps({"version": VERSION, "type": self.type,
+                           "message": self.message[:RECORD_LIMIT],
+                           "traceback": self.traceback[-RECORD_LIMIT:], "time": self.time,
+                           "pid": self.pid, "exit_code": self.exit_code})
+
+    @classmethod
+    def loads(cls, text: str) -> ExitRecord | None:
+        """The record ``text`` holds; None when it is not one, or one of another
+        :data:`VERSION` (never raises)."""
+        try:
+            data = json.loads(text)
+            if data.get("version") != VERSION:
+                return None
+            record = cls(type=data["type"], message=data["message"],
+                         traceback=data["traceback"], time=float(data["time"]),
+                         pid=int(data["pid"]), exit_code=int(data["exit_code"]))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+        if not all(isinstance(v, str) for v in (record.type, record.message, record.traceback)):
+            return None
+        return record
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> ExitRecord | None:
+        """The record in the file ``path``; None when there is none or it is not one (never
+        raises)."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                return cls.loads(f.read())
+        except (OSError, ValueError):
+            return None
+
+    @property
+    def name(self) -> str:
+        """The exception's class name without its module: ``UnavailableError``."""
+        return self.type.rpartition(".")[2]
+
+    @property
+    def summary(self) -> str:
+        """The traceback's last line, its message's first line only: ``ValueError: bad``."""
+        first = self.message.split("\n", 1)[0]
+        return f"{self.type}: {first}" if first else self.type
+
+    @property
+    def exited(self) -> bool:
+        """It ended by ``sys.exit`` (SystemExit), not by an error it raised."""
+        return self.type == "SystemExit"
+
+
+# -- an escalation ------------------------------------------------------------------------
+def steps_text(steps: Iterable[tuple[int, float]]) -> str:
+    """``[(9, 3.0)]`` -> ``"9:3"``: an escalation (signal, seconds), as a header or an ``end``
+    command carries it."""
+    return ",".join(f"{int(sig)}:{grace:g}" for sig, grace in steps)
+
+
+def parse_steps(text: str) -> list[tuple[int, float]]:
+    """``"9:3,15:1"`` -> ``[(9, 3.0), (15, 1.0)]``; ValueError when it is not one."""
+    steps = [(int(sig), float(grace)) for sig, _, grace in
+             (step.partition(":") for step in text.split(","))]
+    if not steps:
+        raise ValueError(f"no steps in {text!r}")
+    return steps
+
+
+# -- the agent's header -------------------------------------------------------------------
+# Its first line of input: one JSON object.  argv (the task's command, "{dir}" standing for a
+# private folder), env, cwd, files (name -> text, written into that folder), port (checked free
+# before the start, or null), heartbeat (seconds, or null), escalation (steps_text: how the
+# agent ends the task by itself), exit_record (the variable that tells the start-up where to
+# write its record, or null), script (the program's path, checked to exist, or null), standby.
+HEADER_REQUIRED = ("argv", "escalation")
+
+
+def header(**fields: Any) -> str:
+    """The header line, with :data:`VERSION`."""
+    return json.dumps({"version": VERSION, **fields})
+
+
+def read_header(line: str) -> dict[str, Any]:
+    """The header's fields; ValueError saying what is wrong (another version, a field
+    missing, not JSON)."""
+    data = json.loads(line)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    if data.get("version") != VERSION:
+        raise ValueError(f"protocol version {data.get('version')!r}; this agent speaks "
+                         f"{VERSION} (the kernel and this agent come from different releases "
+                         "of mwhelpers)")
+    missing = [k for k in HEADER_REQUIRED if k not in data]
+    if missing:
+        raise ValueError(f"no {', '.join(missing)}")
+    return data
+
+
+# -- the kernel's commands to an agent, one per line after the header ---------------------------
+class Command(str, enum.Enum):
+    PING = "ping"  # answered with a pong report
+    SIGNAL = "signal"  # signal N: to the task's process group
+    DUMP = "dump"  # the task writes its stacks (a byte on its DUMP_FD pipe)
+    DUMP_BY_SIGNAL = "dump-signal"  # the same by SIGUSR1, where the task handles it
+    RELEASE = "release"  # a standby runs its program
+    END = "end"  # end STEPS: escalate until the group is gone
+
+
+def command(verb: Command, argument: object = None) -> str:
+    """One command's line, without its newline."""
+    return verb.value if argument is None else f"{verb.value} {argument}"
+
+
+def parse_command(line: str) -> tuple[Command, str] | None:
+    """``(verb, argument)`` of one command line ('' when it has none); None: not one."""
+    verb, _, argument = line.strip().partition(" ")
+    try:
+        return Command(verb), argument.strip()
+    except ValueError:
+        return None
+
+
+# -- an agent's reports, one per line on its standard error, each after TAG ---------------------
+class Report(str, enum.Enum):
+    STARTED = "started"  # started PID HOSTNAME
+    ENDED = "ended"  # ended SIGNAME: the signal of an escalation that ended the group
+    PONG = "pong"
+    RECORD = "record"  # record JSON: the task's ExitRecord, before its exit
+    EXIT = "exit"  # exit CODE (negative: killed by that signal, as subprocess says)
+    BAD_HEADER = "bad-header"  # bad-header WHY
+
+
+def report(kind: Report, *words: object) -> str:
+    """One report's line, without its newline."""
+    return " ".join([TAG, kind.value, *map(str, words)])
+
+
+def parse_report(line: str) -> tuple[Report, str] | None:
+    """``(kind, the rest of the line)``; None: not a report (ssh's or srun's own words, or
+    a kind this side does not know)."""
+    tag, _, rest = line.rstrip("\n").partition(" ")
+    if tag != TAG:
+        return None
+    kind, _, rest = rest.partition(" ")
+    try:
+        return Report(kind), rest
+    except ValueError:
+        return None
