@@ -278,8 +278,7 @@ def _profile_hook(label):
 # Functions timed wherever a module of the package holds them (a module that imported the
 # name, or calls it through its own module), and methods timed on the class that defines them.
 FUNCTIONS = {
-    "mwhelpers.launchers": ["end_together"],
-    "mwhelpers.backends.base": ["end_together"],
+    "mwhelpers.ending": ["end"],
     "mwhelpers.diagnosis": ["explain_failure"],
     "mwhelpers.precheck": ["check"],
     "mwhelpers.versions": ["installed"],

@@ -35,10 +35,10 @@ from .backends.base import LaunchSpec
 from .backends.local import LocalLauncher
 from .cluster import Cluster, Task
 from .diagnosis import explain_stuck
+from .ending import end
 from .errors import CellFailed, InfrastructureError, UsageError
 from .job import dump_stacks, end_runs
 from .logs import shown, tail_lines
-from .proctree import Policy
 from .pxoutput import Printer, TaskValues, plain
 from .taskside.wire import Env
 from .timeouts import stacks_said
@@ -149,7 +149,7 @@ class Controller:
 
     def close(self) -> None:
         """End the controller and its schedulers, and remove its folder (files and key)."""
-        self.process.end(Policy.NOW.escalation, "ipyparallel's controller")
+        end([(self.process, "ipyparallel's controller")])
         self._launcher.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 

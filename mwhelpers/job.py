@@ -24,15 +24,14 @@ import re
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from functools import partial
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import psutil
 
 from . import failures as failure_records
 from . import proctree, stacks
-from .backends.base import end_local, end_together
 from .diagnosis import explain_failure
+from .ending import end
 from .errors import UsageError
 from .failures import Failure, WorkerFailed
 from .proctree import Policy
@@ -117,8 +116,7 @@ class Job:
                 self.raise_failures([run])
             echo(f"[{run.task}] ended with exit code 0 before it opened port {run.port}")
         else:
-            dump_stacks([run])
-            self.end([run], f"ended by mwhelpers: it did not become ready within {timeout:g} s")
+            dump_then_end([run], f"ended by mwhelpers: it did not become ready within {timeout:g} s")
             raise not_ready_error(run, timeout, self.spawner.cluster.host_of(run.task))
         return run
 
@@ -157,8 +155,7 @@ class Job:
         if how == "deadline":
             assert timeout is not None  # the watcher sets a deadline only with a timeout
             stuck = [r for r in runs if r.running]
-            dump_stacks(stuck)
-            self.end(stuck, f"ended by mwhelpers: it {what} within {timeout:g} s")
+            dump_then_end(stuck, f"ended by mwhelpers: it {what} within {timeout:g} s")
             raise timeout_error(stuck, timeout, what, list(self.book.latest().values()),
                                 self.book.not_ready())
         return "ended" if how == "ended" else "until"
@@ -208,8 +205,7 @@ class Job:
 
         self.watch(runs, parse_timeout(timeout), until=stop_when, stream=stream, quiet=quiet)
         stuck = [r for r in runs if r.running]
-        dump_stacks(stuck)
-        self.end(stuck, f"ended by mwhelpers: {grace_after_failure:g} s after a peer failed")
+        dump_then_end(stuck, f"ended by mwhelpers: {grace_after_failure:g} s after a peer failed")
         self.raise_failures(runs)
         return runs
 
@@ -228,7 +224,7 @@ class Job:
         return run
 
     def end(self, runs: Iterable[TaskRun] | None = None, why: str = "",
-            policy: Policy | str = Policy.NOW) -> list[str]:
+            policy: Policy = Policy.NOW) -> list[str]:
         """End ``runs`` (default: every run of this job) that still run: :func:`end_runs`."""
         return end_runs(self.runs if runs is None else runs, why, policy)
 
@@ -253,15 +249,13 @@ class Job:
             raise WorkerFailed(failure_records.report(found), found)
 
 
-def end_runs(runs: Iterable[TaskRun], why: str = "", policy: Policy | str = Policy.NOW,
+def end_runs(runs: Iterable[TaskRun], why: str = "", policy: Policy = Policy.NOW,
              extra: Iterable[psutil.Process] = ()) -> list[str]:
     """End the process trees of ``runs`` that still run, all at once, through the escalation
     of ``policy``, noting ``why`` in their outcome; also the local processes ``extra``.  The
-    one way the kernel ends processes: each run's backend escalates
-    (:meth:`~mwhelpers.backends.base.Process.end`), ``extra`` through
-    :func:`mwhelpers.proctree.end_processes`.  Returns lines saying what ended with which
-    signal, labelled with the owning task, and what could not."""
-    escalation = Policy.parse(policy).escalation
+    runs' backends escalate, ``extra`` is escalated here (:func:`mwhelpers.ending.end`, the
+    one way the package ends processes).  Returns lines saying what ended with which signal,
+    labelled with the owning task, and what could not."""
     live = [r for r in runs if r.running]
     for r in live:
         r.note = r.note or why
@@ -269,11 +263,14 @@ def end_runs(runs: Iterable[TaskRun], why: str = "", policy: Policy | str = Poli
     if others:  # those a task's own ending covers are left to it (a scan of the processes)
         owned = {p.pid for r in live for p in r.process.processes()} | {os.getpid()}
         others = list({p.pid: p for p in others if p.pid not in owned}.values())
-    jobs: list[Callable[[], list[str]]] = [partial(r.process.end, escalation, str(r.task))
-                                           for r in live]
-    if others:
-        jobs.append(lambda: end_local(others, escalation)[0])
-    return end_together(jobs)
+    return end([(r.process, str(r.task)) for r in live], policy, local=others)
+
+
+def dump_then_end(runs: Sequence[TaskRun], why: str) -> list[str]:
+    """A stuck task's end: its stacks into its log first (:func:`dump_stacks`), then ended
+    ``NOW`` with ``why`` noted (:func:`end_runs`)."""
+    dump_stacks(runs)
+    return end_runs(runs, why, Policy.NOW)
 
 
 def dump_stacks(runs: Sequence[TaskRun], within: float = 1.0) -> None:

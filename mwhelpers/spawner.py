@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import exitrecord, proctree, settings
+from . import exitrecord, settings
 from .backends import create_backend, pick_backend
 from .backends.base import LaunchSpec
 from .cluster import Cluster, job_tasks
+from .ending import end
 from .errors import UsageError
 from .gpus import assign, check_per_task
 from .ports import holder_of, port_in_use, port_range
@@ -230,8 +231,7 @@ class Spawner:
     def discard_standby(self, standby: Standby) -> None:
         """End a standby that no restart needed, remove its log, and give its launch number
         back (the next launch of its task gets it); one a cold start replaced keeps both."""
-        if standby.process.running:
-            standby.process.end(proctree.Policy.NOW.escalation, str(standby.task))
+        end([(standby.process, str(standby.task))])
         if standby.replaced:
             return
         self.names.give_back(standby.task, standby.number)

@@ -55,6 +55,7 @@ from typing import NamedTuple
 import psutil
 
 from . import proctree, settings
+from .ending import end
 from .taskside.wire import Env
 
 ENV = "MWHELPERS_WARM_START"
@@ -414,8 +415,7 @@ class _Server:
             try:
                 self.popen.wait(1)
             except subprocess.TimeoutExpired:  # its group only: each task has a session of its own
-                proctree.end_processes(proctree.group_members(self.popen.pid),
-                                       proctree.Policy.NOW.escalation)
+                end(local=proctree.group_members(self.popen.pid))
                 self.popen.wait()
 
 

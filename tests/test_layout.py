@@ -165,6 +165,51 @@ def test_processes_are_signalled_only_by_the_ending_primitive():
     assert not wrong, wrong
 
 
+# What escalates by itself: only mwhelpers.ending.end (and its end_local) may call these, and a
+# backend's Process.end, which is the escalation of its kind of process.
+_ESCALATE = ("end_processes", "end_local", "_together")
+
+
+def _escalates(call):
+    """Whether ``call`` escalates itself: one of :data:`_ESCALATE`, or ``x.end(...)`` given an
+    escalation (a backend's ``Process.end``)."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name in _ESCALATE:
+        return True
+    given = [ast.unparse(a) for a in [*call.args, *(k.value for k in call.keywords)]]
+    return name == "end" and any("escalation" in g.lower() or "ESCALATIONS" in g for g in given)
+
+
+def test_processes_end_only_through_the_one_ending_function():
+    """Every process the kernel side starts ends through ``mwhelpers.ending.end`` with a
+    policy: no module but ``ending`` (and ``proctree``, below it) escalates by itself, and only
+    a backend's own ``Process.end`` calls the escalation of its kind of process."""
+    wrong = []
+    for path in PACKAGE.rglob("*.py"):
+        name = _module(path)
+        if name in ("mwhelpers.ending", "mwhelpers.proctree") or name.startswith(
+                ("mwhelpers.workshop.testhosts", "mwhelpers.taskside")):
+            continue
+        tree = ast.parse(path.read_text())
+        inside_end = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                      and f.name == "end" and name.startswith("mwhelpers.backends")
+                      for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and _escalates(node) and id(node) not in inside_end:
+                wrong.append(f"{name}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert not wrong, wrong
+
+
+def test_the_ending_rule_sees_each_side_door():
+    found = [ast.unparse(n) for n in ast.walk(ast.parse(
+        "proctree.end_processes(procs, NOW)\nend_local(ps, esc)\n"
+        "p.end(Policy.NOW.escalation, 'x')\np.end(proctree.ESCALATIONS['now'])\n"
+        "job.end(runs, 'why')\nend([(p, 'x')])\n")) if isinstance(n, ast.Call) and _escalates(n)]
+    assert found == ["proctree.end_processes(procs, NOW)", "end_local(ps, esc)",
+                     "p.end(Policy.NOW.escalation, 'x')", "p.end(proctree.ESCALATIONS['now'])"]
+
+
 def taskside_imports_of_the_package(path):
     """The imports in ``path`` (anywhere in it, inside functions too) that reach the mwhelpers
     package or a folder above the module's own: ``import mwhelpers...``, ``from mwhelpers...``,

@@ -42,9 +42,10 @@ def test_the_plugin_interface_has_hints_that_resolve():
     import inspect
     import typing
 
+    from mwhelpers import ending
     from mwhelpers.backends import agent, base, local, options, slurm, ssh
 
-    functions = [base.end_local, base.end_together, options.text, options.seconds,
+    functions = [ending.end, ending.end_local, options.text, options.seconds,
                  options.option, slurm.write_sbatch, agent.host_list, agent.forwarded_env]
     for cls in (base.Launcher, base.Process, agent.AgentLauncher, agent.AgentProcess,
                 options.OptionSpec, options.BackendOptions):

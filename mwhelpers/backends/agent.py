@@ -34,6 +34,7 @@ import psutil
 
 from .. import exitrecord, proctree, settings
 from ..cluster import Task
+from ..ending import end
 from ..errors import InfrastructureError, UsageError
 from ..gpus import visible_gpus
 from ..proctree import Escalation, describe_exit
@@ -180,8 +181,7 @@ class AgentProcess(Process):
     def _cut(self) -> None:
         """End the transport (ssh, srun: its whole process group) here, at once; the agent
         on the other side then ends the task by itself (end of its input, or silence)."""
-        proctree.end_processes(proctree.group(self.popen.pid, self.running),
-                               proctree.ESCALATIONS["now"])
+        end(local=proctree.group(self.popen.pid, self.running))
 
     def _mark_in_log(self, text: str) -> None:
         with open(self._log_path, "a") as f:

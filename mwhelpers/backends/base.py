@@ -23,9 +23,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol
 
@@ -33,8 +32,9 @@ import psutil
 
 from .. import exitrecord, proctree
 from ..cluster import Task
+from ..ending import end
 from ..ports import PortHold
-from ..proctree import Escalation
+from ..proctree import Escalation, Policy
 from .options import BackendOptions
 
 if TYPE_CHECKING:
@@ -197,38 +197,6 @@ def open_log(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
 
 
-def end_local(procs: Collection[psutil.Process], escalation: Escalation,
-              who: str = "") -> tuple[list[str], dict[int, str]]:
-    """End the psutil processes ``procs`` through ``escalation``: lines saying what ended
-    with which signal (``who`` names their task) and what could not be ended, and
-    ``{pid: signal name}``."""
-    labels = {p.pid: proctree.describe(p) for p in procs}
-    ended, survivors = proctree.end_processes(procs, escalation)
-    prefix = f"{who}: " if who else ""
-    return ([f"ended {prefix}{labels[pid]} with {how}" for pid, how in ended.items()]
-            + [f"could NOT end {labels[p.pid]} (still alive after SIGKILL)" for p in survivors],
-            ended)
-
-
-def end_together(jobs: Sequence[Callable[[], Iterable[str] | None]]) -> list[str]:
-    """Run the ending calls ``jobs`` (each returns its lines) at once, in threads: one
-    slow host does not hold up the rest.  Every line, in the order of ``jobs``."""
-    out: list[Iterable[str] | None] = [None] * len(jobs)
-
-    def one(i: int) -> None:
-        try:
-            out[i] = jobs[i]()
-        except Exception as e:  # one that cannot be ended must not hide the others' report
-            out[i] = [f"could NOT end everything: {type(e).__name__}: {e}"]
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return [line for lines in out if lines for line in lines]
-
-
 class Lent(Protocol):
     """What a runtime lends the launchers of its clusters (its
     :class:`mwhelpers.services.Services`), which it ends when it closes."""
@@ -286,5 +254,4 @@ class Launcher:
 
     def close(self) -> None:
         """End what still runs (SIGKILL) and release what the launcher holds."""
-        live = [p for p in getattr(self, "started", []) if p.running]
-        end_together([partial(p.end, proctree.ESCALATIONS["now"]) for p in live])
+        end([(p, "") for p in getattr(self, "started", [])], Policy.NOW)

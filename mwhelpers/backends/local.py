@@ -12,12 +12,13 @@ import psutil
 
 from .. import proctree
 from ..cluster import Task
+from ..ending import end_local
 from ..gpus import visible_gpus
 from ..ports import reserve_ports
 from ..proctree import Escalation
 from ..taskside.wire import Env
 from ..warmstart import WarmStarter
-from .base import BOOTSTRAP, Launcher, LaunchSpec, Lent, Placement, Process, end_local, open_log
+from .base import BOOTSTRAP, Launcher, LaunchSpec, Lent, Placement, Process, open_log
 from .options import BackendOptions, option, text
 
 

@@ -130,7 +130,8 @@ def end_leftovers(run_id: str) -> list[str]:
     :data:`LEFTOVER_GRACE` for those on their way out; return what each one was."""
     import psutil
 
-    from ..proctree import carrying, end_processes, wait_gone
+    from ..ending import end
+    from ..proctree import Policy, carrying, wait_gone
 
     left = wait_gone(carrying(SUITE_ENV, run_id, exclude={os.getpid()}), LEFTOVER_GRACE)
     named = []
@@ -139,7 +140,7 @@ def end_leftovers(run_id: str) -> list[str]:
             named.append(f"pid {p.pid} {' '.join(p.cmdline())[:160]}")
         except psutil.Error:
             named.append(f"pid {p.pid}")
-    end_processes(left)
+    end(local=left, policy=Policy.GENTLE)
     return named
 
 
