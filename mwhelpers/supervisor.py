@@ -10,7 +10,9 @@ not, because it would fail the same way again.
 
 Each attempt's tasks get ``MWHELPERS_ATTEMPT`` (1, 2, ...) in their
 environment, and each failed attempt writes its root cause as JSON to
-``attempt-N.root-cause.json`` in the runtime's log folder.  :func:`supervise` returns one
+``attempt-N.root-cause.json`` in the runtime's log folder.  :func:`supervise` checks its
+arguments once (the requests, the faults to inject, a :class:`RestartPolicy`) and hands them
+to a :class:`Supervision`, the one object that runs the attempts; it returns one
 :class:`Attempt` per attempt.
 """
 
@@ -191,13 +193,7 @@ def supervise(rt: Host, script: str | os.PathLike[str] | None = None, *,
     Returns the list of attempts, each an :class:`Attempt`.  Raises WorkerFailed when the root cause is a
     program error or ``max_restarts`` restarts were not enough.
     """
-    if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
-        raise UsageError(f"max_restarts must be a whole number >= 0, got {max_restarts!r}")
-    codes = tuple(restartable_exit_codes)
-    if not all(isinstance(c, int) for c in codes):
-        raise UsageError(f"restartable_exit_codes must be whole numbers, got {codes!r}")
-    if not isinstance(peer_grace, (int, float)) or isinstance(peer_grace, bool) or peer_grace < 0:
-        raise UsageError(f"peer_grace must be a number of seconds >= 0, got {peer_grace!r}")
+    policy = RestartPolicy.parse(max_restarts, restartable_exit_codes, peer_grace)
     if not isinstance(standby, bool):
         raise UsageError(f"standby must be True or False, got {standby!r}")
     attempt_timeout = parse_timeout(options.pop("timeout", None))
@@ -215,48 +211,155 @@ def supervise(rt: Host, script: str | os.PathLike[str] | None = None, *,
     requests = [LaunchRequest.parse(t, code=code, script=script, args=args, background=True,
                                     ready="start", **options)
                 for t in checked]
-    standbys: dict[Task, Standby] = {}  # the next attempt's processes, started ahead
-    try:
-        return _supervise(rt, requests, checked, faults, max_restarts, attempt_timeout, stream,
-                          codes, peer_grace, standby, standbys)
-    finally:
-        if rt.jobs.spawner is not None:
-            for s in standbys.values():
-                rt.jobs.spawner.discard_standby(s)
+    with Supervision(rt, requests, checked, policy, faults=faults, timeout=attempt_timeout,
+                     stream=stream, standby=standby) as supervision:
+        return supervision.run()
 
 
-def _supervise(rt: Host, requests: Sequence[LaunchRequest], tasks: Sequence[Task],
-               faults: Sequence[_Checked], max_restarts: int, attempt_timeout: float | None,
-               stream: bool, codes: tuple[int, ...], peer_grace: float, standby: bool,
-               standbys: dict[Task, Standby]) -> list[Attempt]:
-    """:func:`supervise`'s attempts, its arguments checked (``standbys``: those started ahead,
-    which it fills and empties, and the caller ends)."""
-    attempts: list[Attempt] = []
-    # The failed attempt a restart was decided for: its diagnosis and root-cause file are made
-    # once the next attempt is launched (they read whole logs: the restart does not wait).
-    explain_later: tuple[Attempt, list[Failure], list[TaskRun]] | None = None
-    for attempt in range(1, max_restarts + 2):
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When a failed attempt is restarted: its root cause is a fault (a signal, a lost peer, or
+    an exit code in ``restartable_exit_codes``) and fewer than ``max_restarts`` restarts were
+    used.  A task that exits with one of those codes stopped on purpose, having saved: its
+    peers get ``peer_grace`` seconds to do the same before they are ended."""
+
+    max_restarts: int = 3
+    restartable_exit_codes: tuple[int, ...] = ()
+    peer_grace: float = 10.0
+
+    @classmethod
+    def parse(cls, max_restarts: object, restartable_exit_codes: Iterable[object],
+              peer_grace: object) -> RestartPolicy:
+        """The policy the user's arguments give; UsageError saying which is wrong."""
+        if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+            raise UsageError(f"max_restarts must be a whole number >= 0, got {max_restarts!r}")
+        codes = tuple(restartable_exit_codes)
+        if not all(isinstance(c, int) for c in codes):
+            raise UsageError(f"restartable_exit_codes must be whole numbers, got {codes!r}")
+        if (not isinstance(peer_grace, (int, float)) or isinstance(peer_grace, bool)
+                or peer_grace < 0):
+            raise UsageError(f"peer_grace must be a number of seconds >= 0, got {peer_grace!r}")
+        return cls(max_restarts, codes, float(peer_grace))  # type: ignore[arg-type]  # checked
+
+    def restarts(self, attempt: int, root: Failure) -> str | None:
+        """None when attempt ``attempt``, failed with ``root`` first, is restarted; else why
+        not, as the attempt's record says it."""
+        if not root.is_fault:
+            return f"not restarted: {root.reason}"
+        if attempt > self.max_restarts:
+            return f"not restarted: no restarts left ({self.max_restarts} used)"
+        return None
+
+
+class Supervision:
+    """One supervised job: its requests, parsed once, run as attempt after attempt down the
+    launch path (a :class:`~mwhelpers.job.Job` each) until every task finished or the
+    :class:`RestartPolicy` says no more; the faults to inject into the first attempt; the
+    next attempt's processes started ahead (``standby``), which :meth:`close` ends when
+    they were not needed."""
+
+    def __init__(self, rt: Host, requests: Sequence[LaunchRequest], tasks: Sequence[Task],
+                 policy: RestartPolicy, *, faults: Sequence[_Checked] = (),
+                 timeout: float | None = None, stream: bool = True,
+                 standby: bool = False) -> None:
+        self.rt = rt
+        self.requests = requests
+        self.tasks = tasks
+        self.policy = policy
+        self.faults = faults
+        self.timeout = timeout
+        self.stream = stream
+        self.standby = standby
+        self.attempts: list[Attempt] = []
+        self._standbys: dict[Task, Standby] = {}  # the next attempt's, started ahead
+        # The failed attempt a restart was decided for: its diagnosis and root-cause file are
+        # made once the next attempt is launched (they read whole logs: the restart does not
+        # wait for them).
+        self._explain_later: tuple[Attempt, list[Failure], list[TaskRun]] | None = None
+
+    def __enter__(self) -> Supervision:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self) -> list[Attempt]:
+        """Every attempt's record; WorkerFailed when the last one failed."""
+        for attempt in range(1, self.policy.max_restarts + 2):
+            record = self._attempt(attempt)
+            if not record.restarted:
+                break
+        return self.attempts
+
+    def close(self) -> None:
+        """End the standbys no restart needed."""
+        spawner = self.rt.jobs.spawner
+        if spawner is not None:
+            for standby in self._standbys.values():
+                spawner.discard_standby(standby)
+        self._standbys.clear()
+
+    def _attempt(self, attempt: int) -> Attempt:
+        rt = self.rt
         job = rt.jobs.new(attempt, supervised=True)
         try:
-            runs = _start(job, requests, standbys)
+            runs = _start(job, self.requests, self._standbys)
         finally:  # launched, or it could not be: the last failure is explained either way
-            if explain_later is not None:
-                _explain(rt, *explain_later)
-                explain_later = None
-        pending = list(faults) if attempt == 1 else []
+            if self._explain_later is not None:
+                _explain(rt, *self._explain_later)
+                self._explain_later = None
         events: list[str] = []
-        # Standbys for the next attempt once every task has imported TensorFlow (its facts
-        # line, which its log feed has parsed): started earlier, their import would slow this
-        # attempt's own.
-        importing = {r.task for r in runs} if standby and attempt <= max_restarts else set()
+        job.watch(runs, self.timeout, stream=self.stream,
+                  on_line=self._on_line(job, attempt, events), until=_attempt_over(runs))
+        _let_peers_finish(runs, self.policy.restartable_exit_codes, self.policy.peer_grace)
+        ended = job.end(runs, "ended by the supervisor")
+        failed = job.failures(runs, self.policy.restartable_exit_codes, diagnose=False)
+        record = Attempt(attempt, runs, events, [(f.task, f.outcome) for f in failed],
+                         failed[0] if failed else None)
+        self.attempts.append(record)
+        if not failed:
+            record.why = "every task finished"
+            rt.echo(f"[mwhelpers] attempt {attempt}: every task finished")
+            return record
+        root = failed[0]
+        head = f"[mwhelpers] attempt {attempt}: {root.task} {root.outcome} first; {root.reason}"
+        why_not = self.policy.restarts(attempt, root)
+        if why_not is not None:
+            record.why = why_not
+            restarts = self.policy.max_restarts
+            if not root.is_fault:
+                said = f"not restarted after attempt {attempt}: {root.reason}"
+                decided = f"not restarting (root cause in {_root_cause_path(rt, attempt)})"
+            else:
+                said = f"gave up after {attempt} attempts ({restarts} restarts)"
+                decided = f"no restarts left ({restarts} used)"
+            rt.echo(f"{head}; {decided}")
+            _explain(rt, record, failed, runs)
+            raise WorkerFailed(f"{said}\n" + report(failed), failed)
+        record.restarted = True
+        record.why = f"restarted: {root.reason}"
+        others = "ended the other tasks" if ended else "the other tasks had exited by themselves"
+        rt.echo(f"{head}; {others}; restarting all {len(self.tasks)} tasks "
+                f"(restart {attempt} of {self.policy.max_restarts})")
+        self._explain_later = (record, failed, runs)
+        return record
 
-        def on_line(run: TaskRun, line: str, pending: list[_Checked] = pending,
-                    events: list[str] = events, job: Job = job,
-                    importing: set[Task] = importing, attempt: int = attempt) -> None:
+    def _on_line(self, job: Job, attempt: int, events: list[str]
+                 ) -> Callable[[TaskRun, str], None]:
+        """What attempt ``attempt`` does with each line of its tasks: inject the faults due
+        (the first attempt only, noted in ``events``), and start the next attempt's standbys
+        once every task has imported TensorFlow (its facts line, which its log feed has
+        parsed: started earlier, their import would slow this attempt's own)."""
+        pending = list(self.faults) if attempt == 1 else []
+        importing = ({r.task for r in job.runs}
+                     if self.standby and attempt <= self.policy.max_restarts else set())
+
+        def on_line(run: TaskRun, line: str) -> None:
             if run.task in importing and run.feed.facts is not None:
                 importing.discard(run.task)
                 if not importing:
-                    _start_standbys(rt, job, requests, tasks, attempt + 1, standbys)
+                    _start_standbys(self.rt, job, self.requests, self.tasks, attempt + 1,
+                                    self._standbys)
             for fault in list(pending):
                 if fault[0] == run.task and fault[1].search(line) and run.running:
                     pending.remove(fault)
@@ -264,41 +367,11 @@ def _supervise(rt: Host, requests: Sequence[LaunchRequest], tasks: Sequence[Task
                     job.signal(run, sig, "fault injected by the supervisor")
                     verb = "killed" if sig == signal.SIGKILL else f"sent {sig.name} to"
                     events.append(f"fault injected: {verb} {run.task} after it logged {line!r}")
-                    rt.echo(f"[mwhelpers] {events[-1]}")
+                    self.rt.echo(f"[mwhelpers] {events[-1]}")
+        return on_line
 
-        workers = [r for r in runs if r.task.type != "ps"]
-        def attempt_over(runs: list[TaskRun] = runs, workers: list[TaskRun] = workers) -> bool:
-            return any(r.failed for r in runs) or all(not r.running for r in workers)
 
-        job.watch(runs, attempt_timeout, stream=stream, on_line=on_line, until=attempt_over)
-        _let_peers_finish(runs, codes, peer_grace)
-        ended = job.end(runs, "ended by the supervisor")
-        failed = job.failures(runs, codes, diagnose=False)
-        record = Attempt(attempt, runs, events, [(f.task, f.outcome) for f in failed],
-                         failed[0] if failed else None)
-        attempts.append(record)
-        if not failed:
-            record.why = "every task finished"
-            rt.echo(f"[mwhelpers] attempt {attempt}: every task finished")
-            return attempts
-        root = failed[0]
-        head = f"[mwhelpers] attempt {attempt}: {root.task} {root.outcome} first; {root.reason}"
-        if not root.is_fault or attempt == max_restarts + 1:
-            if not root.is_fault:
-                record.why = f"not restarted: {root.reason}"
-                said = f"not restarted after attempt {attempt}: {root.reason}"
-                decided = f"not restarting (root cause in {_root_cause_path(rt, attempt)})"
-            else:
-                record.why = f"not restarted: no restarts left ({max_restarts} used)"
-                said = f"gave up after {attempt} attempts ({max_restarts} restarts)"
-                decided = f"no restarts left ({max_restarts} used)"
-            rt.echo(f"{head}; {decided}")
-            _explain(rt, record, failed, runs)
-            raise WorkerFailed(f"{said}\n" + report(failed), failed)
-        record.restarted = True
-        record.why = f"restarted: {root.reason}"
-        others = "ended the other tasks" if ended else "the other tasks had exited by themselves"
-        rt.echo(f"{head}; {others}; restarting all {len(tasks)} tasks "
-                f"(restart {attempt} of {max_restarts})")
-        explain_later = (record, failed, runs)
-    return attempts
+def _attempt_over(runs: list[TaskRun]) -> Callable[[], bool]:
+    """Whether an attempt is over: a task failed, or every worker (not ps) has ended."""
+    workers = [r for r in runs if r.task.type != "ps"]
+    return lambda: any(r.failed for r in runs) or all(not r.running for r in workers)
