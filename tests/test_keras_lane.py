@@ -7,10 +7,12 @@ run three ways on the TensorFlow and JAX backends:
   helper added), with mwhelpers' runtime mends armed in the test process and in the workers
   it starts (``fix_keras_multi_worker()`` from a ``sitecustomize``),
   against the same tests: a mend behaves as Keras with the patch (``test_best_case_step``
-  expects the resumed count the patch gives).  One test checks the patch's form, not its
-  behaviour, and is left out there: ``test_iterations_is_one_assign_add`` (every optimizer's
-  counter is one op with the patch; the mend changes only a counter under
-  ParameterServerStrategy);
+  expects the resumed count the patch gives).  Two tests are left out there:
+  ``test_iterations_is_counted_with_the_optimizers_assign_add`` checks the patch's form (every
+  optimizer counts with its ``assign_add``; the mend changes only a counter under
+  ParameterServerStrategy), and,
+  on JAX, ``test_a_fault_between_the_last_backup_and_the_epochs_end`` needs the patch's fix
+  of JAX's ``fit`` itself (an epoch with no batch left), which no mend can reach;
 - ``both``: the patched copy with the mends armed: the mends recognise the fix and step aside
   (a resume done twice would skip a whole epoch in the tests of a backup at an epoch's last
   batch).
@@ -35,9 +37,7 @@ PATCHES = ["keras-20585/trainer.patch", "keras-backup-resume/backup_and_restore.
 # The patches' new test files, where each goes in Keras's tree (their helper,
 # docs/keras-testing/multi_worker.py, goes to src/testing: upstream.add_tests).
 NEW_TESTS = {
-    "keras-backup-resume/backup_and_restore_resume_test.py": "src/callbacks",
     "keras-lossscale/loss_scale_optimizer_multi_worker_test.py": "src/optimizers",
-    "keras-pss-iterations/optimizer_iterations_test.py": "src/optimizers",
     "keras-tensorboard/tensorboard_multi_worker_test.py": "src/callbacks",
     "keras-20585/multi_worker_test.py": "src/backend/tensorflow",
 }
@@ -92,7 +92,13 @@ def test_kerass_own_tests_pass(patched, released, tmp_path, backend, how):
     path = released if how == "mended" else patched
     files = [path / "keras" / m for m in MODULES]
     # The mend changes only a counter under ParameterServerStrategy, not every optimizer's.
-    deselect = ["test_iterations_is_one_assign_add"] if how == "mended" else []
+    deselect = (["test_iterations_is_counted_with_the_optimizers_assign_add"] if how == "mended"
+                else [])
+    if how == "mended" and backend == "jax":
+        # The patch's JAX hunk lets fit run an epoch the input has no batch left for (a
+        # restored epoch whose backup was of its last batch, the input of unknown size); a mend
+        # cannot reach fit's own variables: JAX's fit fails there as released.
+        deselect.append("test_a_fault_between_the_last_backup_and_the_epochs_end")
     code, out = run_keras_tests(files, backend, path, how != "patched", tmp_path, deselect)
     summary = out.strip().splitlines()[-1] if out.strip() else out
     assert code == 0 and " passed" in summary and "failed" not in summary, out[-6000:]

@@ -6,7 +6,7 @@ Applying the patch needs GNU patch: without it those tests skip, except under CI
 import pytest
 from conftest import ROOT
 from test_keras_upstream import KERAS_DIR
-from upstream import keras_test, patched_copy, run_script
+from upstream import patch_of_tests, patched_copy, run_module, run_script
 
 HERE = ROOT / "docs" / "keras-backup-resume"
 REPRO, PATCH = HERE / "repro.py", HERE / "backup_and_restore.patch"
@@ -33,18 +33,21 @@ def test_the_mend_resumes_after_the_backups_batch():
     assert "BackupAndRestore: epoch 1 resumes after its first 4 batches" in out
 
 
+MODULE = "src/callbacks/backup_and_restore_test.py"  # Keras's own, with the patch's tests
+
+
 def test_the_patch_resumes_and_its_keras_test_passes(patched, tmp_path):
     code, out = repro(path=patched)
     assert code == 0 and "FIXED" in out, out
-    code, out = keras_test(patched, HERE / "backup_and_restore_resume_test.py", "src/callbacks",
-                           tmp_path)
-    assert code == 0 and "6 passed" in out, out
+    code, out = run_module(patched, MODULE, tmp_path)
+    assert code == 0 and "16 passed" in out, out
 
 
 def test_the_keras_tests_fail_without_the_patch(tmp_path_factory, tmp_path):
-    """The six new tests catch the bug: on Keras as released each resumed fit begins at the
-    restored epoch's first batch."""
-    unpatched = patched_copy(tmp_path_factory, KERAS_DIR, None, "resume-keras-unpatched")
-    code, out = keras_test(unpatched, HERE / "backup_and_restore_resume_test.py",
-                           "src/callbacks", tmp_path)
-    assert code == 1 and "6 failed" in out, out
+    """Keras's tests as the patch leaves them, on Keras as released: the resumed fits begin at
+    the restored epoch's first batch (8 new tests and the changed ``test_best_case_step``
+    fail; the guard that only the restored epoch skips batches passes there)."""
+    tests = patch_of_tests(PATCH, tmp_path)
+    unpatched = patched_copy(tmp_path_factory, KERAS_DIR, tests, "resume-keras-unpatched")
+    code, out = run_module(unpatched, MODULE, tmp_path)
+    assert code == 1 and "9 failed, 7 passed" in out, out

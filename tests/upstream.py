@@ -14,11 +14,28 @@ from pathlib import Path
 import pytest
 
 
+def patch_of_tests(patch, folder):
+    """The part of the patch file ``patch`` that changes test modules (``*_test.py``), written
+    into ``folder``: Keras's tests as the patch changes them, for a Keras without its fix."""
+    sections, current = [], []
+    for line in Path(patch).read_text().splitlines(keepends=True):
+        if line.startswith("diff --git ") and current:
+            sections.append(current)
+            current = []
+        current.append(line)
+    sections.append(current)
+    kept = [s for s in sections if any(ln.startswith("+++ ") and ln.rstrip().endswith("_test.py")
+                                       for ln in s)]
+    out = Path(folder) / f"{Path(patch).stem}.tests.patch"
+    out.write_text("".join(line for s in kept for line in s))
+    return out
+
+
 def patched_copy(tmp_path_factory, keras_dir, patch, name, must_apply=False):
     """The folder holding a copy of ``keras_dir`` (the installed ``keras`` package) with
     ``patch`` applied: a patch file, a list of them (applied in order), or None (the copy as
     it is).  A patch that no longer applies (Keras changed upstream) skips, or fails with
-    ``must_apply``."""
+    ``must_apply``.  (:func:`patch_of_tests` makes a patch of a patch's test hunks.)"""
     patches = [] if patch is None else list(patch) if isinstance(patch, list) else [patch]
     if patches and shutil.which("patch") is None:
         reason = "GNU patch is not installed (Debian package: patch)"
@@ -62,6 +79,16 @@ def keras_test(patched, source, where, tmp_path, timeout=300):
                           capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(patched),
                                "KERAS_BACKEND": "tensorflow"})
+    return done.returncode, done.stdout + done.stderr
+
+
+def run_module(copy, module, tmp_path, backend="tensorflow", timeout=600):
+    """Run Keras's test module ``module`` (``src/callbacks/x_test.py``) of the Keras ``copy``
+    with pytest; (exit code, output)."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", "--rootdir", str(copy), str(copy / "keras" / module)],
+                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(copy), "KERAS_BACKEND": backend})
     return done.returncode, done.stdout + done.stderr
 
 

@@ -187,6 +187,14 @@ def _patch_backup(module: ModuleType) -> str | None:
         return None
 
     def on_train_begin(self: BackupCallback, logs: object = None) -> object:
+        # A callback reused after another fit starts afresh (as the upstream patch has it:
+        # Keras alone keeps the last fit's counts and would save them in this one's backups).
+        for name in ("_batches_seen_since_last_saving", "_last_batch_seen"):
+            if isinstance(getattr(self, name, None), int):
+                setattr(self, name, 0)
+        self._mwhelpers_done = 0
+        for name in ("_mwhelpers_saved", "_mwhelpers_resume"):
+            vars(self).pop(name, None)
         result = train_begin(self, logs)
         restored = getattr(self.model, "_initial_epoch", None) or 0
         skip = kerasresume.plan(self, restored)
@@ -197,16 +205,17 @@ def _patch_backup(module: ModuleType) -> str | None:
         elif skip is not None:
             self._mwhelpers_resume = (restored, skip)
             self._last_batch_seen = skip - 1  # the next batch counts one toward save_freq
-        # Keras counts finished epochs from 0 in every process and saves that count: start it
-        # at the epoch restored, so that the restarted epoch's backups say where they are.
-        if restored and hasattr(self, "_current_epoch"):
-            self._current_epoch = restored
         return result
 
     def on_epoch_begin(self: BackupCallback, epoch: int, logs: object = None) -> object:
         resume = vars(self).pop("_mwhelpers_resume", None)
         if resume is not None and resume[0] == epoch:
             kerasresume.arm(resume[1])
+        # Keras counts finished epochs from 0 in every fit and saves that count: it is the
+        # epoch begun, so that a restarted epoch's backups, or a reused callback's, say where
+        # they are.
+        if isinstance(getattr(self, "_current_epoch", None), int):
+            self._current_epoch = epoch
         return epoch_begin(self, epoch, logs)
 
     def on_train_batch_end(self: BackupCallback, batch: int, logs: object = None) -> object:
