@@ -99,7 +99,8 @@ NIGHTLY_CHECK = ("tensor_grads = [g for g in grads if g is not None]\n"
                  "            for g in tensor_grads\n"
                  "        ]\n"
                  "        return backend.ops.numpy.all(backend.ops.convert_to_tensor(finite_grads))")
-# The check as docs/keras-lossscale/loss_scale_optimizer.patch leaves it (its helper below).
+# The check as an earlier version of docs/keras-lossscale/loss_scale_optimizer.patch left it
+# (an equivalent fix: its helper below).
 PATCHED_CHECK = ("tensor_grads = [g for g in grads if g is not None]\n"
                  "        finite_grads = [ops.all(ops.isfinite(g)) for g in tensor_grads]\n"
                  "        finite = ops.all(ops.convert_to_tensor(finite_grads))\n"
@@ -115,6 +116,12 @@ TF_APPLY_REDUCED = ("grads = distribution.extended._replica_ctx_all_reduce('sum'
                     "        finite_per_replica = distribution.extended.call_for_each_replica(\n"
                     "            self.check_finite, args=(grads,))")
 COMMON = "finite = self.check_finite(grads)"
+# The ways of applying a step as the patch leaves them, and its helper.
+PATCHED_TF_APPLY = TF_APPLY.replace("self.check_finite", "self._check_finite_on_all_replicas")
+PATCHED_COMMON = "finite = self._check_finite_on_all_replicas(grads)"
+ALL_REPLICAS = ("    def _check_finite_on_all_replicas(self, grads):\n"
+                "        finite = self.check_finite(grads)\n"
+                "        return context.all_reduce(tf.distribute.ReduceOp.SUM, finite)\n")
 
 
 def _module(folder, name, check=CHECK, tf_apply=TF_APPLY, common=COMMON, extra=""):
@@ -137,6 +144,9 @@ def _module(folder, name, check=CHECK, tf_apply=TF_APPLY, common=COMMON, extra="
     ("3.16.0", {"check": PATCHED_CHECK, "extra": HELPER}, "fixed",
      "carries the fix of LossScaleOptimizer's finite check (docs/keras-lossscale.md): "
      "check_finite all-reduces its decision across replicas; nothing to mend"),
+    ("3.16.0", {"tf_apply": PATCHED_TF_APPLY, "common": PATCHED_COMMON, "extra": ALL_REPLICAS},
+     "fixed", "_check_finite_on_all_replicas all-reduces check_finite's decision across "
+     "replicas; nothing to mend"),
     ("3.16.0", {"tf_apply": TF_APPLY_REDUCED}, "fixed",
      "_tf_apply all-reduces the gradients before it checks them; nothing to mend"),
     ("3.16.0", {"check": "return all_reduce_of(local(grads))"}, "fixed", "nothing to mend"),

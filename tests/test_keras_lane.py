@@ -37,7 +37,7 @@ PATCHES = ["keras-20585/trainer.patch", "keras-backup-resume/backup_and_restore.
 # The patches' new test files, where each goes in Keras's tree (their helper,
 # docs/keras-testing/multi_worker.py, goes to src/testing: upstream.add_tests).
 NEW_TESTS = {
-    "keras-lossscale/loss_scale_optimizer_multi_worker_test.py": "src/optimizers",
+    "keras-lossscale/loss_scale_optimizer_distribute_test.py": "src/optimizers",
     "keras-tensorboard/tensorboard_multi_worker_test.py": "src/callbacks",
     "keras-20585/multi_worker_test.py": "src/backend/tensorflow",
 }

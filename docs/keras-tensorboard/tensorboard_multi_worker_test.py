@@ -22,7 +22,6 @@ WORKER = textwrap.dedent(
     import json
     import os
     import sys
-    import tempfile
 
     import numpy as np
     import tensorflow as tf
@@ -81,7 +80,7 @@ WORKER = textwrap.dedent(
     callbacks.on_predict_end()
     after_predict = sorted(os.listdir(log_dir))
     # A `predict` whose callback never made its folder (no graph written).
-    quiet_dir = os.path.join(tempfile.mkdtemp(), "quiet")
+    quiet_dir = os.path.join(sys.argv[2], f"quiet-{os.getpid()}")
     quiet = keras.callbacks.TensorBoard(quiet_dir, write_graph=False)
     callbacks = keras.callbacks.CallbackList([quiet], model=model)
     callbacks.on_predict_begin()
@@ -109,8 +108,10 @@ WORKER = textwrap.dedent(
 )
 class TensorBoardMultiWorkerTest(testing.TestCase):
     def test_only_the_chief_writes_to_log_dir(self):
-        log_dir = self.get_temp_dir()
-        chief, other = multi_worker.worker_results(WORKER, 2, [log_dir])
+        log_dir = os.path.join(self.get_temp_dir(), "logs")
+        chief, other = multi_worker.worker_results(
+            WORKER, 2, [log_dir, self.get_temp_dir()]
+        )
         # While training, each worker wrote its own train and validation
         # files: the chief to `log_dir`, the other to its temporary folder.
         self.assertEqual(chief["before"], ["train", "validation"])

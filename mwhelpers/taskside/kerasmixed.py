@@ -18,18 +18,22 @@ those of another do not:
 (tf_keras all-reduced the gradients before it checked them.)
 
 Here, in a replica context of a strategy with more than one replica in sync, ``check_finite``
-adds up the count of replicas whose gradients are not finite (an all-reduce of one number,
-where Keras calls it) and says "finite" only when that count is 0, as the upstream patch
-(``docs/keras-lossscale/loss_scale_optimizer.patch``) does.  Every replica then takes the
-same branch: an overflow on one skips the step on all of them, and all of them halve the loss
-scale, so weights and loss scale stay equal and finite.  With one replica, in the
-cross-replica context, or on another backend, Keras's own ``check_finite`` runs unchanged.
+called while the optimizer applies a step (``_tf_apply``, ``_common_apply``) adds up the count
+of replicas whose gradients are not finite (an all-reduce of one number, where Keras calls it)
+and says "finite" only when that count is 0, as the upstream patch
+(``docs/keras-lossscale/loss_scale_optimizer.patch``, whose ``_check_finite_on_all_replicas``
+those two call) does; called from anywhere else, it stays local, as with the patch.  Every
+replica then takes the same branch: an overflow on one skips the step on all of them, and all
+of them halve the loss scale, so weights and loss scale stay equal and finite.  With one
+replica, in the cross-replica context, or on another backend, Keras's own ``check_finite``
+runs unchanged.
 
 It decides from Keras's source (:func:`plan`): it mends only where the check reads one
 replica's gradients and both ways of applying a step call it before any all-reduce (the lines
 of 3.15.1, and the nightly's, which spell the ops ``backend.ops.numpy``); it steps aside where
-the check (or a method it calls) all-reduces its decision, or ``_tf_apply`` all-reduces the
-gradients before the check: Keras carries the fix; anything else it cannot judge, and says
+the check (or a method it calls, or one the ways of applying a step decide with) all-reduces
+its decision, or ``_tf_apply`` all-reduces the gradients before the check: Keras carries the
+fix; anything else it cannot judge, and says
 so, with how to check and how to mend anyway (``MWHELPERS_KERAS_FIX_FORCE=1``).  Each of these
 is said in one line, the first time a strategy with several replicas checks a step.  Armed
 with the ``fit`` mend (:func:`kerasfix.install`), only for the Keras releases of
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 from types import ModuleType
 
 from .kerasbase import (
@@ -103,6 +108,13 @@ def plan(module: ModuleType, version: str) -> tuple[str, type | None, str]:
                               if callable(getattr(cls, h, None)))
     if "all_reduce" in decided:
         return "fixed", cls, f"{METHOD} all-reduces its decision across replicas"
+    # A method of its own that the ways of applying a step decide with instead, which checks
+    # and all-reduces the decision (the upstream patch: _check_finite_on_all_replicas).
+    for name in sorted(set(re.findall(r"self\.(\w+)", tf_apply + common)) - {METHOD}):
+        text = plain(source_of(getattr(cls, name)) or "") if callable(getattr(cls, name, None)) \
+            else ""
+        if "all_reduce" in text and f"self.{METHOD}(" in text:
+            return "fixed", cls, f"{name} all-reduces {METHOD}'s decision across replicas"
     if "all_reduce" in tf_apply.split(MERGE_CALL_PATH)[0] and MERGE_CALL_PATH in tf_apply:
         return "fixed", cls, "_tf_apply all-reduces the gradients before it checks them"
     if missing:
@@ -158,6 +170,8 @@ def patch(module: ModuleType) -> bool:
         if aside is not None:
             say_once("lossscale-aside", aside)
             return finite
+        if not getattr(self, APPLYING, 0):
+            return finite  # not while a step is applied: the patch leaves such a call local
         context, count = replicas
         say_once("lossscale-notice", NOTICE.format(version=version, replicas=count))
         tf = sys.modules["tensorflow"]
@@ -168,4 +182,31 @@ def patch(module: ModuleType) -> bool:
     check_finite.__name__ = METHOD
     check_finite.__wrapped__ = original  # type: ignore[attr-defined]
     setattr(cls, METHOD, check_finite)
+    for name in ("_tf_apply", "_common_apply"):
+        if callable(getattr(cls, name, None)):
+            _count_applying(cls, name)
     return aside is None
+
+
+APPLYING = "_mwhelpers_applying"  # on an optimizer: how many of its steps are being applied
+_applying_lock = threading.Lock()
+
+
+def _count_applying(cls: type, name: str) -> None:
+    """Have ``cls.name`` (a way of applying a step) count itself in :data:`APPLYING` while it
+    runs, on the optimizer, not the thread: the replicas of a MirroredStrategy step run in
+    threads of their own, and its merge call's ``check_finite`` in others again."""
+    original = getattr(cls, name)
+
+    def method(self: object, *args: object, **kwargs: object) -> object:
+        with _applying_lock:
+            setattr(self, APPLYING, getattr(self, APPLYING, 0) + 1)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            with _applying_lock:
+                setattr(self, APPLYING, getattr(self, APPLYING, 1) - 1)
+
+    method.__name__ = name
+    method.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(cls, name, method)

@@ -2,7 +2,7 @@
 MultiWorkerMirroredStrategy with two workers, and MirroredStrategy over two
 logical CPUs in one process.
 
-Upstream path: keras/src/optimizers/loss_scale_optimizer_multi_worker_test.py.
+Upstream path: keras/src/optimizers/loss_scale_optimizer_distribute_test.py.
 Each worker is a fresh Python process with its own TF_CONFIG, as a
 multi-worker job runs; both listen on 127.0.0.1.  At one step the gradients
 of worker 1 overflow float16 and those of worker 0 do not: both must skip
