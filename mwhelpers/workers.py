@@ -66,7 +66,17 @@ def default_log_dir(session_name: str | None = None) -> Path:
 
 
 class Runtime:
-    """Launches and tracks the task processes of one kernel (or script)."""
+    """Launches and tracks the task processes of one kernel (or script).
+
+    Its attributes, and what each promises: ``cluster`` (the current :class:`Cluster`, or
+    None); ``launcher`` (that cluster's backend: read it, never start or close tasks through
+    it; it is closed when a cluster is defined again); ``jobs`` (the record of every attempt's
+    runs: ``current()``, the job that watches, signals and ends go through, ``latest()``,
+    ``history()`` and ``not_ready()``; only the runtime and the supervisor make jobs, ``new()``,
+    or change the cluster, ``use()``); ``defaults``, ``verbose`` and ``cell_limits`` (settings
+    the user may change); ``services`` (what it owns and ends with it); ``session`` (its mark);
+    ``engines`` (the interactive tasks' engines, once started).
+    """
 
     # Run the cluster's tasks together and restart them all after a fault: one function,
     # rt.supervise(...) being supervisor.supervise(rt, ...).
