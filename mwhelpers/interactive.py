@@ -37,6 +37,7 @@ from .cluster import Cluster, Task
 from .diagnosis import explain_stuck
 from .ending import end
 from .errors import CellFailed, InfrastructureError, UsageError
+from .ippresults import Execution
 from .job import dump_stacks, end_runs
 from .logs import shown, tail_lines
 from .pxoutput import Printer, TaskValues, plain
@@ -290,7 +291,7 @@ class Interactive:
             self.runs[t].activity = f"cell {n} running"
             self.runs[t].mark("cell", f"{n} started")
         eids = [self.engine_of[t] for t in tasks]
-        ar = self.client[eids].execute(code, silent=False, block=False)
+        ar = Execution(self.client[eids].execute(code, silent=False, block=False))
         # As a %%worker cell shows a task's output: quiet unless verbose, within the cell limits.
         printer = Printer([self.runs[t] for t in tasks], echo, self.rt.echo,
                            quiet=not self.rt.verbose, limits=self.rt.cell_limits)
@@ -305,17 +306,17 @@ class Interactive:
             printer.flush()
             printer.finish()
 
-    def _await(self, ar: Any, tasks: list[Task], n: int, timeout: float | None, grace: float,
-               code: str) -> TaskValues:
+    def _await(self, ar: Execution, tasks: list[Task], n: int, timeout: float | None,
+               grace: float, code: str) -> TaskValues:
         started = time.monotonic()
         first_error: float | None = None
-        futures = dict(zip(tasks, ar._children, strict=True))
+        futures = dict(zip(tasks, ar.engines, strict=True))
         try:
             while not ar.ready():
                 ar.wait(0.05)
                 now = time.monotonic()
                 dead = [t for t in tasks if not self.runs[t].running]
-                failed = [t for t, f in futures.items() if f.done() and _error_of(f)]
+                failed = [t for t, f in futures.items() if f.error() is not None]
                 if failed and first_error is None:
                     first_error = now
                 if dead:
@@ -326,17 +327,16 @@ class Interactive:
                     return self._fail(ar, tasks, n, code, grace, timed_out=timeout)
         except KeyboardInterrupt:
             return self._interrupted(ar, tasks, n, code)
-        errors = {t: _error_of(f) for t, f in futures.items() if _error_of(f)}
-        if errors:
+        if any(f.error() is not None for f in futures.values()):
             return self._fail(ar, tasks, n, code, grace)
         for t in tasks:
             self.runs[t].activity = f"idle after cell {n}"
             self.runs[t].mark("cell", f"{n} ok")
         ar.wait_for_output(5)  # the results arrive with the rest of the output
-        values = {t: plain(f.output.metadata.get("execute_result")) for t, f in futures.items()}
+        values = {t: plain(f.value()) for t, f in futures.items()}
         return TaskValues(f"cell {n}", values)
 
-    def _stop(self, ar: Any, tasks: list[Task], busy: list[Task]) -> list[Task]:
+    def _stop(self, ar: Execution, tasks: list[Task], busy: list[Task]) -> list[Task]:
         """SIGINT to the ``busy`` tasks; those still running the cell ``INTERRUPT_WAIT``
         seconds later (stuck where Python cannot interrupt) are returned."""
         for t in busy:
@@ -345,13 +345,13 @@ class Interactive:
         deadline = time.monotonic() + INTERRUPT_WAIT
         while time.monotonic() < deadline and not ar.ready():
             ar.wait(0.05)
-        return [t for t, f in zip(tasks, ar._children, strict=True)
+        return [t for t, f in zip(tasks, ar.engines, strict=True)
                 if not f.done() and self.runs[t].running]
 
-    def _interrupted(self, ar: Any, tasks: list[Task], n: int, code: str) -> TaskValues:
+    def _interrupted(self, ar: Execution, tasks: list[Task], n: int, code: str) -> TaskValues:
         """Ctrl-C: SIGINT to every task still running the cell; those that do not stop within
         a moment are stuck and ended."""
-        busy = [t for t, f in zip(tasks, ar._children, strict=True) if not f.done()]
+        busy = [t for t, f in zip(tasks, ar.engines, strict=True) if not f.done()]
         stuck = self._stop(ar, tasks, busy)
         if not stuck:
             for t in tasks:
@@ -360,14 +360,14 @@ class Interactive:
             raise KeyboardInterrupt
         return self._fail(ar, tasks, n, code, 0, interrupted=True)
 
-    def _fail(self, ar: Any, tasks: list[Task], n: int, code: str, grace: float,
+    def _fail(self, ar: Execution, tasks: list[Task], n: int, code: str, grace: float,
               dead: Sequence[Task] = (), interrupted: bool = False,
               timed_out: float | None = None) -> TaskValues:
         """Raise :class:`CellFailed` for cell ``n`` (``code``): the tasks that died or raised
         first, then those still running it, ended (stacks dumped first) unless the cell
         only timed out (then interrupted), with where each was."""
-        futures = dict(zip(tasks, ar._children, strict=True))
-        errors = {t: _error_of(f) for t, f in futures.items() if f.done() and _error_of(f)}
+        futures = dict(zip(tasks, ar.engines, strict=True))
+        errors = {t: e for t, f in futures.items() if (e := f.error()) is not None}
         busy = [t for t, f in futures.items() if not f.done() and self.runs[t].running]
         finished = [t for t, f in futures.items() if f.done() and t not in errors]
         if busy and self._printer is not None:  # their stack dumps go to their logs only
@@ -505,25 +505,13 @@ def _in_cell(where: str, code: str) -> str:
     return where[:m.start()] + f"line {k} of the cell: {lines[k - 1].strip()}"
 
 
-def _error_of(future: Any) -> Any:
-    """The error a finished engine future holds (ipyparallel gives it as the result), or
-    None."""
-    if not future.done():
-        return None
-    try:
-        result = future.result()
-    except Exception as e:  # the request itself failed (an engine that died)
-        return e
-    return result if isinstance(result, BaseException) else None
-
-
-def _describe(err: Any) -> str:
+def _describe(err: BaseException) -> str:
     name = getattr(err, "ename", type(err).__name__)
     value = getattr(err, "evalue", str(err))
     return f"{name}: {value}" if value else str(name)
 
 
-def _traceback(err: Any) -> list[str]:
+def _traceback(err: BaseException) -> list[str]:
     render = getattr(err, "render_traceback", None)
     lines = list(render()) if render else [str(err)]
     return [shown(ln) for ln in lines]

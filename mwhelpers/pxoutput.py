@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .ippresults import EngineCell, Execution
 from .logs import shown
 from .taskname import Task
 from .watcher import CellEcho
@@ -101,33 +102,32 @@ class Printer:
         else:
             self._say(f"[{run.task}] {text}")
 
-    def attach(self, ar: Any) -> dict[Any, Callable[[dict[str, Any]], None]]:
+    def attach(self, ar: Execution) -> list[Callable[[], None]]:
         """Follow ``ar``'s output from now on, and show what came before (a fast task may
-        have printed before the cell's callbacks were in place)."""
-        callbacks: dict[Any, Callable[[dict[str, Any]], None]] = {}
-        for run, future in zip(self.runs, ar._children, strict=True):
-            def on_message(msg: dict[str, Any], run: TaskRun = run, future: Any = future) -> None:
+        have printed before the cell's callbacks were in place); returns what stops it."""
+        stops: list[Callable[[], None]] = []
+        for run, cell in zip(self.runs, ar.engines, strict=True):
+            def on_message(msg: dict[str, Any], run: TaskRun = run, cell: EngineCell = cell
+                           ) -> None:
                 if msg["header"]["msg_type"] in ("stream", "display_data", "execute_result"):
-                    self.catch_up(run, future)
-            future.iopub_callbacks.append(on_message)
-            callbacks[future] = on_message
-            self.catch_up(run, future)
-        return callbacks
+                    self.catch_up(run, cell)
+            stops.append(cell.follow(on_message))
+            self.catch_up(run, cell)
+        return stops
 
-    def detach(self, ar: Any, callbacks: Mapping[Any, Callable[[dict[str, Any]], None]]) -> None:
-        for run, future in zip(self.runs, ar._children, strict=True):
-            cb = callbacks[future]
-            if cb in future.iopub_callbacks:
-                future.iopub_callbacks.remove(cb)
-            self.catch_up(run, future)
+    def detach(self, ar: Execution, stops: Sequence[Callable[[], None]]) -> None:
+        for stop in stops:
+            stop()
+        for run, cell in zip(self.runs, ar.engines, strict=True):
+            self.catch_up(run, cell)
 
-    def catch_up(self, run: TaskRun, future: Any) -> None:
+    def catch_up(self, run: TaskRun, cell: EngineCell) -> None:
         """Show what ipyparallel has gathered of ``run``'s output and was not shown yet.
 
         ipyparallel adds each message to the future's metadata before it calls the
         callbacks, so reading from there (not from the message) shows everything once, in
         order, whether it came before the callbacks were in place or after."""
-        md = future.output.metadata
+        md = cell.output
         task = run.task
         with self.shown_lock:
             for name in ("stdout", "stderr"):

@@ -201,9 +201,10 @@ def test_output_streams_by_task_values_come_back_and_timeouts_say_where(rt):
     assert {str(t): v for t, v in eng.pull("task", "worker:1").items()} == {"worker:1": "worker:1"}
     # Output that arrived before a cell's printer was in place (a fast task on a busy machine)
     # is shown once, when it attaches.
+    from mwhelpers.ippresults import Execution
     from mwhelpers.pxoutput import Printer
-    ar = eng.view().execute("print('early', flush=True)", block=False)
-    ar.get(30)
+    ar = Execution(eng.view().execute("print('early', flush=True)", block=False))
+    ar.wait(30)
     ar.wait_for_output(5)
     early = []
     printer = Printer([eng.runs[t] for t in eng.tasks],
