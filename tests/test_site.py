@@ -79,7 +79,7 @@ def test_the_site_has_the_notebooks_with_their_outputs_the_cheat_sheet_and_the_r
     assert "%worker" in reference and "%%worker" in reference and "%cluster" in reference
     assert 'id="mwhelpers.Runtime.launch_all"' in reference  # the API, from its docstrings
     # The guide (docs/guide/), in its order, between the tutorials and the reference:
-    guide = ["extension", "keras3", "more-machines", "diagnosis", "layout"]
+    guide = ["extension", "keras3", "more-machines", "diagnosis", "layout", "contributing"]
     places = [index.index(f'href="{page}"') for page in
               ["02_second.html", *(f"guide/{g}.html" for g in guide), "cheatsheet.html"]]
     assert places == sorted(places)
