@@ -37,11 +37,10 @@ MODULE = "src/optimizers/optimizer_test.py"  # Keras's own, with the patch's tes
 NEW = "test_iterations_is_counted_with_the_optimizers_assign_add"
 
 
-def test_the_patch_counts_every_step_and_its_keras_test_passes(patched, tmp_path):
+def test_the_patch_counts_every_step(patched):
+    """(Keras's tests on the patched copy run in tests/test_keras_lane.py.)"""
     code, out = repro(path=patched)
     assert code == 0 and "FIXED" in out, out
-    code, out = run_module(patched, MODULE, tmp_path)
-    assert code == 0 and "43 passed" in out.strip().splitlines()[-1], out
 
 
 def test_the_keras_test_fails_without_the_patch(tmp_path_factory, tmp_path):
