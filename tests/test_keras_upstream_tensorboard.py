@@ -12,6 +12,7 @@ from upstream import keras_test, patched_copy, run_script
 HERE = ROOT / "docs" / "keras-tensorboard"
 REPRO, PATCH = HERE / "repro.py", HERE / "tensorboard.patch"
 KERAS_TEST = HERE / "tensorboard_multi_worker_test.py"
+TRAINER_PATCH = ROOT / "docs" / "keras-20585" / "trainer.patch"  # the fix the test is stacked on
 FIXED = "FIXED: only the chief (worker 0) wrote to log_dir, and no workertemp folder is left"
 pytestmark = [pytest.mark.tf, pytest.mark.skipif(KERAS_DIR is None, reason="no Keras 3")]
 
@@ -52,8 +53,10 @@ def test_the_patch_cleans_up_after_a_standalone_evaluate(patched):
 
 
 def test_the_keras_test_fails_without_the_patch(tmp_path_factory, tmp_path):
-    """On Keras as released, the worker that is not the chief writes to log_dir too (the test
-    passes with the patch in tests/test_keras_lane.py)."""
-    released = patched_copy(tmp_path_factory, KERAS_DIR, None, "tensorboard-keras-released")
-    code, out = keras_test(released, KERAS_TEST, "src/callbacks", tmp_path)
+    """On Keras with only the fix it is stacked on (keras-team/keras#20585: ``fit`` under
+    multi-worker MWMS), the worker that is not the chief writes to log_dir too (the test passes
+    with the patch in tests/test_keras_lane.py)."""
+    stacked = patched_copy(tmp_path_factory, KERAS_DIR, TRAINER_PATCH, "tensorboard-keras-base",
+                           must_apply=True)
+    code, out = keras_test(stacked, KERAS_TEST, "src/callbacks", tmp_path)
     assert code == 1 and "1 failed" in out and "workertemp_1" in out, out

@@ -35,7 +35,7 @@ WORKER = textwrap.dedent(
     import keras
 
     options = tf.distribute.experimental.CommunicationOptions(
-        timeout_seconds=20
+        timeout_seconds=60
     )
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=options
@@ -89,7 +89,7 @@ WORKER = textwrap.dedent(
 )
 class LossScaleOptimizerMultiWorkerTest(testing.TestCase):
     def test_overflow_on_one_worker_skips_the_step_on_both(self):
-        first, second = multi_worker.worker_results(WORKER, 2)
+        first, second = multi_worker.worker_results(WORKER, 2, timeout=180)
         # One step skipped on both workers, the loss scale halved once.
         for result in (first, second):
             self.assertEqual(result["iterations"], STEPS - 1)

@@ -3,9 +3,11 @@
 Upstream path: keras/src/callbacks/tensorboard_multi_worker_test.py.
 Each worker is a fresh Python process with its own TF_CONFIG, as a
 multi-worker job runs; both listen on 127.0.0.1. Worker 0 is the chief.
-Both train with a custom loop that calls the callback's hooks as `fit`
-does, and write to the same `log_dir`. Only the chief may write there; the
-other worker writes to `log_dir/workertemp_1`, removed when training ends.
+Both `fit`, `evaluate` and `predict` with the same `log_dir` (`fit` under
+multi-worker MultiWorkerMirroredStrategy needs the fix of
+keras-team/keras#20585, which this test is stacked on). Only the chief may
+write there; the other worker writes to `log_dir/workertemp_1`, removed
+when `fit`, `evaluate` or `predict` ends.
 """
 
 import os
@@ -33,19 +35,8 @@ WORKER = textwrap.dedent(
     with strategy.scope():
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
-        model.optimizer.build(model.trainable_variables)
-
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(x) - y))
-        grads = tape.gradient(loss, model.trainable_variables)
-        model.optimizer.apply(grads, model.trainable_variables)
-        return loss
-
-    @tf.function
-    def train(x, y):
-        loss = strategy.run(step, args=(x, y))
-        return strategy.reduce("MEAN", loss, axis=None)
+    x = np.ones((16, 3), "float32")
+    y = x[:, :1]
 
     def own_event_folders():
         folders = set()
@@ -55,46 +46,40 @@ WORKER = textwrap.dedent(
                     folders.add(os.path.relpath(root, log_dir))
         return sorted(folders)
 
-    x = np.ones((8, 3), "float32")
+    class Before(keras.callbacks.Callback):
+        # After TensorBoard's `on_epoch_end`, before its `on_train_end`.
+        def on_epoch_end(self, epoch, logs=None):
+            self.folders = own_event_folders()
+
     board = keras.callbacks.TensorBoard(log_dir)
-    callbacks = keras.callbacks.CallbackList([board], model=model)
-    callbacks.on_train_begin()
-    for epoch in range(2):
-        callbacks.on_epoch_begin(epoch)
-        callbacks.on_train_batch_begin(0)
-        loss = float(train(x, x[:, :1]))
-        callbacks.on_train_batch_end(0, {"loss": loss})
-        callbacks.on_test_begin()
-        callbacks.on_test_end({"loss": loss})
-        callbacks.on_epoch_end(epoch, {"loss": loss, "val_loss": loss})
-    before_end = own_event_folders()
-    callbacks.on_train_end()
-    # `evaluate` and `predict` after `fit`, with the same callback: each
-    # makes a list of its own, which sets the model again.
-    callbacks = keras.callbacks.CallbackList([board], model=model)
-    callbacks.on_test_begin()
-    callbacks.on_test_end({"loss": loss})
+    before = Before()
+    model.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=2,
+        validation_data=(x, y),
+        callbacks=[board, before],
+        verbose=0,
+    )
+    # `evaluate` and `predict` after `fit`, with the same callback.
+    model.evaluate(x, y, batch_size=8, callbacks=[board], verbose=0)
     after_evaluate = sorted(os.listdir(log_dir))
-    callbacks = keras.callbacks.CallbackList([board], model=model)
-    callbacks.on_predict_begin()
-    callbacks.on_predict_end()
+    model.predict(x, batch_size=8, callbacks=[board], verbose=0)
     after_predict = sorted(os.listdir(log_dir))
     # A `predict` whose callback never made its folder (no graph written).
     quiet_dir = os.path.join(sys.argv[2], f"quiet-{os.getpid()}")
     quiet = keras.callbacks.TensorBoard(quiet_dir, write_graph=False)
-    callbacks = keras.callbacks.CallbackList([quiet], model=model)
-    callbacks.on_predict_begin()
-    callbacks.on_predict_end()
-    quiet_left = os.path.exists(quiet_dir)
+    model.predict(x, batch_size=8, callbacks=[quiet], verbose=0)
     print(
         "RESULT "
         + json.dumps(
             {
                 "pid": os.getpid(),
-                "before": before_end,
+                "before": before.folders,
                 "after_evaluate": after_evaluate,
                 "after_predict": after_predict,
-                "quiet_left": quiet_left,
+                "quiet_left": os.path.exists(quiet_dir),
             }
         )
     )

@@ -229,8 +229,10 @@ def _patch_backup(module: ModuleType) -> str | None:
         kerasresume.disarm()
         result = epoch_end(self, epoch, logs)
         # The newest backup is of this epoch's last batch: it now says that the next epoch
-        # begins (where the number of batches is unknown, its restore could not tell).
+        # begins (where the number of batches is unknown, its restore could not tell). Not
+        # where a callback stopped training inside the epoch: it did not end.
         if saved and saved == ended and self.save_freq != "epoch" and \
+                not getattr(self.model, "stop_training", False) and \
                 kerasresume.resumes(type(self)):
             worker = chief_of(self.model)
             if worker is None or worker[1]:
