@@ -117,9 +117,12 @@ class LiveViews:
             views = [v for v in self._views if not v[2]]
         for view in views:
             run, handle = view[0], view[1]
+            # Read before the view is drawn: a task that ends between the two would settle
+            # showing "running" for good.
+            ended = not run.running
             if handle is not None:
                 handle.update(TaskView(run))
-            if not run.running:
+            if ended:
                 view[2] = True
         with self._lock:
             self._views = [v for v in self._views if not v[2]]

@@ -39,8 +39,10 @@ def test_a_background_task_is_ready_once_its_port_accepts(frt):
                for line in frt.echo_lines)
     run.wait(5)
     assert run.returncode == 0 and time.monotonic() - t0 < 5
-    assert [k for _, k, _ in run.events][:2] == ["launched", "ready"]
-    assert "epoch" in [k for _, k, _ in run.events]  # read from its log by the runtime's follower
+    kinds = [k for _, k, _ in run.events]
+    # (its epoch line may be read before the probe finds the port open)
+    assert kinds[0] == "launched" and "ready" in kinds and kinds[-1] == "exit", kinds
+    assert "epoch" in kinds  # read from its log by the runtime's follower
 
 
 def test_one_never_ready_has_its_stacks_dumped_then_is_ended(frt):

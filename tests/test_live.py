@@ -123,3 +123,33 @@ def test_headless_runs_save_the_final_state(tmp_path, monkeypatch):
     assert len(view) == 1
     assert view[0].data["text/plain"].startswith("[worker:0] done (exit 0) after")
     assert "<table" in view[0].data["text/html"]
+
+
+def test_a_view_drawn_as_its_task_ends_is_drawn_once_more(rt, monkeypatch):
+    """A task that ends between the state read and the view drawn must not settle showing
+    "running" (a race seen in JupyterLab under load); a fake task, in-process."""
+    from fakes import code
+
+    from mwhelpers import live
+
+    rt.define_cluster(1, backend="fake")
+    run = rt.launch("worker:0", code=code("hangs"), background=True)
+    shown = []
+
+    class Handle:
+        def update(self, view):
+            shown.append(view.running)
+
+    views = live.LiveViews(display=lambda view: Handle(), interval=3600)
+    views.show(run)
+    drawn = live.TaskView
+
+    def drawn_then_ended(r):
+        view = drawn(r)  # drawn while it runs...
+        rt.end_all(policy="now")  # ... and it ends right after
+        return view
+
+    monkeypatch.setattr(live, "TaskView", drawn_then_ended)
+    assert views.refresh() is True and shown == [True]  # still followed
+    monkeypatch.setattr(live, "TaskView", drawn)
+    assert views.refresh() is False and shown == [True, False]  # drawn ended, then settled
