@@ -73,13 +73,7 @@ def keras_test(patched, source, where, tmp_path, timeout=300):
     """Run the Keras-style test file ``source`` as ``keras/<where>/<its name>`` of the
     ``patched`` copy, with pytest; (exit code, output)."""
     add_tests(patched, {source: where})
-    test = patched / "keras" / where / source.name
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-p", "no:xdist", "--rootdir", str(patched), str(test)],
-                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(patched),
-                               "KERAS_BACKEND": "tensorflow"})
-    return done.returncode, done.stdout + done.stderr
+    return run_module(patched, f"{where}/{source.name}", tmp_path, timeout=timeout)
 
 
 def run_module(copy, module, tmp_path, backend="tensorflow", timeout=600):

@@ -100,14 +100,15 @@ class LocalLauncher(Launcher):
     name = "local"
     options = LocalOptions
 
-    def __init__(self, options: LocalOptions = LocalOptions(),
-                 warm: WarmStarter | None = None) -> None:
+    def __init__(self, options: LocalOptions = LocalOptions()) -> None:
         self.host = options.host
         self._guard_r: int | None
         self._guard_w: int | None
         self._guard_r, self._guard_w = os.pipe()
         self.started: list[Process] = []  # the Processes it started that may still run
-        self.warm = warm  # its runtime's, which ends its servers (mwhelpers.services)
+        # Its runtime's warm starter, which ends its servers (mwhelpers.services): lent by
+        # create(); None: every task starts cold.
+        self.warm: WarmStarter | None = None
 
     @classmethod
     def create(cls, options: BackendOptions, services: Lent) -> LocalLauncher:
