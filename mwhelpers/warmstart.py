@@ -39,7 +39,6 @@ import ast
 import functools
 import importlib.util
 import io
-import json
 import re
 import select
 import socket
@@ -50,12 +49,13 @@ import time
 import tokenize
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import psutil
 
 from . import proctree, settings
 from .ending import end
+from .taskside import wire
 from .taskside.wire import Env
 
 ENV = "MWHELPERS_WARM_START"
@@ -358,11 +358,14 @@ class _Server:
 
     def _await_ready(self) -> bool:
         ready, _, _ = select.select([self.ctl], [], [], READY_TIMEOUT)
+        kind: wire.Fork | None = None
+        reply: dict[str, Any] = {}
         try:
-            reply = json.loads(self.ctl.recv(1 << 16) or b"{}") if ready else {}
-        except (OSError, ValueError):
-            reply = {}
-        if reply.get("ready"):
+            if ready:
+                kind, reply = wire.read_fork_message(self.ctl.recv(1 << 16))
+        except (OSError, ValueError) as e:
+            reply = {"error": f"it said no word the kernel reads ({e})"}
+        if kind is wire.Fork.READY:
             self.gpu_build = bool(reply.get("gpu_build", True))
             self.effects = ImportEffects(dict(reply.get("env_set") or {}),
                                          frozenset(reply.get("env_unset") or ()),
@@ -383,10 +386,11 @@ class _Server:
         task could not be forked (start it cold); :class:`ServerGone`: nor can any other."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            request = {"argv": argv, "env": dict(env), "cwd": cwd, "pass": list(passed)}
+            request = wire.fork_message(wire.Fork.TASK, argv=argv, env=dict(env), cwd=cwd,
+                                        **{"pass": list(passed)})
             with self.lock:
                 try:
-                    socket.send_fds(self.ctl, [json.dumps(request).encode()],
+                    socket.send_fds(self.ctl, [request],
                                     [theirs.fileno(), log_fd, *passed.values()])
                 except OSError as e:
                     raise ServerGone(f"the warm-start server takes no tasks ({e})") from e
@@ -394,12 +398,15 @@ class _Server:
             data = mine.recv(1 << 16)
             if not data:
                 raise ServerGone("the warm-start server ended")
-            reply = json.loads(data)
-            if "exit" in reply:
+            try:
+                kind, reply = wire.read_fork_message(data)
+            except ValueError as e:
+                raise ServerGone(f"the warm-start server's answer was not read ({e})") from e
+            if kind is wire.Fork.EXIT:
                 raise OSError(f"the forked task ended with exit code {reply['exit']} before "
                               "it started")
-            if "pid" not in reply:
-                raise OSError(reply.get("error") or f"no pid in {reply}")
+            if kind is not wire.Fork.PID:
+                raise OSError(reply.get("error") or f"no pid in its {kind.value} answer")
         except BaseException:
             theirs.close()
             mine.close()
@@ -433,7 +440,9 @@ def _wait_exit(sock: socket.socket, pid: int) -> int:
     finally:
         sock.close()
     try:
-        return int(json.loads(data)["exit"])
+        kind, reply = wire.read_fork_message(data)
+        if kind is wire.Fork.EXIT:
+            return int(reply["exit"])
     except (ValueError, KeyError, TypeError):
         pass
     while _exists(pid):

@@ -122,3 +122,57 @@ def test_the_agent_runs_on_what_agent_code_carries_and_refuses_another_version(t
     kind, why = wire.parse_report(err.splitlines()[0])
     assert kind is wire.Report.BAD_HEADER
     assert f"protocol version {wire.VERSION - 1}; this agent speaks {wire.VERSION}" in why
+
+
+def test_fork_messages_read_back_as_written_and_another_version_is_refused():
+    for kind in wire.Fork:
+        assert wire.read_fork_message(wire.fork_message(kind, pid=7)) == (kind, {"pid": 7})
+    other = json.dumps({"version": wire.VERSION + 1, "kind": "pid", "pid": 7}).encode()
+    for bad, why in [(other, "another protocol version"), (b"", "no message"),
+                     (b"[1]", "not a JSON object")]:
+        with pytest.raises(ValueError, match=why):
+            wire.read_fork_message(bad)
+    with pytest.raises(ValueError):
+        wire.read_fork_message(json.dumps({"version": wire.VERSION, "kind": "teleport"}).encode())
+
+
+SERVE = ("import sys\nfrom mwhelpers.taskside._forkserver import Server\n"
+         "Server(int(sys.argv[1]), b'', {}, [], sys.argv[0]).serve()\n")
+
+
+def test_a_warm_start_server_refuses_a_task_of_another_version_and_forks_one_of_its_own(tmp_path):
+    """The server's loop (without TensorFlow: what it imported does not matter here) answers
+    on the task's own socket: refused, or the task's pid and then its exit."""
+    import socket
+
+    from mwhelpers.warmstart import _wait_exit
+
+    ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server = subprocess.Popen([sys.executable, "-c", SERVE, str(theirs.fileno())],
+                              pass_fds=[theirs.fileno()], cwd=ROOT)
+    theirs.close()
+    log = open(tmp_path / "task.log", "wb")
+    try:
+        def ask(message):
+            mine, status = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            socket.send_fds(ctl, [message], [status.fileno(), log.fileno()])
+            status.close()
+            mine.settimeout(30)
+            return mine
+
+        fields = {"argv": ["p.py"], "env": {"PATH": "/usr/bin:/bin"}, "cwd": str(tmp_path),
+                  "pass": []}
+        older = json.dumps({"version": wire.VERSION - 1, "kind": "task", **fields}).encode()
+        kind, reply = wire.read_fork_message(ask(older).recv(1 << 16))
+        assert kind is wire.Fork.REFUSED and "another protocol version" in reply["error"]
+
+        mine = ask(wire.fork_message(wire.Fork.TASK, **fields))
+        kind, reply = wire.read_fork_message(mine.recv(1 << 16))
+        assert kind is wire.Fork.PID and reply["pid"] != server.pid
+        assert _wait_exit(mine, reply["pid"]) == 0  # the forked copy returned from serve()
+        assert "warm start: this task was forked" in (tmp_path / "task.log").read_text()
+    finally:
+        ctl.close()  # the server leaves once it has no task
+        log.close()
+        server.wait(30)
+    assert server.returncode == 0

@@ -13,20 +13,20 @@ by its run, not by its environment, and what it starts inherits its own.
 
 The bootstrap loads this file by path: it imports nothing of the package.
 
-Messages are JSON objects, each one packet of a ``SOCK_SEQPACKET`` socket:
+The messages are declared in ``wire.py`` (:class:`wire.Fork`), one per packet of a
+``SOCK_SEQPACKET`` socket:
 
-* on the control socket, from here, once: ``{"ready": true, "gpu_build": B, "env_set": {...},
-  "env_unset": [...], "jax": J}`` after the import (B: whether that TensorFlow was built for
-  GPUs; what the import set in and removed from the environment; J: whether it loaded JAX), or
-  ``{"ready": false, "error": "..."}`` (then this process ends);
-* on the control socket, to here, one per task: ``{"argv": [...], "env": {...}, "cwd": "...",
-  "pass": [NAME, ...]}`` with the descriptors ``status, log, *passed`` attached: ``status``
-  is this task's own socket, ``log`` takes its output, and each passed descriptor is
-  inherited, its number in the environment variable NAME;
-* on the task's ``status`` socket: ``{"error": "..."}`` from here when it could not fork, or
-  ``{"pid": N}`` from the task itself once it has its own session, title and environment, and
-  ``{"exit": code, "pid": N}`` from here once it has ended (as ``subprocess`` gives it:
-  negative for a signal), possibly before it said its pid.
+* on the control socket, from here, once: ``ready`` after the import (whether that TensorFlow
+  was built for GPUs; what the import set in and removed from the environment; whether it
+  loaded JAX), or ``failed`` (then this process ends);
+* on the control socket, to here, one per task: ``task`` (its arguments, environment, folder
+  and the names of the passed descriptors) with the descriptors ``status, log, *passed``
+  attached: ``status`` is this task's own socket, ``log`` takes its output, and each passed
+  descriptor is inherited, its number in the environment variable its name gives;
+* on the task's ``status`` socket: ``refused`` from here when it could not fork, or ``pid``
+  from the task itself once it has its own session, title and environment, and ``exit`` from
+  here once it has ended (as ``subprocess`` gives it: negative for a signal), possibly before
+  it said its pid.
 
 End of file on the control socket (the kernel closed it, or died) stops the forking; this
 process leaves once its last task has ended.
@@ -34,15 +34,16 @@ process leaves once its last task has ended.
 
 import ctypes
 import importlib
-import json
 import os
 import selectors
 import signal
 import socket
 import sys
 import warnings
-from collections.abc import Callable, Mapping
-from typing import TypedDict
+from collections.abc import Callable
+from typing import Any
+
+from . import wire
 
 MAX_MESSAGE = 1 << 22
 MAX_FDS = 8
@@ -50,14 +51,12 @@ NOTICE = ("[mwhelpers] warm start: this task was forked from a process that had 
           "TensorFlow already (a fresh interpreter instead: MWHELPERS_WARM_START=0)\n")
 
 
-# A task's request, as the module's text describes it ("pass" is a keyword: the functional form).
-Request = TypedDict("Request", {"argv": list[str], "env": dict[str, str], "cwd": str,
-                               "pass": list[str]})
+Request = dict[str, Any]  # a task message's fields: argv, env, cwd, pass
 
 
-def send(sock: socket.socket, message: Mapping[str, object]) -> bool:
+def send(sock: socket.socket, kind: wire.Fork, **fields: object) -> bool:
     try:
-        sock.send(json.dumps(message).encode())
+        sock.send(wire.fork_message(kind, **fields))
         return True
     except OSError:  # the kernel no longer listens on it
         return False
@@ -159,7 +158,9 @@ class Server:
             return None
         status = socket.socket(fileno=fds[0])
         try:
-            request: Request = json.loads(data)
+            kind, request = wire.read_fork_message(data)
+            if kind is not wire.Fork.TASK:
+                raise ValueError(f"a {kind.value} message where a task was expected")
             passed = list(request.get("pass", []))
             if len(fds) != 2 + len(passed):
                 raise ValueError(f"{len(fds)} descriptors for {len(passed)} passed ones")
@@ -168,7 +169,7 @@ class Server:
                 warnings.simplefilter("ignore", DeprecationWarning)  # Python code here
                 pid = os.fork()
         except Exception as e:
-            send(status, {"error": f"{type(e).__name__}: {e}"})
+            send(status, wire.Fork.REFUSED, error=f"{type(e).__name__}: {e}")
             status.close()
             for fd in fds[1:]:
                 os.close(fd)
@@ -193,7 +194,7 @@ class Server:
                 return
             status = self.children.pop(pid, None)
             if status is not None:
-                send(status, {"exit": os.waitstatus_to_exitcode(how), "pid": pid})
+                send(status, wire.Fork.EXIT, exit=os.waitstatus_to_exitcode(how), pid=pid)
                 status.close()
 
     def _become(self, request: Request, status: socket.socket, log: int,
@@ -219,7 +220,7 @@ class Server:
         os.chdir(request["cwd"])
         _write_all(2, self.preamble + NOTICE.encode())
         set_title([sys.executable, "-u", self.bootstrap, *request["argv"]])
-        send(status, {"pid": os.getpid()})  # now it can be found, signalled and waited for
+        send(status, wire.Fork.PID, pid=os.getpid())  # now it can be found, signalled and waited for
         status.close()
         importlib.invalidate_caches()  # files written since the server started import
         numpy = sys.modules.get("numpy")
@@ -254,7 +255,7 @@ def run(ctl_fd: int, bootstrap: str, import_first: Callable[[], object]) -> None
     try:
         import_first()
     except BaseException as e:
-        send(ctl, {"ready": False, "error": f"{type(e).__name__}: {e}"})
+        send(ctl, wire.Fork.FAILED, error=f"{type(e).__name__}: {e}")
         sys.exit(1)
     finally:
         if here is not None:
@@ -276,8 +277,8 @@ def run(ctl_fd: int, bootstrap: str, import_first: Callable[[], object]) -> None
     # What the import did to the environment, and whether JAX itself was loaded (its flags
     # read their JAX_* variables then): the kernel side lets tasks that differ from this
     # server's environment only there fork from it (mwhelpers.warmstart.same_import).
-    if not send(ctl, {"ready": True, "gpu_build": _gpu_build(), "env_set": env_set,
-                      "env_unset": env_unset, "jax": "jax._src.config" in sys.modules}):
+    if not send(ctl, wire.Fork.READY, gpu_build=_gpu_build(), env_set=env_set,
+                env_unset=env_unset, jax="jax._src.config" in sys.modules):
         sys.exit(0)
     ctl.close()
     server = Server(ctl_fd, b"".join(chunks), env_set, env_unset, bootstrap)

@@ -12,7 +12,9 @@ here, and nowhere else:
   (:class:`Command`, :func:`command`, :func:`parse_command`) and its reports back
   (:class:`Report`, :func:`report`, :func:`parse_report`);
 * an escalation, the signals that end a process and the seconds each is given
-  (:func:`steps_text`, :func:`parse_steps`).
+  (:func:`steps_text`, :func:`parse_steps`);
+* the messages between the kernel and a warm-start server (:class:`Fork`,
+  :func:`fork_message`, :func:`read_fork_message`).
 
 :data:`VERSION` is in every header and exit record.  A side that reads another version says so
 (the agent refuses the header with a ``bad-header`` report; the kernel reads no record from
@@ -219,3 +221,34 @@ def parse_report(line: str) -> tuple[Report, str] | None:
         return Report(kind), rest
     except ValueError:
         return None
+
+
+# -- the warm-start server's messages ---------------------------------------------------------
+# One JSON object per packet of a SOCK_SEQPACKET socket (taskside/_forkserver.py says which
+# socket carries which), each with VERSION and its kind.  Fields, by kind:
+class Fork(str, enum.Enum):
+    READY = "ready"  # server, once: gpu_build, env_set {name: value}, env_unset [name], jax
+    FAILED = "failed"  # server, once, instead of ready (then it ends): error
+    TASK = "task"  # kernel, one per task: argv, env, cwd, pass [NAME] (descriptors attached)
+    PID = "pid"  # the forked task, once it has its own session: pid
+    EXIT = "exit"  # server, once the task has ended: exit (as subprocess says), pid
+    REFUSED = "refused"  # server, when it could not fork the task: error
+
+
+def fork_message(kind: Fork, **fields: Any) -> bytes:
+    """One message's packet."""
+    return json.dumps({"version": VERSION, "kind": kind.value, **fields}).encode()
+
+
+def read_fork_message(data: bytes) -> tuple[Fork, dict[str, Any]]:
+    """``(kind, fields)`` of one packet; ValueError saying what is wrong (empty, not JSON,
+    another version, an unknown kind)."""
+    if not data:
+        raise ValueError("no message (the other side closed its socket)")
+    message = json.loads(data)
+    if not isinstance(message, dict):
+        raise ValueError("not a JSON object")
+    if message.pop("version", None) != VERSION:
+        raise ValueError("a message of another protocol version (the kernel and its "
+                         "warm-start server come from different releases of mwhelpers)")
+    return Fork(message.pop("kind", None)), message
