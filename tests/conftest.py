@@ -49,6 +49,31 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+def _cpu_seconds():
+    import resource
+
+    own, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
+                                                     resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With MWHELPERS_TEST_CPU=FOLDER, each test's CPU seconds (the test process's own, and its
+    ended children's, which counts the workers it started) go to FOLDER/cpu-<pid>.tsv: where
+    the full run's cost goes (``--durations`` gives wall seconds, which other tests inflate)."""
+    folder = os.environ.get("MWHELPERS_TEST_CPU")
+    if not folder:
+        return (yield)
+    before = _cpu_seconds()
+    try:
+        return (yield)
+    finally:
+        own, children = (b - a for a, b in zip(before, _cpu_seconds(), strict=True))
+        with open(Path(folder) / f"cpu-{os.getpid()}.tsv", "a") as f:
+            f.write(f"{own:.2f}\t{children:.2f}\t{item.nodeid}\n")
+
+
 # Small worker programs (no TensorFlow): they read their port from TF_CONFIG
 # the way a TF server would, so readiness and cluster logic are exercised
 # with real processes in milliseconds.
