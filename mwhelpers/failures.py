@@ -186,10 +186,14 @@ def report(failures: Sequence[Failure]) -> str:
     msg = f"{first.task} failed: {first.outcome}"
     if len(failures) > 1:
         msg += "; then " + ", ".join(f"{f.task} ({f.outcome})" for f in failures[1:])
+    return "\n".join([msg, *details(first)])
+
+
+def details(first: Failure) -> list[str]:
+    """What a report says of its root cause ``first`` after naming it: what it means and what
+    to do (when recognised), the exception it raised, its log's last lines."""
     raised = [f"{first.task} raised {first.exception[:300]}"] if first.exception else []
-    lines = [msg, *explained(first.diagnosis), *raised,
-             tail_text(first.task, first.log_path, first.tail)]
-    return "\n".join(lines)
+    return [*explained(first.diagnosis), *raised, tail_text(first.task, first.log_path, first.tail)]
 
 
 class WorkerFailed(WorkerError):

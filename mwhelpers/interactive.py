@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from . import failures as failure_records
 from .backends.base import LaunchSpec
 from .backends.local import LocalLauncher
 from .cluster import Cluster, Task
@@ -38,7 +39,7 @@ from .diagnosis import explain_stuck
 from .ending import end
 from .errors import CellFailed, InfrastructureError, UsageError
 from .ippresults import Execution
-from .job import dump_stacks, end_runs
+from .job import diagnose_root, dump_stacks, dump_then_end, end_runs
 from .logs import shown, tail_lines
 from .pxoutput import Printer, TaskValues, plain
 from .taskside.wire import Env
@@ -375,14 +376,15 @@ class Interactive:
         lines: list[str] = []
         for t in dead:
             lines.append(f"{t} died while running cell {n}: {self.runs[t].outcome()}")
+        lines += self._why_died(dead)
         for t, err in errors.items():
             lines.append(f"{t} raised {_describe(err)}")
         for t, err in errors.items():
             lines.append(f"[{t}] " + "\n".join(_traceback(err)).replace("\n", f"\n[{t}] "))
         stuck_runs = [self.runs[t] for t in busy]
         if busy:
-            dump_stacks(stuck_runs)
             if timed_out is not None:  # stacks first, then a chance to stop: maybe only slow
+                dump_stacks(stuck_runs)
                 still = self._stop(ar, tasks, busy)
                 head = (f"{', '.join(map(str, busy))} did not finish cell {n} within "
                         f"{timed_out:g} s; {_stacks_written(stuck_runs, 'interrupted (SIGINT)')}")
@@ -392,18 +394,18 @@ class Interactive:
                     head += (f"; {', '.join(map(str, still))} did not stop within "
                              f"{INTERRUPT_WAIT:g} s: stuck where Python cannot interrupt (a "
                              "collective waiting for a peer, most often), so ended")
-            elif interrupted:
+            elif interrupted:  # stuck: the job's way to end such tasks, stacks first
+                dump_then_end(stuck_runs, f"stuck in cell {n}")
                 head = (f"{', '.join(map(str, busy))} did not stop within {INTERRUPT_WAIT:g} s "
                         "of Ctrl-C (SIGINT): stuck where Python cannot interrupt (a "
                         f"collective, most often); {_stacks_written(stuck_runs, 'ended')}")
             else:
+                dump_then_end(stuck_runs, f"stuck in cell {n}")
                 cause = "died" if dead else "raised"
                 head = (f"{', '.join(map(str, busy))} still ran cell {n} {grace:g} s after "
                         f"{', '.join(map(str, [*dead, *errors]))} {cause}: waiting in a "
                         "collective for a peer that will never join, most likely, which no "
                         f"signal interrupts; {_stacks_written(stuck_runs, 'ended')}")
-            if timed_out is None:
-                end_runs(stuck_runs, f"stuck in cell {n}")
             where, found = explain_stuck(stuck_runs, [self.runs[t] for t in self.tasks])
             lines.append(head + ".")
             lines += [ln for f in found for ln in f.lines()]
@@ -435,6 +437,15 @@ class Interactive:
             self.runs[t].mark("cell", f"{n} {state}")
         raise CellFailed("\n".join(lines), errors={t: _describe(e) for t, e in errors.items()},
                          dead=list(dead), stuck=busy)
+
+    def _why_died(self, dead: Sequence[Task]) -> list[str]:
+        """What the job's failure report says of the first of ``dead`` to die (what it means,
+        what it raised, its log's last lines), as a failed ``%waitworkers`` says it."""
+        found = failure_records.in_order([self.runs[t] for t in dead])
+        if not found:  # (an engine that exited 0: its outcome says all)
+            return []
+        diagnose_root(found, [self.runs[t] for t in self.tasks])
+        return failure_records.details(found[0])
 
     # -- values ------------------------------------------------------------------------------
     def pull(self, expression: str, targets: Any = None, timeout: float = 30) -> TaskValues:

@@ -267,6 +267,29 @@ def test_output_streams_by_task_values_come_back_and_timeouts_say_where(rt):
     assert eng.closed and rt.engines is None and not any(pid_alive(p) for p in pids)
 
 
+def test_an_engine_that_dies_in_a_cell_is_reported_as_the_jobs_failure_report_says_it(rt):
+    """The cell's failure names the task that died first, with what %waitworkers would say of
+    it (what that means, when recognised; its log's last lines, where what is written below
+    Python goes: a C++ check's message, an abort); the peer still running is dumped, then
+    ended, as the job ends a stuck task."""
+    rt.define_cluster(2)
+    eng = rt.interactive()
+    eng.run("import os, sys, time\ntask = os.environ['MWHELPERS_TASK']\n")
+    with pytest.raises(CellFailed) as failed:
+        eng.run("if task == 'worker:1':\n"
+                "    os.write(2, b'F0000 check failed: what a C++ library says\\n')\n"
+                "    os._exit(3)\ntime.sleep(60)\n", grace=0.5)
+    text = str(failed.value)
+    assert "worker:1 died while running cell 2: exit code 3" in text, text
+    assert "Last lines of worker:1's log" in text, text
+    assert "  F0000 check failed: what a C++ library says" in text, text
+    assert "worker:0 still ran cell 2" in text and "which no signal interrupts" in text, text
+    assert "worker:0 was at line 4 of the cell: time.sleep(60)" in text, text
+    assert failed.value.dead == [eng.tasks[1]] and failed.value.stuck == [eng.tasks[0]]
+    assert not any(r.running for r in engines_of(rt))
+    assert rt.runs[eng.tasks[0]].stacks_written
+
+
 def test_the_controller_is_private_to_this_user_and_loopback(rt, tmp_path):
     rt.define_cluster(1)
     eng = rt.interactive()
