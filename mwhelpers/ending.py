@@ -16,7 +16,7 @@ Two kinds of target, ended all at once (one slow host does not hold up the rest)
   :func:`mwhelpers.proctree.end_processes`.
 
 :func:`end_local` is the part a backend's ``Process.end`` on this machine uses.  Only this
-module and those ``end`` methods call the escalation itself (``tests/test_layout.py``).  What
+module and those ``end`` methods call the escalation itself (``tests/inprocess/test_layout.py``).  What
 to do before a stuck task ends (its stacks into its log) is :func:`mwhelpers.job.dump_then_end`.
 """
 

@@ -14,6 +14,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# The tests live in folders by what they need; the folder gives the marker that
+# ``python3 dev.py test --fast`` and ``-m`` select on (pyproject.toml declares them):
+#   inprocess/    the kernel side in this process: fakes, rules, files (no marker)
+#   processes/    small real processes, no TensorFlow (no marker)
+#   tf/           TensorFlow, Keras or JAX in this process or in the tasks it starts: tf
+#   kernels/      notebooks in Jupyter kernels, the suite, JupyterLab in a browser: notebook
+#   hosts/        the test hosts (sshd and a one-box Slurm in network namespaces): hosts
+#   reproducers/  Keras's own tests and the write-ups' reproducers (docs/keras-*): tf, upstream
+# A test of processes/ parametrised over the backends is the exception: its ssh and slurm
+# cases carry ``hosts`` themselves (tests/processes/test_backends.py, ``backend``).
+FOLDER_MARKS = {"inprocess": (), "processes": (), "tf": ("tf",), "kernels": ("notebook",),
+                "hosts": ("hosts",), "reproducers": ("tf", "upstream")}
+HERE = Path(__file__).resolve().parent
+# A test module imports what it shares with another by its name (from test_backends import
+# backend), wherever that one lives.
+for _folder in FOLDER_MARKS:
+    sys.path.insert(1, str(HERE / _folder))
+
 import mwhelpers.workers as rt_mod  # noqa: E402
 from mwhelpers.workers import Runtime  # noqa: E402
 
@@ -36,6 +54,18 @@ def pytest_configure(config):
             f"pytest {pytest.__version__} with pytest-xdist {version('pytest-xdist')} does not keep "
             "--dist loadgroup's groups together (pytest-xdist#1386). Install the locked versions: "
             "pip install --no-deps -r requirements/test.txt")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test gets its folder's markers (see FOLDER_MARKS above); a test module outside
+    those folders is refused, as it would run in no lane."""
+    for item in items:
+        rel = item.path.resolve().relative_to(HERE)
+        if len(rel.parts) != 2 or rel.parts[0] not in FOLDER_MARKS:
+            raise pytest.UsageError(f"{item.path}: a test module belongs in one of the folders "
+                                    f"{', '.join(FOLDER_MARKS)} of tests/ (by what it needs)")
+        for mark in FOLDER_MARKS[rel.parts[0]]:
+            item.add_marker(mark)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -5,7 +5,7 @@
 path; ``_forkserver.py`` is the warm-start server (``_bootstrap.py --zygote``); ``_agent.py`` is
 sent to other hosts as ``python -c`` source, after ``wire.py``, the protocol both sides read.
 None of them may import the ``mwhelpers`` package or a module outside
-this folder (``tests/test_layout.py`` checks): a task, or a host without mwhelpers installed,
+this folder (``tests/inprocess/test_layout.py`` checks): a task, or a host without mwhelpers installed,
 runs them on the standard library alone.  The kernel side may import them, for their
 constants (a variable's name, a line's format) and for the functions users call
 (``mwhelpers.fix_keras_multi_worker``, ``mwhelpers.avoid_teardown_stall``).

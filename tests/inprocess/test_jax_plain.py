@@ -1,0 +1,56 @@
+"""Keras 3 on JAX across processes (keras.distribution), launched by mwhelpers.
+
+Here: the tests of test_jax that need neither TensorFlow, kernels nor hosts; the module's text
+and its other tests are in tf/test_jax.py."""
+
+from test_jax import CLUSTER, PROGRAMS, look
+
+
+def test_a_jax_program_that_leaves_the_variables_to_mwhelpers_gets_no_warning():
+    assert look((PROGRAMS / "jax_train.py").read_text()) == []
+    assert look("import jax\njax.distributed.initialize()\n") == []
+    # The cluster's own values, written in: nothing differs.
+    assert look("""
+        import keras
+        keras.distribution.initialize("localhost:2001,localhost:2002", num_processes=2)
+    """) == []
+
+
+def test_hard_coded_addresses_count_and_id_are_warned_about():
+    (warning,) = look("""
+        import keras
+        keras.distribution.initialize(job_addresses="10.0.0.1:1234,10.0.0.2:2345")
+    """)
+    assert warning.startswith("train.py line 3 gives keras.distribution/JAX job_addresses="
+                              "'10.0.0.1:1234,10.0.0.2:2345', but the cluster gives worker:0 "
+                              "and worker:1 localhost:2001,localhost:2002")
+    assert "replaces what mwhelpers gives" in warning
+    count, process = look("""
+        import jax
+        jax.distributed.initialize("localhost:2001", 4, process_id=0)
+    """)
+    assert "num_processes=4, but the cluster gives worker:0 and worker:1 2 " in count
+    assert "process_id=0, but the cluster gives worker:1 1 " in process
+    (warning,) = look("""
+        from keras import distribution
+        distribution.initialize(process_id=0)
+    """)
+    assert "process_id=0, but the cluster gives worker:1 1 " in warning
+    (warning,) = look("""
+        import os, keras
+        os.environ["KERAS_DISTRIBUTION_NUM_PROCESSES"] = "8"
+        keras.distribution.initialize()
+    """)
+    assert warning.startswith("train.py line 3 gives keras.distribution/JAX num_processes='8'")
+
+
+def test_a_jax_program_launched_as_ps_or_evaluator_is_warned_about():
+    (warning,) = look("import keras\nkeras.distribution.initialize()\n",
+                      {**CLUSTER, "ps:0": {}, "evaluator:0": {}})
+    assert warning == (
+        "train.py line 2 calls keras.distribution.initialize, and ps:0 and evaluator:0 are not "
+        "processes of Keras 3 on JAX (only the chief and the workers are): such a task gets no "
+        "KERAS_DISTRIBUTION_* variables, and JAX there fails with 'coordinator_address should "
+        "be defined'. Launch this program as the chief and worker tasks only.")
+    # A TensorFlow program as ps is the usual thing: nothing said.
+    assert look("import tensorflow as tf\n", {"ps:0": {}}) == []

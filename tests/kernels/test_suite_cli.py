@@ -1,0 +1,77 @@
+"""``python -m mwhelpers.workshop.suite`` from an installed copy (no checkout around it): it takes a
+notebook folder, and refuses clearly when there is nothing to run."""
+
+import shutil
+import subprocess
+import sys
+
+import nbformat
+import psutil
+import pytest
+from conftest import ROOT
+
+
+@pytest.fixture
+def installed(tmp_path):
+    """mwhelpers copied alone into a site folder, as a wheel installs it."""
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "mwhelpers", site / "mwhelpers",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return site
+
+
+def suite(site, cwd, *args):
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(cwd)}
+    return subprocess.run([sys.executable, "-m", "mwhelpers.workshop.suite", "-j", "1", *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=180)
+
+
+def tiny_notebook(path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("n = 2", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell(
+                    "import mwhelpers\nassert n == 3\nprint('ran', mwhelpers.__file__)")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+def test_a_folder_of_notebooks_runs_from_an_installed_copy(installed, tmp_path):
+    tiny_notebook(tmp_path / "lessons" / "one.ipynb")
+    out = suite(installed, tmp_path, "lessons", "-p", "n", "3")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 passed, 0 failed" in out.stdout
+    executed = nbformat.read(tmp_path / "output" / "one.ipynb", as_version=4)
+    text = "".join(o.get("text", "") for o in executed.cells[-1].outputs)
+    assert f"ran {installed}" in text  # the kernel imported the installed copy
+    # and ./notebooks is the default folder
+    tiny_notebook(tmp_path / "notebooks" / "two.ipynb")
+    out = suite(installed, tmp_path, "-p", "n", "3")
+    assert out.returncode == 0 and "two.ipynb: ok" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_process_left_running_is_named_and_ended_and_one_on_its_way_out_is_not(installed,
+                                                                               tmp_path):
+    """What a notebook leaves running after its kernel has exited fails the notebook, named by
+    pid and command line, and is ended; a process that ends within the grace is not counted."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("n = 2", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell(
+                    "import subprocess\n"
+                    "stays = subprocess.Popen(['sleep', '97'], start_new_session=True)\n"
+                    "goes = subprocess.Popen(['sleep', '1'], start_new_session=True)\n"
+                    "print('pid', stays.pid)")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    path = tmp_path / "lessons" / "leaks.ipynb"
+    path.parent.mkdir(parents=True)
+    nbformat.write(nb, path)
+    out = suite(installed, tmp_path, "lessons")
+    assert out.returncode == 1, out.stdout + out.stderr
+    executed = nbformat.read(tmp_path / "output" / "leaks.ipynb", as_version=4)
+    pid = int("".join(o.get("text", "") for o in executed.cells[-1].outputs).split()[1])
+    assert f"left 1 process(es) running after it finished (ended now): pid {pid} sleep 97" \
+        in out.stdout, out.stdout
+    assert "sleep 1" not in out.stdout
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
