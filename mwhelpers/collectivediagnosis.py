@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+# TensorFlow's words when the members of one collective did not agree on it (its collective
+# parameter resolver; what each looks like in a task's log: tests/recorded/README.md).
 _SHAPE_DIFFERS = re.compile(
     r"Shape mismatch in the collective instance (?P<instance>\d+)\. Op at device (?P<device>\S+) "
     r"expected shape (?P<mine>\[[^\]]*\]) but another member in the group expected shape "

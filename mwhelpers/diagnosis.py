@@ -51,8 +51,6 @@ _FIX_SKIPPED = "[mwhelpers] the Keras 3 multi-worker fix"
 # What a program that trains with Keras 3's LossScaleOptimizer shows in its source, and the line
 # mwhelpers' mend of it (taskside/kerasmixed.py) writes when it runs.
 _LOSS_SCALE_USE = ("mixed_float16", "LossScaleOptimizer")
-# TensorFlow's words when the members of one collective did not agree on it (its collective
-# parameter resolver; what each looks like in a task's log: tests/recorded/README.md).
 _NO_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
 _SAME_STEPS = ("every worker must run exactly the same steps: the same epochs and "
                "steps_per_epoch, and the same number of batches in every worker's shard")

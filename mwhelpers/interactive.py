@@ -399,11 +399,16 @@ class Interactive:
                 head = (f"{', '.join(map(str, busy))} did not stop within {INTERRUPT_WAIT:g} s "
                         "of Ctrl-C (SIGINT): stuck where Python cannot interrupt (a "
                         f"collective, most often); {_stacks_written(stuck_runs, 'ended')}")
+            elif dead:  # (no grace: a peer that died never joins the collective)
+                dump_then_end(stuck_runs, f"stuck in cell {n}")
+                head = (f"{', '.join(map(str, busy))} still ran cell {n} when "
+                        f"{', '.join(map(str, dead))} died: waiting in a collective for a peer "
+                        "that will never join, most likely, which no signal interrupts; "
+                        f"{_stacks_written(stuck_runs, 'ended')}")
             else:
                 dump_then_end(stuck_runs, f"stuck in cell {n}")
-                cause = "died" if dead else "raised"
                 head = (f"{', '.join(map(str, busy))} still ran cell {n} {grace:g} s after "
-                        f"{', '.join(map(str, [*dead, *errors]))} {cause}: waiting in a "
+                        f"{', '.join(map(str, errors))} raised: waiting in a "
                         "collective for a peer that will never join, most likely, which no "
                         f"signal interrupts; {_stacks_written(stuck_runs, 'ended')}")
             where, found = explain_stuck(stuck_runs, [self.runs[t] for t in self.tasks])

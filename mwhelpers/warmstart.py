@@ -67,6 +67,7 @@ PER_TASK = frozenset({"TF_CONFIG", *Env.PER_TASK,
                       "KERAS_DISTRIBUTION_PROCESS_ID"})
 MAX_SERVERS = 3  # per process; the oldest is retired (it ends once its tasks have)
 READY_TIMEOUT = 120.0  # seconds a server may take to import TensorFlow
+FORK_TIMEOUT = 60.0  # seconds a forked task may take to say its pid (milliseconds, usually)
 
 _IMPORTS_TF = re.compile(r"^[ \t]*(?:import|from)[ \t][^\n#]*\b(?:tensorflow|keras|tf_keras)\b",
                          re.MULTILINE)
@@ -360,19 +361,29 @@ class _Server:
         ready, _, _ = select.select([self.ctl], [], [], READY_TIMEOUT)
         kind: wire.Fork | None = None
         reply: dict[str, Any] = {}
+        data = b""
         try:
-            if ready:
-                kind, reply = wire.read_fork_message(self.ctl.recv(1 << 16))
+            data = self.ctl.recv(1 << 16) if ready else b""
+            if data:
+                kind, reply = wire.read_fork_message(data)
         except (OSError, ValueError) as e:
-            reply = {"error": f"it said no word the kernel reads ({e})"}
+            reply = {"error": f"it said what the kernel cannot read ({e})"}
         if kind is wire.Fork.READY:
             self.gpu_build = bool(reply.get("gpu_build", True))
             self.effects = ImportEffects(dict(reply.get("env_set") or {}),
                                          frozenset(reply.get("env_unset") or ()),
                                          bool(reply.get("jax", True)))
             return True
-        self.error = reply.get("error") or (f"no word within {READY_TIMEOUT:.0f} s" if not ready
-                                            else "it ended before it was ready")
+        if not ready:
+            self.error = f"no word within {READY_TIMEOUT:.0f} s"
+        elif not data and not reply:
+            code = self.popen.poll()
+            self.error = "it ended before it was ready" + (
+                f" (exit code {code})" if code is not None else "")
+        elif kind is not None and kind is not wire.Fork.FAILED:
+            self.error = f"it answered {kind.value} where ready was expected"
+        else:
+            self.error = reply.get("error") or "it failed without saying why"
         self.close(kill=True)
         return False
 
@@ -395,23 +406,29 @@ class _Server:
                 except OSError as e:
                     raise ServerGone(f"the warm-start server takes no tasks ({e})") from e
             theirs.close()
-            data = mine.recv(1 << 16)
+            mine.settimeout(FORK_TIMEOUT)
+            try:
+                data = mine.recv(1 << 16)
+            except TimeoutError as e:
+                raise ServerGone(f"the warm-start server's task said no pid within "
+                                 f"{FORK_TIMEOUT:g} s") from e
             if not data:
                 raise ServerGone("the warm-start server ended")
             try:
                 kind, reply = wire.read_fork_message(data)
-            except ValueError as e:
-                raise ServerGone(f"the warm-start server's answer was not read ({e})") from e
-            if kind is wire.Fork.EXIT:
-                raise OSError(f"the forked task ended with exit code {reply['exit']} before "
-                              "it started")
-            if kind is not wire.Fork.PID:
-                raise OSError(reply.get("error") or f"no pid in its {kind.value} answer")
+                if kind is wire.Fork.EXIT:
+                    raise OSError(f"the forked task ended with exit code {int(reply['exit'])} "
+                                  "before it started")
+                if kind is not wire.Fork.PID:
+                    raise OSError(reply.get("error") or f"no pid in its {kind.value} answer")
+                pid = int(reply["pid"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise ServerGone(f"the warm-start server's answer was not read ({e!r})") from e
+            mine.settimeout(None)
         except BaseException:
             theirs.close()
             mine.close()
             raise
-        pid = int(reply["pid"])
         return pid, lambda: _wait_exit(mine, pid)
 
     def close(self, kill: bool = False) -> None:

@@ -60,8 +60,9 @@ def pytest_collection_modifyitems(config, items):
     """Each test gets its folder's markers (see FOLDER_MARKS above); a test module outside
     those folders is refused, as it would run in no lane."""
     for item in items:
-        rel = item.path.resolve().relative_to(HERE)
-        if len(rel.parts) != 2 or rel.parts[0] not in FOLDER_MARKS:
+        path = item.path.resolve()
+        rel = path.relative_to(HERE) if path.is_relative_to(HERE) else None
+        if rel is None or len(rel.parts) != 2 or rel.parts[0] not in FOLDER_MARKS:
             raise pytest.UsageError(f"{item.path}: a test module belongs in one of the folders "
                                     f"{', '.join(FOLDER_MARKS)} of tests/ (by what it needs)")
         for mark in FOLDER_MARKS[rel.parts[0]]:

@@ -16,9 +16,11 @@ here, and nowhere else:
 * the messages between the kernel and a warm-start server (:class:`Fork`,
   :func:`fork_message`, :func:`read_fork_message`).
 
-:data:`VERSION` is in every header and exit record.  A side that reads another version says so
-(the agent refuses the header with a ``bad-header`` report; the kernel reads no record from
-it) instead of misreading it.  Raise it whenever a name, a field or a format here changes.
+:data:`VERSION` is in every header, exit record and warm-start message.  A side that reads
+another version says so (the agent refuses the header with a ``bad-header`` report; the kernel
+reads no record from it; a warm-start server refuses the task with a ``refused`` message, and
+the kernel starts it cold) instead of misreading it.  Raise it whenever a name, a field or a
+format here changes.
 
 Standard library only, and cheap to import: every task loads it at its start, and a host
 without mwhelpers gets it with the agent (``mwhelpers.backends.agent.AGENT_CODE``).
@@ -248,7 +250,8 @@ def read_fork_message(data: bytes) -> tuple[Fork, dict[str, Any]]:
     message = json.loads(data)
     if not isinstance(message, dict):
         raise ValueError("not a JSON object")
-    if message.pop("version", None) != VERSION:
+    version = message.pop("version", None)
+    if type(version) is not int or version != VERSION:  # (True == 1: not a version)
         raise ValueError("a message of another protocol version (the kernel and its "
                          "warm-start server come from different releases of mwhelpers)")
     return Fork(message.pop("kind", None)), message

@@ -4,10 +4,11 @@ Two real workers through the magics, with the Keras that TensorFlow ships (no
 TF_USE_LEGACY_KERAS): they train together, to the weights one process reaches alone on the
 same global batches; validation, evaluate, predict, dict inputs, a partial last batch and
 ModelCheckpoint work.  BackupAndRestore surviving a SIGKILL under supervise is notebook 06's
-(run by tests/kernels/test_notebooks.py) and the chaos tests' (tests/hosts/test_multihost.py).  The unmended failure is
-tested with the diagnosis (tests/tf/test_diagnosis.py); the fix's own rules (what it changes, what
-it leaves alone) without workers below.
-"""
+(run by tests/kernels/test_notebooks.py) and the chaos tests' (tests/hosts/test_multihost.py).
+The unmended failure is tested with the diagnosis (tests/tf/test_diagnosis.py); the fix's own
+rules (what it changes, what it leaves alone) without workers below.
+
+The tests described here that need more than this folder gives are in tf/test_keras3_tf.py."""
 
 import json
 import sys

@@ -7,7 +7,8 @@ weights and loss scale as one process on the same global batches; unmended (--no
 custom loop, as fit itself needs the fit mend) both hang and the stuck report names it.  The
 mend's rules (what it changes, what it leaves alone) and the diagnosis rule's controls run
 without workers below.
-"""
+
+The tests described here that need more than this folder gives are in tf/test_keras3_mixed_tf.py."""
 
 import shutil
 import sys

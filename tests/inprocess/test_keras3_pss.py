@@ -5,7 +5,8 @@ A real cluster through the magics (a chief that coordinates, two workers, one ps
 mend the optimizer counts every scheduled step; with ``--no-keras-fix`` it loses some (two
 workers stepping at once both read N and write N + 1).  The mend's own rules (what it
 changes, when it steps aside) without a cluster below.
-"""
+
+The tests described here that need more than this folder gives are in tf/test_keras3_pss_tf.py."""
 
 import json
 import sys

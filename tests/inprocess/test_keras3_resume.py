@@ -5,7 +5,8 @@ Two workers train under ``supervise``; worker 1 is SIGKILLed once right after a 
 two backups.  The restart must redo at most N steps, skip none, end with exactly epochs x steps
 optimizer steps and the very weights of a run without the fault, for each kind of input: a
 finite dataset, a repeated one, and a distributed dataset from a function.
-"""
+
+The tests described here that need more than this folder gives are in tf/test_keras3_resume_tf.py."""
 
 import json
 

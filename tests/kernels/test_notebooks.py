@@ -1,4 +1,6 @@
-"""Every notebook runs headless (nbclient, papermill via the suite) and tells the truth."""
+"""Every notebook runs headless (nbclient, papermill via the suite) and tells the truth.
+
+The tests described here that need more than this folder gives are in processes/test_notebooks_plain.py."""
 
 import re
 import subprocess

@@ -1,7 +1,7 @@
 """Cells that need hosts show, where the hosts are missing, what they printed in a recorded run.
 
 Here: the tests of test_replay that need Jupyter kernels; the module's text and its other tests
-are in inprocess/test_replay.py."""
+are in processes/test_replay.py."""
 
 import subprocess
 import sys

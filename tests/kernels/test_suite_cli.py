@@ -1,5 +1,7 @@
 """``python -m mwhelpers.workshop.suite`` from an installed copy (no checkout around it): it takes a
-notebook folder, and refuses clearly when there is nothing to run."""
+notebook folder, and refuses clearly when there is nothing to run.
+
+The tests described here that need more than this folder gives are in processes/test_suite_cli_plain.py."""
 
 import shutil
 import subprocess

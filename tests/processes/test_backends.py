@@ -8,7 +8,8 @@ runtime's tests of those behaviours (test_runtime.py has what is the same on eve
 with the local backend as one of the four.  The remote backends run on the test hosts
 (network namespaces with sshd and a one-box Slurm); under CI=true they must run, elsewhere
 they skip with the reason.
-"""
+
+The tests described here that need more than this folder gives are in tf/test_backends_tf.py."""
 
 import json
 import os

@@ -1,4 +1,6 @@
-"""The MNIST loader: real digits offline, the Keras path when its file is there."""
+"""The MNIST loader: real digits offline, the Keras path when its file is there.
+
+The tests described here that need more than this folder gives are in tf/test_data_tf.py."""
 
 import numpy as np
 import pytest

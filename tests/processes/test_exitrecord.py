@@ -1,7 +1,9 @@
 """How a task's program ended, written by the task itself (mwhelpers/taskside/_bootstrap.py)
 beside its log, and read first by the failure, the diagnosis and the timeline
 (mwhelpers/exitrecord.py).  Real tasks, locally, forked from a warm-start server, and through
-the agent that SSH and Slurm tasks run under."""
+the agent that SSH and Slurm tasks run under.
+
+The tests described here that need more than this folder gives are in tf/test_exitrecord_tf.py."""
 
 import dataclasses
 import json

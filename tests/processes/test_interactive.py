@@ -10,7 +10,9 @@ SIGKILLed kernel leaves no engine and no controller; the magics in a real kernel
 output and live views; chief, ps and evaluator engines, and a ParameterServerStrategy driven
 from the chief's engine; a skipped step ended by the timeout; the cells on the timeline.  The
 same on the SSH and Slurm test hosts.
-"""
+
+The tests described here that need more than this folder gives are in hosts/test_interactive_hosts.py,
+tf/test_interactive_tf.py."""
 
 import json
 import os
@@ -24,7 +26,6 @@ import time
 import psutil
 import pytest
 from conftest import pid_alive
-from test_backends import allocation, backend  # noqa: F401 (fixtures used here)
 from test_kernel import Kernel
 
 from mwhelpers.errors import CellFailed, UsageError
@@ -181,7 +182,8 @@ def test_an_engine_that_dies_in_a_cell_is_reported_as_the_jobs_failure_report_sa
     assert "worker:1 died while running cell 2: exit code 3" in text, text
     assert "Last lines of worker:1's log" in text, text
     assert "  F0000 check failed: what a C++ library says" in text, text
-    assert "worker:0 still ran cell 2" in text and "which no signal interrupts" in text, text
+    assert "worker:0 still ran cell 2 when worker:1 died" in text, text
+    assert "which no signal interrupts" in text, text
     assert "worker:0 was at line 4 of the cell: time.sleep(60)" in text, text
     assert failed.value.dead == [eng.tasks[1]] and failed.value.stuck == [eng.tasks[0]]
     assert not any(r.running for r in engines_of(rt))

@@ -1,6 +1,8 @@
 """mwhelpers inside a real Jupyter kernel: a restart or a shutdown of the kernel ends its
 workers, and a failed worker fails the notebook under nbclient and papermill.  (A kernel killed
-by SIGKILL, on every backend: test_backends.py.)"""
+by SIGKILL, on every backend: test_backends.py.)
+
+The tests described here that need more than this folder gives are in kernels/test_kernel_kernels.py."""
 
 import os
 import signal

@@ -1,4 +1,6 @@
-"""Background tasks are followed live in the notebook: the view updates itself, then settles."""
+"""Background tasks are followed live in the notebook: the view updates itself, then settles.
+
+The tests described here that need more than this folder gives are in kernels/test_live_kernels.py."""
 
 import threading
 import time

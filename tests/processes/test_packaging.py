@@ -1,7 +1,8 @@
 """The library declares ranges; the tutorials' lock pins one environment with one TensorFlow.
 
 The environment checked here is the one the tests run in (dev.py installs the lock into it).
-"""
+
+The tests described here that need more than this folder gives are in tf/test_packaging_tf.py."""
 
 import importlib.metadata
 import re

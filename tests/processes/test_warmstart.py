@@ -1,7 +1,9 @@
 """Warm starts: local tasks whose program imports TensorFlow are forked from a server that
 imported it once (mwhelpers/warmstart.py, mwhelpers/taskside/_forkserver.py).  Real servers, real
 TensorFlow, real tasks: each must look to its program, to ps and to the kernel exactly like a
-cold start."""
+cold start.
+
+The tests described here that need more than this folder gives are in tf/test_warmstart_tf.py."""
 
 import json
 import os

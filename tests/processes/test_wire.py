@@ -134,6 +134,8 @@ def test_fork_messages_read_back_as_written_and_another_version_is_refused():
             wire.read_fork_message(bad)
     with pytest.raises(ValueError):
         wire.read_fork_message(json.dumps({"version": wire.VERSION, "kind": "teleport"}).encode())
+    with pytest.raises(ValueError, match="another protocol version"):  # True == 1
+        wire.read_fork_message(json.dumps({"version": True, "kind": "pid"}).encode())
 
 
 SERVE = ("import sys\nfrom mwhelpers.taskside._forkserver import Server\n"
@@ -163,7 +165,9 @@ def test_a_warm_start_server_refuses_a_task_of_another_version_and_forks_one_of_
         fields = {"argv": ["p.py"], "env": {"PATH": "/usr/bin:/bin"}, "cwd": str(tmp_path),
                   "pass": []}
         older = json.dumps({"version": wire.VERSION - 1, "kind": "task", **fields}).encode()
-        kind, reply = wire.read_fork_message(ask(older).recv(1 << 16))
+        refused = ask(older)
+        kind, reply = wire.read_fork_message(refused.recv(1 << 16))
+        refused.close()
         assert kind is wire.Fork.REFUSED and "another protocol version" in reply["error"]
 
         mine = ask(wire.fork_message(wire.Fork.TASK, **fields))

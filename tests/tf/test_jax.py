@@ -3,7 +3,8 @@
 Real processes through the magics: two processes train as one (tests/programs/jax_train.py),
 and the ways such a job goes wrong are named plainly (a process that never joins, a coordinator
 that never comes up, its port taken).  The look before launch reads programs, not runs them.
-"""
+
+The tests described here that need more than this folder gives are in inprocess/test_jax_plain.py."""
 
 import importlib.util
 import json

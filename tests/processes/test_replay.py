@@ -3,7 +3,8 @@
 Real kernels execute the notebooks (nbclient), the recording is made from a real executed
 copy, and notebook 10's own recording is checked against its cells and replayed by the suite
 on a machine without test hosts.
-"""
+
+The tests described here that need more than this folder gives are in kernels/test_replay_kernels.py."""
 
 import json
 import subprocess
