@@ -70,11 +70,29 @@ def released(patched, tmp_path_factory):
     return root
 
 
-def run_keras_tests(files, backend, path, mends, cwd, deselect=()):
+@pytest.fixture(scope="module")
+def xla_cache(tmp_path_factory):
+    """A folder for JAX's persistent compilation cache, shared by the lane's JAX runs."""
+    return tmp_path_factory.mktemp("lane-xla-cache")
+
+
+def jax_cache_env(folder):
+    """JAX's persistent compilation cache in ``folder``, for every compilation: an executable
+    is reused wherever XLA is given the same program again (the same HLO, options, backend and
+    JAX), within a run (Keras's optimizer tests compile one step per optimizer, again and
+    again) and across the three runs.  What runs is what XLA compiled for that program: the
+    tests' behaviour is the same, about half their CPU time goes (measured: 48 s wall, 53 CPU s
+    for a JAX run without it, 29 s and 30 CPU s with it, empty)."""
+    return {"JAX_COMPILATION_CACHE_DIR": str(folder),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+def run_keras_tests(files, backend, path, mends, cwd, deselect=(), extra_env=None):
     site = ROOT / "tests" / "kerasmends" if mends else None
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2",
            "PYTHONPATH": os.pathsep.join(str(p) for p in (site, path, ROOT) if p),
-           "MWHELPERS_KERAS_FIX": "1"}
+           "MWHELPERS_KERAS_FIX": "1", **(extra_env or {})}
     env.pop("MWHELPERS_KERAS_FIX_FORCE", None)  # the mends decide, not a leftover setting
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-p", "no:xdist", "-W", "ignore", "--rootdir", str(path),
@@ -86,7 +104,7 @@ def run_keras_tests(files, backend, path, mends, cwd, deselect=()):
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 @pytest.mark.parametrize("how", ["patched", "mended", "both"])
-def test_kerass_own_tests_pass(patched, released, tmp_path, backend, how):
+def test_kerass_own_tests_pass(patched, released, xla_cache, tmp_path, backend, how):
     if backend == "jax":
         pytest.importorskip("jax")
     path = released if how == "mended" else patched
@@ -99,6 +117,7 @@ def test_kerass_own_tests_pass(patched, released, tmp_path, backend, how):
         # restored epoch whose backup was of its last batch, the input of unknown size); a mend
         # cannot reach fit's own variables: JAX's fit fails there as released.
         deselect.append("test_a_fault_between_the_last_backup_and_the_epochs_end")
-    code, out = run_keras_tests(files, backend, path, how != "patched", tmp_path, deselect)
+    code, out = run_keras_tests(files, backend, path, how != "patched", tmp_path, deselect,
+                                jax_cache_env(xla_cache) if backend == "jax" else None)
     summary = out.strip().splitlines()[-1] if out.strip() else out
     assert code == 0 and " passed" in summary and "failed" not in summary, out[-6000:]
