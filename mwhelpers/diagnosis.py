@@ -31,7 +31,7 @@ from . import jaxdiagnosis, stacks
 from .failures import PEER_LOST, explained, last_exception
 from .follow import progress_of
 from .proctree import signal_of
-from .taskside import kerasbase, kerasmixed, taskfacts
+from .taskside import kerasbase, keraslayout, kerasmixed, taskfacts
 
 if TYPE_CHECKING:
     from .cluster import Task
@@ -130,7 +130,7 @@ def explain_failure(failures: Sequence[Failure], runs: Iterable[TaskRun] = ()) -
     found: list[Finding] = []
     for rule in (_settings_differ, _keras3_fit, _steps_per_execution, _op_before_strategy,
                  _collectives_differ, _jax_port_taken, _jax_gave_up, _module_missing,
-                 _peer_finished_first, _foreign_sigkill):
+                 _peer_finished_first, _replicated_by_layout, _foreign_sigkill):
         finding = rule(job, failures)
         if finding is not None:
             found.append(finding)
@@ -322,6 +322,30 @@ def _last_progress(lines: Sequence[str]) -> str:
     # had got to.
     shown = [ln for ln in lines if progress_of(ln) is not None]
     return shown[-1].strip()[:80] if shown else ""
+
+
+_OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "Out of memory", "MemoryError", "out of memory")
+
+
+def _replicated_by_layout(job: _Job, failures: Sequence[Failure]) -> Finding | None:
+    """A task that ran out of memory (killed by a SIGKILL mwhelpers did not send, or an
+    out-of-memory error) after its LayoutMap check said the model stays replicated."""
+    root = failures[0]
+    for f, _, lines in job.failed_logs(failures[:1]):
+        said = [ln[len(keraslayout.PREFIX):] for ln in lines if ln.startswith(keraslayout.PREFIX)]
+        if not said:
+            return None
+        killed = signal_of(root.returncode) == signal.SIGKILL and not root.note
+        if not killed and not any(w in job.raised(f, lines) for w in _OUT_OF_MEMORY):
+            return None
+        return Finding(
+            "layout-replicated",
+            f"{root.task} ran out of memory, most likely, after its LayoutMap left the model "
+            f"whole on every device: {said[0]}",
+            "make each LayoutMap rule match the variables' whole paths (LayoutMap matches with "
+            "re.fullmatch: print [v.path for v in model.variables] to see them), then start "
+            "the job again; its log says what each rule matched before the first step")
+    return None
 
 
 def _foreign_sigkill(job: _Job, failures: Sequence[Failure]) -> Finding | None:

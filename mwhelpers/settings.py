@@ -143,6 +143,11 @@ LAZY_JAX: Setting[bool] = Setting(
     "MWHELPERS_LAZY_JAX", switch, True, "on",
     "`0` lets TensorFlow import JAX as it loads, where JAX is installed (by default JAX "
     "waits until it is used: about 3 s less CPU at every start)", "1 or 0")
+LAYOUT_CHECK: Setting[bool] = Setting(
+    "MWHELPERS_LAYOUT_CHECK", switch, True, "on",
+    "`0` turns off the check of a `ModelParallel` LayoutMap against the model before its "
+    "first step (Keras on JAX): a rule that matches no variable, a large variable that no rule "
+    "shards", "1 or 0")
 WARM_START: Setting[bool] = Setting(
     "MWHELPERS_WARM_START", switch, True, "on",
     "`0` starts every local task in a fresh interpreter; by default a task whose "
@@ -175,7 +180,7 @@ JAX_GLOO_HOST: Setting[str] = Setting(
 
 SETTINGS: tuple[Setting[object], ...] = (
     LOG_DIR, PORT_RANGE, SSH, HEARTBEAT, STALL_FIX, KERAS_FIX, KERAS_FIX_FORCE, LAZY_PYPLOT,
-    LAZY_JAX, WARM_START, RECONNECT_MS, PORT_BASE, JAX_GLOO_HOST,
+    LAZY_JAX, LAYOUT_CHECK, WARM_START, RECONNECT_MS, PORT_BASE, JAX_GLOO_HOST,
 )
 
 # What mwhelpers puts in a task's environment (not settings: read them, do not set them).

@@ -28,6 +28,9 @@ extra process, and imports nothing heavy.  It:
 * once the program imports JAX, has JAX's gloo CPU collectives listen on the address TF_CONFIG
   names for this task rather than on what the machine's name resolves to, often loopback
   (``jaxgloo.py``; ``MWHELPERS_JAX_GLOO_HOST=0`` leaves JAX's choice);
+* unless ``MWHELPERS_LAYOUT_CHECK=0``, reads a ``ModelParallel`` LayoutMap against the model
+  before its first step, Keras on JAX, and says which rule matches no variable and which large
+  variable no rule shards (``keraslayout.py``);
 * once the program has imported TensorFlow, writes one line saying which
   TensorFlow and Keras it got (``taskfacts.py``), for the failure diagnosis;
 * with ``--standby`` (``supervise(standby=True)``: the next attempt's process started
@@ -151,6 +154,9 @@ def _arm_import_hooks() -> None:
     lazyjax = _load("lazyjax")
     if tfdata.switched_on(os.environ, lazyjax.ENV):
         lazyjax.install(tfdata.wrapped_spec)
+    keraslayout = _load("keraslayout")
+    if tfdata.switched_on(os.environ, keraslayout.ENV):
+        keraslayout.install(tfdata.after_import)
 
 
 def _wait_as_standby() -> None:

@@ -1,0 +1,187 @@
+"""Keras 3's ``LayoutMap`` checked against the model before its first step (Keras on JAX).
+
+Under ``keras.distribution.ModelParallel`` each variable gets the layout of the one
+``LayoutMap`` rule that matches its path; a variable that no rule matches is replicated on
+every device.  ``LayoutMap`` matches a rule against the whole path (``re.fullmatch``, in
+``LayoutMap.__getitem__`` of ``keras/src/distribution/distribution_lib.py``), and paths carry
+the model's name: the rule ``d.*kernel`` matches no variable of layers named ``d1`` and ``d2``
+(their paths are ``sequential/d1/kernel``).  Keras says nothing then: the job trains with the
+whole model on every device, and a model that only fits sharded runs out of memory, with no
+word of why (keras-team/keras-hub#2806).
+
+Here, in a task whose Keras runs on JAX, the first ``fit``, ``evaluate`` or ``predict`` under
+a ``ModelParallel`` distribution first reads the model's variables against the rules and says,
+in the task's log (and so in the cell):
+
+* each rule that matches no variable, with what it probably meant: a rule that matches part
+  of some paths (``re.search``) but no whole one is given the ``.*`` it lacks; otherwise the
+  paths it comes closest to are named;
+* each variable worth sharding that no rule matches (two or more dimensions and at least a
+  tenth of the largest variable's elements), replicated on every device.
+
+It changes no layout and no variable: a check, not a mend.  Nothing is said when every rule
+matches and every large variable is sharded.  ``MWHELPERS_LAYOUT_CHECK=0`` turns it off.
+Where the installed Keras keeps its layout map elsewhere than the Keras releases this was
+written against (3.14 to 3.16: ``ModelParallel._layout_map``), it says it cannot tell.
+
+Loaded by path in a task's start-up (``_bootstrap.py``): it imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+import re
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from types import ModuleType
+from typing import Any, NamedTuple
+
+from .kerasbase import PATCHED, keras_version, say_once
+
+ENV = "MWHELPERS_LAYOUT_CHECK"
+ISSUE = "keras-team/keras-hub#2806"
+TARGET = "keras.src.backend.jax.trainer"  # JAXTrainer: its make_*_function run before a step
+PREFIX = "[mwhelpers] LayoutMap: "  # every line said here starts so (diagnosis reads it)
+WORTH_SHARDING = 0.1  # of the largest variable's elements, with two or more dimensions
+_checked: set[tuple[int, int]] = set()  # (distribution, model) pairs already read
+
+
+class Variable(NamedTuple):
+    path: str
+    shape: tuple[int, ...]
+    itemsize: int
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.itemsize
+
+
+def findings(rules: Sequence[str], variables: Sequence[Variable]) -> list[str]:
+    """What to say of ``rules`` (a LayoutMap's keys) against the model's ``variables``: one
+    line each, without the prefix; empty when there is nothing to say."""
+    lines = []
+    matched: set[str] = set()
+    for rule in rules:
+        try:
+            pattern = re.compile(rule)
+        except re.error as e:
+            lines.append(f"rule {rule!r} is no regular expression ({e})")
+            continue
+        whole = [v.path for v in variables if v.path == rule or pattern.fullmatch(v.path)]
+        matched.update(whole)
+        if not whole:
+            lines.append(f"rule {rule!r} matches no variable of the model: "
+                         + _meant(rule, pattern, [v.path for v in variables]))
+    largest = max((v.size for v in variables), default=0)
+    left = [v for v in variables if v.path not in matched and len(v.shape) >= 2
+            and v.size >= WORTH_SHARDING * largest]
+    if rules and left:
+        total = sum(v.nbytes for v in left)
+        lines.append(
+            f"{len(left)} variable{'s' if len(left) > 1 else ''} that no rule matches "
+            f"{'are' if len(left) > 1 else 'is'} replicated on every device ({_bytes(total)} on "
+            "each): " + ", ".join(f"{v.path} {list(v.shape)}" for v in left[:6])
+            + (f" and {len(left) - 6} more" if len(left) > 6 else ""))
+    return lines
+
+
+def _meant(rule: str, pattern: re.Pattern[str], paths: Sequence[str]) -> str:
+    """What ``rule`` was probably meant to be, said for a learner."""
+    partial = [p for p in paths if pattern.search(p)]
+    if partial:
+        widened = ".*" + rule
+        fits = [p for p in paths if re.fullmatch(widened, p)]
+        hint = (f"; {widened!r} matches {_some(fits)}" if fits else "")
+        return (f"it matches only part of {_some(partial)}, and LayoutMap matches a rule against "
+                f"a variable's whole path (re.fullmatch){hint}")
+    close = difflib.get_close_matches(rule, paths, n=3, cutoff=0.3)
+    return ("no variable's path contains it either; the paths are like "
+            + _some(close or list(paths)))
+
+
+def _some(paths: Sequence[str]) -> str:
+    shown = ", ".join(paths[:3])
+    return shown + (f" (and {len(paths) - 3} more)" if len(paths) > 3 else "")
+
+
+def _bytes(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:g} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]  # (a float from here on)
+    return f"{n} bytes"
+
+
+def _variables(model: Any) -> list[Variable]:
+    out = []
+    for v in getattr(model, "variables", ()):
+        shape = tuple(int(d) for d in v.shape)
+        itemsize = int(getattr(getattr(v.value, "dtype", None), "itemsize", 4) or 4)
+        out.append(Variable(str(v.path), shape, itemsize))
+    return out
+
+
+def check(model: Any) -> list[str]:
+    """Read ``model``'s variables against the current ``ModelParallel`` distribution's
+    LayoutMap (once per distribution and model) and say what :func:`findings` finds; the
+    lines said (with the prefix)."""
+    distribution_lib = sys.modules.get("keras.src.distribution.distribution_lib")
+    if distribution_lib is None:
+        return []
+    distribution = distribution_lib.distribution()
+    parallel = getattr(distribution_lib, "ModelParallel", None)
+    if parallel is None or not isinstance(distribution, parallel):
+        return []
+    key = (id(distribution), id(model))
+    if key in _checked:
+        return []
+    _checked.add(key)
+    layout_map: Any = getattr(distribution, "_layout_map", None)
+    mapping: Any = getattr(distribution_lib, "LayoutMap", None)
+    if mapping is None or not isinstance(layout_map, mapping):
+        say_once("layout-cannot-tell",
+                 f"{PREFIX}cannot tell whether its rules match the model: Keras "
+                 f"{keras_version()}'s ModelParallel keeps its LayoutMap elsewhere than 3.14 to "
+                 f"3.16 did (turn this check off: {ENV}=0)")
+        return []
+    rules = [str(rule) for rule in layout_map]
+    lines = [PREFIX + line for line in findings(rules, _variables(model))]
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+    return lines
+
+
+def _checked_first(make: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(make)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            check(self)
+        except Exception as e:  # a check never stops the program
+            say_once("layout-failed", f"{PREFIX}the check failed ({type(e).__name__}: {e}); "
+                                      "the program goes on unchecked")
+        return make(self, *args, **kwargs)
+
+    setattr(run, PATCHED, True)
+    return run
+
+
+def patch(module: ModuleType) -> None:
+    """Check before the JAX trainer makes its first train, test or predict function."""
+    trainer = module.JAXTrainer
+    for name in ("make_train_function", "make_test_function", "make_predict_function"):
+        current = getattr(trainer, name)
+        if not getattr(current, PATCHED, False):
+            setattr(trainer, name, _checked_first(current))
+
+
+def install(after_import: Callable[[str, Callable[[ModuleType], object]], None],
+            names: Iterable[str] = (TARGET,)) -> None:
+    """Arm the check once the JAX trainer loads (``after_import``: :func:`tfdata.after_import`)."""
+    for name in names:
+        after_import(name, patch)

@@ -1,0 +1,77 @@
+"""The LayoutMap check (mwhelpers/taskside/keraslayout.py), in real tasks of Keras on JAX: a
+model split over two processes of two CPU devices each (tests/programs/jax_model_parallel.py).
+
+A rule that matches no variable is named in the cell, with what it probably meant, before the
+first step, and the model is indeed whole on every device; a rule that matches says nothing
+and splits the kernels; ``MWHELPERS_LAYOUT_CHECK=0`` turns the check off."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, results
+
+PROGRAM = ROOT / "tests" / "programs" / "jax_model_parallel.py"
+BOOTSTRAP = ROOT / "mwhelpers" / "taskside" / "_bootstrap.py"
+PREFIX = "[mwhelpers] LayoutMap: "
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("jax") is None and os.environ.get("CI") != "true",
+    reason="jax is not installed (the tutorials' lock, requirements/tutorials.txt, has it)")
+
+
+@pytest.fixture
+def jax_env(monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+
+
+def test_a_rule_that_matches_no_variable_is_named_in_the_cell_before_the_first_step(
+        ip, rt, jax_env):
+    ip.run_line_magic("cluster", "2")
+    ip.run_line_magic("worker", f"0 --bg {PROGRAM} d.*kernel")
+    ip.run_line_magic("worker", f"1 {PROGRAM} d.*kernel")  # its output streams in the cell
+    ip.run_line_magic("waitworkers", "--timeout 150")
+    # In the cell (worker:1's) and in each task's log: the rule, why it matched nothing, what
+    # it probably meant, and what stays whole on every device.
+    rule = ("rule 'd.*kernel' matches no variable of the model: it matches only part of "
+            "sequential/d1/kernel, sequential/d2/kernel, and LayoutMap matches a rule against a "
+            "variable's whole path (re.fullmatch); '.*d.*kernel' matches sequential/d1/kernel, "
+            "sequential/d2/kernel")
+    whole = ("2 variables that no rule matches are replicated on every device (2.5 KiB on each): "
+             "sequential/d1/kernel [16, 32], sequential/d2/kernel [32, 4]")
+    assert f"[worker:1] {PREFIX}{rule}" in rt.echo_lines, rt.echo_lines
+    assert f"[worker:1] {PREFIX}{whole}" in rt.echo_lines, rt.echo_lines
+    for task in ("worker:0", "worker:1"):
+        assert {PREFIX + rule, PREFIX + whole} <= set(rt.runs[rt.cluster.check_task(task)].lines())
+    # Before the first step: above the epoch's line in the task's log.
+    lines = rt.runs[rt.cluster.check_task("worker:0")].lines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith(PREFIX))
+    epoch = next(i for i, ln in enumerate(lines) if "loss:" in ln)
+    assert first < epoch, lines
+    # What it said is so: the kernels are whole on every device.
+    for got in results(rt).values():
+        assert got["devices"] == 4 and got["specs"] == {"d1": [None, None], "d2": [None, None]}
+
+
+def run_task(rule, tmp_path, **env):
+    """The program as a task of one process starts it (the start-up arms the check)."""
+    environ = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(ROOT), **env,
+               "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    for name in ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
+                 "KERAS_DISTRIBUTION_PROCESS_ID"):
+        environ.pop(name, None)
+    done = subprocess.run([sys.executable, "-u", str(BOOTSTRAP), str(PROGRAM), rule],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=environ)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def test_a_rule_that_matches_says_nothing_and_the_check_can_be_turned_off(tmp_path):
+    out = run_task(r".*/d\d/kernel", tmp_path)
+    assert PREFIX not in out
+    assert '"specs": {"d1": [null, "model"], "d2": [null, "model"]}' in out, out
+    out = run_task("d.*kernel", tmp_path, MWHELPERS_LAYOUT_CHECK="0")
+    assert PREFIX not in out
+    assert '"specs": {"d1": [null, null], "d2": [null, null]}' in out, out
