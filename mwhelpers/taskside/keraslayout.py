@@ -13,9 +13,10 @@ Here, in a task whose Keras runs on JAX, the first ``fit``, ``evaluate`` or ``pr
 a ``ModelParallel`` distribution first reads the model's variables against the rules and says,
 in the task's log (and so in the cell):
 
-* each rule that matches no variable, with what it probably meant: a rule that matches part
-  of some paths (``re.search``) but no whole one is given the ``.*`` it lacks; otherwise the
-  paths it comes closest to are named;
+* each rule that matches no variable and no layer's output (``sequential/d1/output``, the
+  path by which ``Layer.__call__`` looks up an output's layout), with what it probably meant:
+  a rule that matches part of some paths (``re.search``) but no whole one is given the ``.*``
+  it lacks; otherwise the paths it comes closest to are named;
 * each variable worth sharding that no rule matches (two or more dimensions and at least a
   tenth of the largest variable's elements), replicated on every device.
 
@@ -62,9 +63,12 @@ class Variable(NamedTuple):
         return self.size * self.itemsize
 
 
-def findings(rules: Sequence[str], variables: Sequence[Variable]) -> list[str]:
-    """What to say of ``rules`` (a LayoutMap's keys) against the model's ``variables``: one
-    line each, without the prefix; empty when there is nothing to say."""
+def findings(rules: Sequence[str], variables: Sequence[Variable],
+             outputs: Sequence[str] = ()) -> list[str]:
+    """What to say of ``rules`` (a LayoutMap's keys) against the model's ``variables`` and
+    its layers' ``outputs`` (``sequential/d1/output``: a rule may lay out a layer's output, which
+    Keras looks up by that path): one line each, without the prefix; empty when there is
+    nothing to say."""
     lines = []
     matched: set[str] = set()
     for rule in rules:
@@ -75,7 +79,7 @@ def findings(rules: Sequence[str], variables: Sequence[Variable]) -> list[str]:
             continue
         whole = [v.path for v in variables if v.path == rule or pattern.fullmatch(v.path)]
         matched.update(whole)
-        if not whole:
+        if not whole and not any(o == rule or pattern.fullmatch(o) for o in outputs):
             lines.append(f"rule {rule!r} matches no variable of the model: "
                          + _meant(rule, pattern, [v.path for v in variables]))
     largest = max((v.size for v in variables), default=0)
@@ -127,6 +131,15 @@ def _variables(model: Any) -> list[Variable]:
     return out
 
 
+def _outputs(model: Any) -> list[str]:
+    """The paths by which Keras looks up a layout for each layer's output (``Layer.__call__``:
+    the layer's path and ``/output``)."""
+    flatten = getattr(model, "_flatten_layers", None)
+    layers = flatten(include_self=False, recursive=True) if callable(flatten) else \
+        getattr(model, "layers", ())
+    return [f"{layer.path}/output" for layer in layers if getattr(layer, "path", None)]
+
+
 def check(model: Any) -> list[str]:
     """Read ``model``'s variables against the current ``ModelParallel`` distribution's
     LayoutMap (once per distribution and model) and say what :func:`findings` finds; the
@@ -151,7 +164,7 @@ def check(model: Any) -> list[str]:
                  f"3.16 did (turn this check off: {ENV}=0)")
         return []
     rules = [str(rule) for rule in layout_map]
-    lines = [PREFIX + line for line in findings(rules, _variables(model))]
+    lines = [PREFIX + line for line in findings(rules, _variables(model), _outputs(model))]
     for line in lines:
         print(line, file=sys.stderr, flush=True)
     return lines

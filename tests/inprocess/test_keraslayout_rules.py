@@ -13,9 +13,16 @@ MODEL = [Variable("sequential/d1/kernel", (512, 2048), 4), Variable("sequential/
          Variable("sequential/embed/embeddings", (100, 16), 4)]
 
 
+OUTPUTS = ["sequential/d1/output", "sequential/d2/output", "sequential/embed/output"]
+
+
 def test_rules_that_match_say_nothing():
-    assert findings([r".*/d\d/kernel"], MODEL) == []
+    assert findings([r".*/d\d/kernel"], MODEL, OUTPUTS) == []
     assert findings([], MODEL) == []  # no rules: DataParallel's way, nothing to say
+    # A rule for a layer's output (Keras lays out an output by its path) matches no variable.
+    assert findings([r".*/d\d/kernel", ".*/d1/output"], MODEL, OUTPUTS) == []
+    assert findings([r".*/d\d/kernel", "d1/output"], MODEL, OUTPUTS)[0].startswith(
+        "rule 'd1/output' matches no variable of the model")
 
 
 def test_a_rule_matching_part_of_paths_gets_the_wildcard_it_lacks():
