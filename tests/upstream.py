@@ -76,13 +76,14 @@ def keras_test(patched, source, where, tmp_path, timeout=300):
     return run_module(patched, f"{where}/{source.name}", tmp_path, timeout=timeout)
 
 
-def run_module(copy, module, tmp_path, backend="tensorflow", timeout=600):
+def run_module(copy, module, tmp_path, backend="tensorflow", timeout=600, env=None):
     """Run Keras's test module ``module`` (``src/callbacks/x_test.py``) of the Keras ``copy``
-    with pytest; (exit code, output)."""
+    with pytest (``env``: more variables); (exit code, output)."""
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-p", "no:xdist", "--rootdir", str(copy), str(copy / "keras" / module)],
                           capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(copy), "KERAS_BACKEND": backend})
+                          env={**os.environ, "PYTHONPATH": str(copy), "KERAS_BACKEND": backend,
+                               **(env or {})})
     return done.returncode, done.stdout + done.stderr
 
 

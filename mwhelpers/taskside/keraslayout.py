@@ -23,7 +23,9 @@ in the task's log (and so in the cell):
 It changes no layout and no variable: a check, not a mend.  Nothing is said when every rule
 matches and every large variable is sharded.  ``MWHELPERS_LAYOUT_CHECK=0`` turns it off.
 Where the installed Keras keeps its layout map elsewhere than the Keras releases this was
-written against (3.14 to 3.16: ``ModelParallel._layout_map``), it says it cannot tell.
+written against (3.14 to 3.16: ``ModelParallel._layout_map``), it says it cannot tell; where
+Keras warns itself (``JAXTrainer._check_layout_map_coverage``, the change of
+docs/keras-layoutmap.md), it steps aside and says so.
 
 Loaded by path in a task's start-up (``_bootstrap.py``): it imports nothing of the package.
 """
@@ -39,7 +41,7 @@ from collections.abc import Callable, Iterable, Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from .kerasbase import PATCHED, keras_version, say_once
+from .kerasbase import CARRIES, PATCHED, keras_version, say_once
 
 ENV = "MWHELPERS_LAYOUT_CHECK"
 ISSUE = "keras-team/keras-hub#2806"
@@ -184,9 +186,18 @@ def _checked_first(make: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+UPSTREAM = "_check_layout_map_coverage"  # docs/keras-layoutmap.md's method on JAXTrainer
+CARRIED = ("[mwhelpers] Keras {version} " + CARRIES + " the LayoutMap check (" + ISSUE +
+           "): its JAX trainer warns of a key that matches nothing; not checked twice")
+
+
 def patch(module: ModuleType) -> None:
-    """Check before the JAX trainer makes its first train, test or predict function."""
+    """Check before the JAX trainer makes its first train, test or predict function (unless
+    Keras warns itself)."""
     trainer = module.JAXTrainer
+    if hasattr(trainer, UPSTREAM):
+        say_once("layout-carried", CARRIED.format(version=keras_version()))
+        return
     for name in ("make_train_function", "make_test_function", "make_predict_function"):
         current = getattr(trainer, name)
         if not getattr(current, PATCHED, False):

@@ -1,0 +1,56 @@
+"""The upstream write-up of the silent LayoutMap key (docs/keras-layoutmap.md) holds: Keras's
+own JAX trainer tests with the patch's tests fail on Keras as released and pass with the patch,
+and mwhelpers' check steps aside on the patched Keras, which warns itself.  Applying the patch
+needs GNU patch: without it these tests skip, except under CI=true."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+from test_keras_lane import jax_cache_env
+from test_keras_upstream import KERAS_DIR
+from upstream import patch_of_tests, patched_copy, run_module
+
+PATCH = ROOT / "docs" / "keras-layoutmap" / "jax_trainer.patch"
+MODULE = "src/backend/jax/trainer_test.py"
+PROGRAM = ROOT / "tests" / "programs" / "jax_model_parallel.py"
+BOOTSTRAP = ROOT / "mwhelpers" / "taskside" / "_bootstrap.py"
+DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+pytestmark = [pytest.mark.skipif(KERAS_DIR is None, reason="no Keras 3"), pytest.mark.skipif(
+    importlib.util.find_spec("jax") is None and os.environ.get("CI") != "true",
+    reason="jax is not installed (the tutorials' lock, requirements/tutorials.txt, has it)")]
+
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory):
+    return patched_copy(tmp_path_factory, KERAS_DIR, PATCH, "layoutmap-keras", must_apply=True)
+
+
+def test_the_keras_tests_fail_without_the_patch_and_pass_with_it(patched, tmp_path_factory,
+                                                                  tmp_path):
+    cache = jax_cache_env(tmp_path_factory.mktemp("layoutmap-xla-cache"))
+    tests = patch_of_tests(PATCH, tmp_path)
+    released = patched_copy(tmp_path_factory, KERAS_DIR, tests, "layoutmap-keras-released")
+    code, out = run_module(released, MODULE, tmp_path, "jax", env={**DEVICES, **cache})
+    assert code == 1 and "test_warns_when_a_layout_map_key_matches_no_path" in out, out
+    assert "1 failed, 10 passed" in out, out
+    code, out = run_module(patched, MODULE, tmp_path, "jax", env={**DEVICES, **cache})
+    assert code == 0 and "11 passed" in out, out
+
+
+def test_the_check_steps_aside_where_keras_warns_itself(patched, tmp_path):
+    env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": f"{patched}{os.pathsep}{ROOT}",
+           **DEVICES}
+    for name in ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
+                 "KERAS_DISTRIBUTION_PROCESS_ID"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-u", str(BOOTSTRAP), str(PROGRAM), "d.*kernel"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "carries the fix of the LayoutMap check" in out, out
+    assert "The LayoutMap key 'd.*kernel' matches no variable or layer output" in out, out
+    assert "[mwhelpers] LayoutMap: " not in out, out
