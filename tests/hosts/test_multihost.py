@@ -427,6 +427,31 @@ def test_keras3_on_jax_trains_across_two_slurm_nodes(ip, remote_rt, env, allocat
     print(f"trained on the allocation's nodes in {time.monotonic() - t:.1f} s")
 
 
+JAX_MODEL_PARALLEL = ROOT / "tests" / "programs" / "jax_model_parallel.py"
+LAYOUT = "[mwhelpers] LayoutMap: "
+
+
+@pytest.mark.parametrize("where", ["ssh", "slurm"])
+def test_a_layout_map_rule_that_matches_nothing_is_named_on_the_hosts_too(
+        ip, remote_rt, env, request, where):
+    """A model split over two hosts' processes (two CPU devices each), with the rule a learner
+    writes for layers d1 and d2: each task says, before its first step, that the rule matches
+    no variable and what stays whole on every device, as locally (tests/tf/test_keraslayout.py)."""
+    if where == "slurm":
+        request.getfixturevalue("allocation")
+        ip.run_line_magic("cluster", "2 --slurm")
+    else:
+        ip.run_line_magic("cluster", "2 --hosts " + ",".join(env.names))
+    ip.run_line_magic("worker", f"all --bg --timeout 90 {JAX_MODEL_PARALLEL} d.*kernel")
+    ip.run_line_magic("waitworkers", "--timeout 90")
+    for task, got in results(remote_rt).items():
+        lines = remote_rt.get_run(task).lines()
+        said = [ln for ln in lines if ln.startswith(LAYOUT)]
+        assert len(said) == 2 and "rule 'd.*kernel' matches no variable" in said[0], lines
+        assert "replicated on every device" in said[1], lines
+        assert got["devices"] == 4 and got["specs"] == {"d1": [None, None], "d2": [None, None]}
+
+
 def _squeue(job):
     return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
                           text=True, timeout=30).stdout.strip()
