@@ -23,7 +23,8 @@ in the task's log (and so in the cell):
 It changes no layout and no variable: a check, not a mend.  Nothing is said when every rule
 matches and every large variable is sharded.  ``MWHELPERS_LAYOUT_CHECK=0`` turns it off.
 Where the installed Keras keeps its layout map elsewhere than the Keras releases this was
-written against (3.14 to 3.16: ``ModelParallel._layout_map``), it says it cannot tell; where
+written against (3.14 to 3.16: ``ModelParallel._layout_map``, the JAX trainer ``JAXTrainer``
+or ``Trainer``), it says it cannot tell and the program runs unchecked; where
 Keras warns itself (``JAXTrainer._check_layout_map_coverage``, the change of
 docs/keras-layoutmap.md), it steps aside and says so.
 
@@ -41,7 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from .kerasbase import CARRIES, PATCHED, keras_version, say_once
+from .kerasbase import CARRIES, PATCHED, keras_version, safely, say_once
 
 ENV = "MWHELPERS_LAYOUT_CHECK"
 ISSUE = "keras-team/keras-hub#2806"
@@ -194,7 +195,7 @@ CARRIED = ("[mwhelpers] Keras {version} " + CARRIES + " the LayoutMap check (" +
 def patch(module: ModuleType) -> None:
     """Check before the JAX trainer makes its first train, test or predict function (unless
     Keras warns itself)."""
-    trainer = module.JAXTrainer
+    trainer = _trainer_class(module)
     if hasattr(trainer, UPSTREAM):
         say_once("layout-carried", CARRIED.format(version=keras_version()))
         return
@@ -204,8 +205,19 @@ def patch(module: ModuleType) -> None:
             setattr(trainer, name, _checked_first(current))
 
 
+def _trainer_class(module: ModuleType) -> type:
+    """The JAX trainer: ``JAXTrainer`` (3.14 to 3.15), ``Trainer`` (3.16's development); a
+    LookupError where neither is this module's own class with ``make_train_function``."""
+    for name in ("JAXTrainer", "Trainer"):
+        cls = getattr(module, name, None)
+        if (isinstance(cls, type) and cls.__module__ == module.__name__
+                and "make_train_function" in vars(cls)):
+            return cls
+    raise LookupError(f"no JAX trainer class in {module.__name__}")
+
+
 def install(after_import: Callable[[str, Callable[[ModuleType], object]], None],
             names: Iterable[str] = (TARGET,)) -> None:
     """Arm the check once the JAX trainer loads (``after_import``: :func:`tfdata.after_import`)."""
     for name in names:
-        after_import(name, patch)
+        after_import(name, safely(patch, ISSUE))
