@@ -41,10 +41,24 @@ def _release(text):
 
 
 def pytest_configure(config):
-    """Tests marked ``xdist_group`` share something (the multi-host tests: a set of test
+    """The processes the tests start write their temporary files (TensorFlow's autograph
+    modules, one per traced function, which a killed worker never removes) into a folder of
+    this test process's own, removed when it ends: the tests leave nothing in /tmp.  This
+    process keeps the usual folder (its own paths, the test hosts' sockets among them, stay
+    as short as they were).
+
+    Tests marked ``xdist_group`` share something (the multi-host tests: a set of test
     hosts per group) and must run in one worker process.  pytest-xdist 3.8 groups them by adding
     ``@group`` to their node ids, which pytest 9.2 silently ignores (pytest-xdist#1386):
     they would be spread over the workers and fight over the hosts.  Refuse that pair."""
+    import shutil
+    import tempfile
+
+    # This process (and pytest-xdist's workers, which inherit the variables): as before.
+    tempfile.tempdir = os.environ.setdefault("MWHELPERS_TESTS_TMPDIR", tempfile.gettempdir())
+    folder = tempfile.mkdtemp(prefix="mwt-")
+    os.environ["TMPDIR"] = folder
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
     if config.getoption("dist", "no") != "loadgroup" or hasattr(config, "workerinput"):
         return
     from importlib.metadata import version
