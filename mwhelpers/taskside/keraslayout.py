@@ -7,7 +7,8 @@ every device.  ``LayoutMap`` matches a rule against the whole path (``re.fullmat
 the model's name: the rule ``d.*kernel`` matches no variable of layers named ``d1`` and ``d2``
 (their paths are ``sequential/d1/kernel``).  Keras says nothing then: the job trains with the
 whole model on every device, and a model that only fits sharded runs out of memory, with no
-word of why (keras-team/keras-hub#2806).
+word of why (keras-team/keras-hub#2806).  Keras 3.13 and older matched with ``re.search``:
+a rule that shards there may match nothing on 3.14 and later.
 
 Here, in a task whose Keras runs on JAX, the first ``fit``, ``evaluate`` or ``predict`` under
 a ``ModelParallel`` distribution first reads the model's variables against the rules and says,
@@ -67,11 +68,12 @@ class Variable(NamedTuple):
 
 
 def findings(rules: Sequence[str], variables: Sequence[Variable],
-             outputs: Sequence[str] = ()) -> list[str]:
+             outputs: Sequence[str] = (), how: str = "fullmatch") -> list[str]:
     """What to say of ``rules`` (a LayoutMap's keys) against the model's ``variables`` and
     its layers' ``outputs`` (``sequential/d1/output``: a rule may lay out a layer's output, which
-    Keras looks up by that path): one line each, without the prefix; empty when there is
-    nothing to say."""
+    Keras looks up by that path), matched as the installed Keras matches them (``how``:
+    ``"fullmatch"`` since Keras 3.14, ``"search"`` before): one line each, without the prefix;
+    empty when there is nothing to say."""
     lines = []
     matched: set[str] = set()
     for rule in rules:
@@ -80,9 +82,10 @@ def findings(rules: Sequence[str], variables: Sequence[Variable],
         except re.error as e:
             lines.append(f"rule {rule!r} is no regular expression ({e})")
             continue
-        whole = [v.path for v in variables if v.path == rule or pattern.fullmatch(v.path)]
+        match = pattern.fullmatch if how == "fullmatch" else pattern.search
+        whole = [v.path for v in variables if v.path == rule or match(v.path)]
         matched.update(whole)
-        if not whole and not any(o == rule or pattern.fullmatch(o) for o in outputs):
+        if not whole and not any(o == rule or match(o) for o in outputs):
             lines.append(f"rule {rule!r} matches no variable of the model: "
                          + _meant(rule, pattern, [v.path for v in variables]))
     largest = max((v.size for v in variables), default=0)
@@ -106,7 +109,8 @@ def _meant(rule: str, pattern: re.Pattern[str], paths: Sequence[str]) -> str:
         fits = [p for p in paths if re.fullmatch(widened, p)]
         hint = (f"; {widened!r} matches {_some(fits)}" if fits else "")
         return (f"it matches only part of {_some(partial)}, and LayoutMap matches a rule against "
-                f"a variable's whole path (re.fullmatch){hint}")
+                f"a variable's whole path (re.fullmatch, since Keras 3.14: a rule written for "
+                f"3.13 or older, which matched part of a path, may match nothing now){hint}")
     close = difflib.get_close_matches(rule, paths, n=3, cutoff=0.3)
     return ("no variable's path contains it either; the paths are like "
             + _some(close or list(paths)))
@@ -132,6 +136,19 @@ def _variables(model: Any) -> list[Variable]:
         itemsize = int(getattr(getattr(v.value, "dtype", None), "itemsize", 4) or 4)
         out.append(Variable(str(v.path), shape, itemsize))
     return out
+
+
+def _how_keras_matches(layout_map_class: Any) -> str | None:
+    """How the installed ``LayoutMap.__getitem__`` matches a key against a path:
+    ``"fullmatch"`` (Keras 3.14 and later), ``"search"`` (3.13 and older), None: neither."""
+    import inspect
+
+    try:
+        source = inspect.getsource(layout_map_class.__getitem__)
+    except (OSError, TypeError, AttributeError):
+        return None
+    found = [how for how in ("fullmatch", "search") if f"re.{how}(" in source]
+    return found[0] if len(found) == 1 else None
 
 
 def _outputs(model: Any) -> list[str]:
@@ -166,8 +183,15 @@ def check(model: Any) -> list[str]:
                  f"{keras_version()}'s ModelParallel keeps its LayoutMap elsewhere than 3.14 to "
                  f"3.16 did (turn this check off: {ENV}=0)")
         return []
+    how = _how_keras_matches(mapping)
+    if how is None:
+        say_once("layout-cannot-tell",
+                 f"{PREFIX}cannot tell whether its rules match the model: Keras "
+                 f"{keras_version()}'s LayoutMap matches its keys neither with re.fullmatch "
+                 f"(3.14 and later) nor with re.search (before) (turn this check off: {ENV}=0)")
+        return []
     rules = [str(rule) for rule in layout_map]
-    lines = [PREFIX + line for line in findings(rules, _variables(model), _outputs(model))]
+    lines = [PREFIX + line for line in findings(rules, _variables(model), _outputs(model), how)]
     for line in lines:
         print(line, file=sys.stderr, flush=True)
     return lines

@@ -30,12 +30,20 @@ def test_a_rule_matching_part_of_paths_gets_the_wildcard_it_lacks():
     assert said[0] == (
         "rule 'd.*kernel' matches no variable of the model: it matches only part of "
         "sequential/d1/kernel, sequential/d2/kernel, and LayoutMap matches a rule against a "
-        "variable's whole path (re.fullmatch); '.*d.*kernel' matches sequential/d1/kernel, "
-        "sequential/d2/kernel")
+"variable's whole path (re.fullmatch, since Keras 3.14: a rule written for 3.13 or older, "
+        "which matched part of a path, may match nothing now); '.*d.*kernel' matches "
+        "sequential/d1/kernel, sequential/d2/kernel")
     # What stays whole: both kernels (the embedding is under a tenth of the largest), 8 MiB.
     assert said[1] == ("2 variables that no rule matches are replicated on every device (8.0 MiB "
                        "on each): sequential/d1/kernel [512, 2048], sequential/d2/kernel "
                        "[2048, 512]")
+
+
+def test_keras_before_3_14_matches_part_of_a_path_and_the_check_does_too():
+    """Keras 3.13 and older looked a path up with re.search: the same rule shards there."""
+    assert findings(["d.*kernel"], MODEL, OUTPUTS, how="search") == []
+    assert findings(["dense.*"], MODEL, OUTPUTS, how="search")[0].startswith(
+        "rule 'dense.*' matches no variable of the model: no variable's path contains it")
 
 
 def test_a_rule_matching_nothing_names_the_paths_it_comes_closest_to():
