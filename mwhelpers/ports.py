@@ -4,7 +4,8 @@ A port is free when nothing listens on it (TensorFlow's gRPC server binds
 every interface, so we test the wildcard address).  Choosing a free port is
 not enough when two notebooks define clusters at the same time: both could
 pick the same one before either worker binds it.  So each chosen port is also
-*reserved* with an exclusive ``flock`` on a small file in a per-user folder.
+*reserved* with an exclusive ``flock`` on a small file in a per-user folder of /tmp (the
+same for every process of the machine, whatever its ``TMPDIR``).
 Other mwhelpers processes skip locked ports; the lock is held for as long as
 the cluster exists and is dropped by the kernel when the process ends, even
 by SIGKILL, so a crashed kernel never leaves ports reserved.
@@ -33,7 +34,13 @@ DEFAULT_RANGE = (20000, 32767)
 
 
 def lock_dir() -> Path:
-    path = Path(tempfile.gettempdir()) / f"mwhelpers-ports-{os.getuid()}"
+    """The folder of the reservations: in /tmp, whatever ``TMPDIR`` says, since the ports are
+    the machine's (a kernel started with another ``TMPDIR``, as Slurm gives each job its own,
+    must still see them); the temporary folder only where /tmp cannot be written."""
+    base = Path("/tmp")
+    if not (base.is_dir() and os.access(base, os.W_OK | os.X_OK)):
+        base = Path(tempfile.gettempdir())
+    path = base / f"mwhelpers-ports-{os.getuid()}"
     path.mkdir(mode=0o700, exist_ok=True)
     return path
 

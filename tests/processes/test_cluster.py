@@ -1,4 +1,5 @@
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -39,7 +40,7 @@ def test_ports_are_distinct_free_and_in_range(cluster):
         assert not ports.port_in_use(p)
 
 
-def test_reserved_ports_are_skipped_by_another_process(monkeypatch):
+def test_reserved_ports_are_skipped_by_another_process(monkeypatch, tmp_path):
     # Four ports in the range: this process reserves two, a second process
     # defining a 2-worker cluster at the same time must get the other two.
     # (Below 20000: tests running beside this one reserve from the default range.)
@@ -51,8 +52,13 @@ def test_reserved_ports_are_skipped_by_another_process(monkeypatch):
             c = mwhelpers.Cluster(workers=2)
             print(json.dumps(sorted(c.ports.values())))
         """)
+        # The other process has a TMPDIR of its own (as Slurm gives each job): the ports are
+        # the machine's all the same.
+        other = tmp_path / "their-tmp"
+        other.mkdir()
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True, timeout=60).stdout
+                             check=True, timeout=60, env={**os.environ, "TMPDIR": str(other)}
+                             ).stdout
         theirs = set(json.loads(out.strip().splitlines()[-1]))
         assert theirs.isdisjoint(mine.ports.values())
         assert theirs | set(mine.ports.values()) == {15600, 15601, 15602, 15603}
