@@ -5,19 +5,16 @@ needs GNU patch: without it these tests skip, except under CI=true."""
 
 import importlib.util
 import os
-import subprocess
-import sys
 
 import pytest
 from conftest import ROOT
+from test_jax_model_parallel import run_alone
 from test_keras_lane import jax_cache_env
 from test_keras_upstream import KERAS_DIR
 from upstream import patch_of_tests, patched_copy, run_module
 
 PATCH = ROOT / "docs" / "keras-layoutmap" / "jax_trainer.patch"
 MODULE = "src/backend/jax/trainer_test.py"
-PROGRAM = ROOT / "tests" / "programs" / "jax_model_parallel.py"
-BOOTSTRAP = ROOT / "mwhelpers" / "taskside" / "_bootstrap.py"
 DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
 pytestmark = [pytest.mark.skipif(KERAS_DIR is None, reason="no Keras 3"), pytest.mark.skipif(
     importlib.util.find_spec("jax") is None and os.environ.get("CI") != "true",
@@ -42,15 +39,7 @@ def test_the_keras_tests_fail_without_the_patch_and_pass_with_it(patched, tmp_pa
 
 
 def test_the_check_steps_aside_where_keras_warns_itself(patched, tmp_path):
-    env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": f"{patched}{os.pathsep}{ROOT}",
-           **DEVICES}
-    for name in ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
-                 "KERAS_DISTRIBUTION_PROCESS_ID"):
-        env.pop(name, None)
-    done = subprocess.run([sys.executable, "-u", str(BOOTSTRAP), str(PROGRAM), "d.*kernel"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out
+    out = run_alone(tmp_path, "d.*kernel", PYTHONPATH=f"{patched}{os.pathsep}{ROOT}")
     assert "carries the fix of the LayoutMap check" in out, out
     assert "The LayoutMap key 'd.*kernel' matches no variable or layer output" in out, out
     assert "[mwhelpers] LayoutMap: " not in out, out

@@ -28,19 +28,26 @@ def jax_env(monkeypatch):
     monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
 
 
+def run_alone(tmp_path, *args, **env):
+    """The program as one task of one process of four devices starts it (the start-up arms
+    mwhelpers' checks), with ``env`` added; its whole output (stdout, then stderr)."""
+    environ = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(ROOT),
+               "XLA_FLAGS": "--xla_force_host_platform_device_count=4", **env}
+    for name in ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
+                 "KERAS_DISTRIBUTION_PROCESS_ID"):
+        environ.pop(name, None)
+    done = subprocess.run([sys.executable, "-u", str(BOOTSTRAP), str(PROGRAM), *args],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=environ)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
 def alone(tmp_path, rule=RULE, dump=None):
     """One process of four devices on the two processes' global batches; ``dump``: a folder
     for XLA's compiled programs."""
     flags = "--xla_force_host_platform_device_count=4" + (f" --xla_dump_to={dump}" if dump else "")
-    env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(ROOT), "XLA_FLAGS": flags,
-           "MWHELPERS_LAYOUT_CHECK": "0"}
-    for name in ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
-                 "KERAS_DISTRIBUTION_PROCESS_ID"):
-        env.pop(name, None)
-    done = subprocess.run([sys.executable, "-u", str(BOOTSTRAP), str(PROGRAM), rule, "--as-two"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULT "))
+    out = run_alone(tmp_path, rule, "--as-two", XLA_FLAGS=flags, MWHELPERS_LAYOUT_CHECK="0")
+    line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
 
 

@@ -5,30 +5,14 @@ A rule that matches no variable is named in the cell, with what it probably mean
 first step, and the model is indeed whole on every device; a rule that matches says nothing
 and splits the kernels; ``MWHELPERS_LAYOUT_CHECK=0`` turns the check off."""
 
-import importlib.util
-import os
-import subprocess
-import sys
+from conftest import results
+from test_jax_model_parallel import PROGRAM, jax_env, pytestmark, run_alone  # noqa: F401
 
-import pytest
-from conftest import ROOT, results
-
-PROGRAM = ROOT / "tests" / "programs" / "jax_model_parallel.py"
-BOOTSTRAP = ROOT / "mwhelpers" / "taskside" / "_bootstrap.py"
 PREFIX = "[mwhelpers] LayoutMap: "
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("jax") is None and os.environ.get("CI") != "true",
-    reason="jax is not installed (the tutorials' lock, requirements/tutorials.txt, has it)")
-
-
-@pytest.fixture
-def jax_env(monkeypatch):
-    monkeypatch.setenv("KERAS_BACKEND", "jax")
-    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
 
 
 def test_a_rule_that_matches_no_variable_is_named_in_the_cell_before_the_first_step(
-        ip, rt, jax_env):
+        ip, rt, jax_env):  # noqa: F811
     ip.run_line_magic("cluster", "2")
     ip.run_line_magic("worker", f"0 --bg {PROGRAM} d.*kernel")
     ip.run_line_magic("worker", f"1 {PROGRAM} d.*kernel")  # its output streams in the cell
@@ -56,23 +40,10 @@ def test_a_rule_that_matches_no_variable_is_named_in_the_cell_before_the_first_s
         assert got["devices"] == 4 and got["specs"] == {"d1": [None, None], "d2": [None, None]}
 
 
-def run_task(rule, tmp_path, **env):
-    """The program as a task of one process starts it (the start-up arms the check)."""
-    environ = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(ROOT), **env,
-               "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    for name in ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
-                 "KERAS_DISTRIBUTION_PROCESS_ID"):
-        environ.pop(name, None)
-    done = subprocess.run([sys.executable, "-u", str(BOOTSTRAP), str(PROGRAM), rule],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=environ)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout + done.stderr
-
-
 def test_a_rule_that_matches_says_nothing_and_the_check_can_be_turned_off(tmp_path):
-    out = run_task(r".*/d\d/kernel", tmp_path)
+    out = run_alone(tmp_path, r".*/d\d/kernel")
     assert PREFIX not in out
     assert '"specs": {"d1": [null, "model"], "d2": [null, "model"]}' in out, out
-    out = run_task("d.*kernel", tmp_path, MWHELPERS_LAYOUT_CHECK="0")
+    out = run_alone(tmp_path, "d.*kernel", MWHELPERS_LAYOUT_CHECK="0")
     assert PREFIX not in out
     assert '"specs": {"d1": [null, null], "d2": [null, null]}' in out, out
