@@ -332,7 +332,8 @@ def _replicated_by_layout(job: _Job, failures: Sequence[Failure]) -> Finding | N
     out-of-memory error) after its LayoutMap check said the model stays replicated."""
     root = failures[0]
     for f, _, lines in job.failed_logs(failures[:1]):
-        said = [ln[len(keraslayout.PREFIX):] for ln in lines if ln.startswith(keraslayout.PREFIX)]
+        said = [ln[len(keraslayout.PREFIX):] for ln in lines if ln.startswith(keraslayout.PREFIX)
+                and keraslayout.REPLICATED in ln]
         if not said:
             return None
         killed = signal_of(root.returncode) == signal.SIGKILL and not root.note
@@ -340,11 +341,12 @@ def _replicated_by_layout(job: _Job, failures: Sequence[Failure]) -> Finding | N
             return None
         return Finding(
             "layout-replicated",
-            f"{root.task} ran out of memory, most likely, after its LayoutMap left the model "
-            f"whole on every device: {said[0]}",
-            "make each LayoutMap rule match the variables' whole paths (LayoutMap matches with "
-            "re.fullmatch: print [v.path for v in model.variables] to see them), then start "
-            "the job again; its log says what each rule matched before the first step")
+            f"{root.task} ran out of memory, most likely, after its LayoutMap left large "
+            f"variables whole on every device: {said[0]}",
+            "make a LayoutMap rule match each large variable's path (Keras 3.14 and later match "
+            "a rule against the whole path, re.fullmatch; 3.13 and older, re.search; print "
+            "[v.path for v in model.variables] to see the paths), then start the job again; "
+            "its log says, before the first step, what the rules left whole")
     return None
 
 

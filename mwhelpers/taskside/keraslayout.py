@@ -14,18 +14,23 @@ Here, in a task whose Keras runs on JAX, the first ``fit``, ``evaluate`` or ``pr
 a ``ModelParallel`` distribution first reads the model's variables against the rules and says,
 in the task's log (and so in the cell):
 
-* each rule that matches no variable and no layer's output (``sequential/d1/output``, the
-  path by which ``Layer.__call__`` looks up an output's layout), with what it probably meant:
-  a rule that matches part of some paths (``re.search``) but no whole one is given the ``.*``
-  it lacks; otherwise the paths it comes closest to are named;
-* each variable worth sharding that no rule matches (two or more dimensions and at least a
-  tenth of the largest variable's elements), replicated on every device.
+* each rule that matches no variable, no layer's output (``sequential/d1/output``, the path
+  by which ``Layer.__call__`` looks up an output's layout, the model's own included) and no
+  variable of the optimizer or the metrics, with what it probably meant: a rule that matches
+  part of some paths (``re.search``) but no whole one is given the ``.*(?:...)`` it lacks;
+  otherwise the paths it comes closest to are named;
+* the variables of two or more dimensions that no rule matches, replicated on every device,
+  when they hold a tenth of the model's bytes or more.
+
+It runs as ``fit``, ``evaluate`` or ``predict`` begins (before the optimizer makes its copies
+of the variables), under the ``ModelParallel`` in effect or, for a model made in ``with
+distribution.scope()``, the one that laid out its variables.
 
 It changes no layout and no variable: a check, not a mend.  Nothing is said when every rule
 matches and every large variable is sharded.  ``MWHELPERS_LAYOUT_CHECK=0`` turns it off.
-Where the installed Keras keeps its layout map elsewhere than the Keras releases this was
-written against (3.14 to 3.16: ``ModelParallel._layout_map``, the JAX trainer ``JAXTrainer``
-or ``Trainer``), it says it cannot tell and the program runs unchecked; where
+Tested on Keras 3.10, 3.12, 3.15 and the 3.16 nightly.  Where the installed Keras keeps its
+layout map elsewhere (``ModelParallel._layout_map``), or names its JAX trainer otherwise
+(``JAXTrainer``, ``Trainer``), it says it cannot tell and the program runs unchecked; where
 Keras warns itself (``JAXTrainer._check_layout_map_coverage``, the change of
 docs/keras-layoutmap.md), it steps aside and says so.
 
@@ -39,18 +44,23 @@ import functools
 import math
 import re
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from .kerasbase import CARRIES, PATCHED, keras_version, safely, say_once
+from .kerasbase import CARRIES, PATCHED, keras_version, say_once
 
 ENV = "MWHELPERS_LAYOUT_CHECK"
 ISSUE = "keras-team/keras-hub#2806"
-TARGET = "keras.src.backend.jax.trainer"  # JAXTrainer: its make_*_function run before a step
+TARGET = "keras.src.backend.jax.trainer"  # JAXTrainer (Trainer in 3.16's development)
+DISTRIBUTION = "keras.src.distribution.distribution_lib"
 PREFIX = "[mwhelpers] LayoutMap: "  # every line said here starts so (diagnosis reads it)
-WORTH_SHARDING = 0.1  # of the largest variable's elements, with two or more dimensions
-_checked: set[tuple[int, int]] = set()  # (distribution, model) pairs already read
+WORTH_SHARDING = 0.1  # of the model's bytes: what unmatched variables of 2+ dimensions must hold
+REPLICATED = "replicated on every device"  # in the line that names them (diagnosis reads it)
+# The ModelParallel that laid out each variable, by its id (a model's variables are made under
+# ``with distribution.scope()``, and fit may run outside it).
+_laid_out_by: dict[int, Any] = {}
+_checked: dict[int, Any] = {}  # the distribution each model (by its id) was checked against
 
 
 class Variable(NamedTuple):
@@ -68,12 +78,14 @@ class Variable(NamedTuple):
 
 
 def findings(rules: Sequence[str], variables: Sequence[Variable],
-             outputs: Sequence[str] = (), how: str = "fullmatch") -> list[str]:
-    """What to say of ``rules`` (a LayoutMap's keys) against the model's ``variables`` and
-    its layers' ``outputs`` (``sequential/d1/output``: a rule may lay out a layer's output, which
-    Keras looks up by that path), matched as the installed Keras matches them (``how``:
-    ``"fullmatch"`` since Keras 3.14, ``"search"`` before): one line each, without the prefix;
-    empty when there is nothing to say."""
+             outputs: Sequence[str] = (), how: str = "fullmatch",
+             others: Sequence[str] = ()) -> list[str]:
+    """What to say of ``rules`` (a LayoutMap's keys) against the model's ``variables``, its
+    layers' ``outputs`` (``sequential/d1/output``: Keras looks a layer's output up by that path)
+    and the ``others`` Keras lays out too (the optimizer's and the metrics' variables), matched
+    as the installed Keras matches them (``how``: ``"fullmatch"`` since Keras 3.14,
+    ``"search"`` before): one line each, without the prefix; empty when there is nothing to
+    say."""
     lines = []
     matched: set[str] = set()
     for rule in rules:
@@ -85,35 +97,37 @@ def findings(rules: Sequence[str], variables: Sequence[Variable],
         match = pattern.fullmatch if how == "fullmatch" else pattern.search
         whole = [v.path for v in variables if v.path == rule or match(v.path)]
         matched.update(whole)
-        if not whole and not any(o == rule or match(o) for o in outputs):
-            lines.append(f"rule {rule!r} matches no variable of the model: "
-                         + _meant(rule, pattern, [v.path for v in variables]))
-    largest = max((v.size for v in variables), default=0)
-    left = [v for v in variables if v.path not in matched and len(v.shape) >= 2
-            and v.size >= WORTH_SHARDING * largest]
-    if rules and left:
-        total = sum(v.nbytes for v in left)
+        if not whole and not any(o == rule or match(o) for o in [*outputs, *others]):
+            lines.append(f"rule {rule!r} matches no variable or layer output of the model: "
+                         + _meant(rule, pattern, [v.path for v in variables], how))
+    left = [v for v in variables if v.path not in matched and len(v.shape) >= 2]
+    total = sum(v.nbytes for v in variables)
+    held = sum(v.nbytes for v in left)
+    if rules and left and held >= WORTH_SHARDING * total:
+        left.sort(key=lambda v: -v.nbytes)
         lines.append(
             f"{len(left)} variable{'s' if len(left) > 1 else ''} that no rule matches "
-            f"{'are' if len(left) > 1 else 'is'} replicated on every device ({_bytes(total)} on "
-            "each): " + ", ".join(f"{v.path} {list(v.shape)}" for v in left[:6])
+            f"{'are' if len(left) > 1 else 'is'} {REPLICATED} ({_bytes(held)} on "
+            f"each, {held / total:.0%} of the model's variables, before the optimizer's copies): "
+            + ", ".join(f"{v.path} {list(v.shape)}" for v in left[:6])
             + (f" and {len(left) - 6} more" if len(left) > 6 else ""))
     return lines
 
 
-def _meant(rule: str, pattern: re.Pattern[str], paths: Sequence[str]) -> str:
+def _meant(rule: str, pattern: re.Pattern[str], paths: Sequence[str], how: str) -> str:
     """What ``rule`` was probably meant to be, said for a learner."""
     partial = [p for p in paths if pattern.search(p)]
-    if partial:
-        widened = ".*" + rule
+    if partial and how == "fullmatch":
+        widened = f".*(?:{rule})"
         fits = [p for p in paths if re.fullmatch(widened, p)]
         hint = (f"; {widened!r} matches {_some(fits)}" if fits else "")
         return (f"it matches only part of {_some(partial)}, and LayoutMap matches a rule against "
-                f"a variable's whole path (re.fullmatch, since Keras 3.14: a rule written for "
-                f"3.13 or older, which matched part of a path, may match nothing now){hint}")
+                f"a whole path (re.fullmatch, since Keras 3.14: a rule written for 3.13 or "
+                f"older, which matched part of a path, may match nothing now){hint}")
+    if not paths:
+        return "the model has no variables yet"
     close = difflib.get_close_matches(rule, paths, n=3, cutoff=0.3)
-    return ("no variable's path contains it either; the paths are like "
-            + _some(close or list(paths)))
+    return "no path contains it; the variables' paths are like " + _some(close or list(paths))
 
 
 def _some(paths: Sequence[str]) -> str:
@@ -152,12 +166,37 @@ def _how_keras_matches(layout_map_class: Any) -> str | None:
 
 
 def _outputs(model: Any) -> list[str]:
-    """The paths by which Keras looks up a layout for each layer's output (``Layer.__call__``:
-    the layer's path and ``/output``)."""
+    """The paths by which Keras looks up a layout for each layer's output, the model's own
+    included (``Layer.__call__``: the path the call runs under and ``/output``); a layer that
+    has no path (one without weights, never built) is taken to run under its model's."""
     flatten = getattr(model, "_flatten_layers", None)
-    layers = flatten(include_self=False, recursive=True) if callable(flatten) else \
-        getattr(model, "layers", ())
-    return [f"{layer.path}/output" for layer in layers if getattr(layer, "path", None)]
+    layers = flatten(include_self=True, recursive=True) if callable(flatten) else \
+        [model, *getattr(model, "layers", ())]
+    top = getattr(model, "path", None) or getattr(model, "name", "")
+    out = []
+    for layer in layers:
+        path = getattr(layer, "path", None) or (
+            layer is model and top or f"{top}/{getattr(layer, 'name', '')}")
+        out.append(f"{path}/output")
+    return out
+
+
+def _others(model: Any) -> list[str]:
+    """The paths of the other variables Keras lays out: the optimizer's (its slots, its
+    iteration count; once built, else the names it will give them) and the metrics'."""
+    paths = [str(v.path) for v in getattr(model, "metrics_variables", ())]
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return paths
+    built = list(getattr(optimizer, "variables", ()))
+    if built:
+        return paths + [str(v.path) for v in built]
+    name = getattr(optimizer, "name", "optimizer")
+    paths += [f"{name}/iteration", f"{name}/learning_rate"]
+    for v in getattr(model, "trainable_variables", ()):
+        slot = str(v.path).replace("/", "_")
+        paths += [f"{name}/{slot}_{kind}" for kind in ("momentum", "velocity", "accumulator")]
+    return paths
 
 
 def check(model: Any) -> list[str]:
@@ -167,14 +206,20 @@ def check(model: Any) -> list[str]:
     distribution_lib = sys.modules.get("keras.src.distribution.distribution_lib")
     if distribution_lib is None:
         return []
-    distribution = distribution_lib.distribution()
     parallel = getattr(distribution_lib, "ModelParallel", None)
-    if parallel is None or not isinstance(distribution, parallel):
+    distribution = distribution_lib.distribution()
+    if parallel is None:
         return []
-    key = (id(distribution), id(model))
-    if key in _checked:
+    if not isinstance(distribution, parallel):  # a model made in ``with distribution.scope()``
+        distribution = next((d for v in getattr(model, "variables", ())
+                             if (d := _laid_out_by.get(id(v))) is not None), None)
+        if distribution is None:
+            return []
+    if not list(getattr(model, "variables", ())):
+        return []  # not built yet: checked at its first step
+    if _checked.get(id(model)) is distribution:
         return []
-    _checked.add(key)
+    _checked[id(model)] = distribution  # checked against this distribution
     layout_map: Any = getattr(distribution, "_layout_map", None)
     mapping: Any = getattr(distribution_lib, "LayoutMap", None)
     if mapping is None or not isinstance(layout_map, mapping):
@@ -191,7 +236,8 @@ def check(model: Any) -> list[str]:
                  f"(3.14 and later) nor with re.search (before) (turn this check off: {ENV}=0)")
         return []
     rules = [str(rule) for rule in layout_map]
-    lines = [PREFIX + line for line in findings(rules, _variables(model), _outputs(model), how)]
+    lines = [PREFIX + line for line in findings(rules, _variables(model), _outputs(model), how,
+                                                 _others(model))]
     for line in lines:
         print(line, file=sys.stderr, flush=True)
     return lines
@@ -216,17 +262,40 @@ CARRIED = ("[mwhelpers] Keras {version} " + CARRIES + " the LayoutMap check (" +
            "): its JAX trainer warns of a key that matches nothing; not checked twice")
 
 
+# Where the check runs: as fit, evaluate or predict begins (before the optimizer's variables
+# are made), and again before the first step's function is made (a model built only then).
+ENTRIES = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch",
+           "make_train_function", "make_test_function", "make_predict_function")
+
+
 def patch(module: ModuleType) -> None:
-    """Check before the JAX trainer makes its first train, test or predict function (unless
-    Keras warns itself)."""
+    """Check as the JAX trainer begins to fit, evaluate or predict (unless Keras warns
+    itself)."""
     trainer = _trainer_class(module)
     if hasattr(trainer, UPSTREAM):
         say_once("layout-carried", CARRIED.format(version=keras_version()))
         return
-    for name in ("make_train_function", "make_test_function", "make_predict_function"):
-        current = getattr(trainer, name)
-        if not getattr(current, PATCHED, False):
+    for name in ENTRIES:
+        current = vars(trainer).get(name)
+        if callable(current) and not getattr(current, PATCHED, False):
             setattr(trainer, name, _checked_first(current))
+
+
+def patch_layouts(module: ModuleType) -> None:
+    """Note which ModelParallel lays out each variable (``get_variable_layout``)."""
+    parallel = module.ModelParallel
+    current = parallel.get_variable_layout
+    if getattr(current, PATCHED, False):
+        return
+
+    @functools.wraps(current)
+    def get_variable_layout(self: Any, variable: Any) -> Any:
+        layout = current(self, variable)
+        _laid_out_by[id(variable)] = self
+        return layout
+
+    setattr(get_variable_layout, PATCHED, True)
+    parallel.get_variable_layout = get_variable_layout
 
 
 def _trainer_class(module: ModuleType) -> type:
@@ -240,8 +309,22 @@ def _trainer_class(module: ModuleType) -> type:
     raise LookupError(f"no JAX trainer class in {module.__name__}")
 
 
-def install(after_import: Callable[[str, Callable[[ModuleType], object]], None],
-            names: Iterable[str] = (TARGET,)) -> None:
-    """Arm the check once the JAX trainer loads (``after_import``: :func:`tfdata.after_import`)."""
-    for name in names:
-        after_import(name, safely(patch, ISSUE))
+SKIPPED = ("[mwhelpers] LayoutMap: not checked: {why} (a Keras this check does not know; the "
+           "program runs unchecked)")
+
+
+def _guarded(step: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
+    def run(module: ModuleType) -> None:
+        try:
+            step(module)
+        except Exception as e:  # a Keras it does not know: the program runs unchecked
+            say_once("layout-skipped", SKIPPED.format(why=f"{type(e).__name__}: {e}"))
+
+    return run
+
+
+def install(after_import: Callable[[str, Callable[[ModuleType], object]], None]) -> None:
+    """Arm the check once the JAX trainer and keras.distribution load (``after_import``:
+    :func:`tfdata.after_import`)."""
+    after_import(TARGET, _guarded(patch))
+    after_import(DISTRIBUTION, _guarded(patch_layouts))

@@ -1,11 +1,13 @@
 """Keras 3 on JAX, a model split over two processes of two CPU devices each: a mesh
 (batch=2, model=2) and the LayoutMap rule given as the first argument, for both kernels.
 
-    python jax_model_parallel.py RULE [--as-two]
+    python jax_model_parallel.py RULE [--as-two] [--scope]
 
 Each process trains on its half of the data (rows p::2, 8 a step: a global batch of 16).
 ``--as-two``, in one process (four devices): the same global batches, each process's 8 rows
-one after the other, as the two processes give them.  Prints, after one epoch, ``RESULT
+one after the other, as the two processes give them.  ``--scope``: the distribution is not
+set for the process, the model is made in its scope and trained outside (keras-hub's way).
+Prints, after one epoch, ``RESULT
 {...}``: each kernel's partition spec on this process (``[null, "model"]``: split over the
 model axis; ``[null, null]``: whole on every device), the shape of its first device's shard,
 the bytes the first device holds of all the model's variables, and the weights.
@@ -33,12 +35,14 @@ rules = kd.LayoutMap(mesh)
 rules[sys.argv[1]] = (None, "model")
 distribution = kd.ModelParallel(layout_map=rules, batch_dim_name="batch")
 distribution.auto_shard_dataset = False  # each process gives its own half of the batches
-kd.set_distribution(distribution)
+if "--scope" not in sys.argv:  # --scope: the model made in the distribution's scope only
+    kd.set_distribution(distribution)
 
 keras.utils.set_random_seed(1)  # the same initial weights in every process, and alone
-model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, name="d1"),
-                          keras.layers.Dense(4, name="d2")])
-model.compile(keras.optimizers.SGD(0.01), "mse")
+with distribution.scope():
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, name="d1"),
+                              keras.layers.Dense(4, name="d2")])
+    model.compile(keras.optimizers.SGD(0.01), "mse")
 x = np.random.default_rng(0).normal(size=(64, 16)).astype("float32")
 process = int(os.environ.get("KERAS_DISTRIBUTION_PROCESS_ID", "0"))
 processes = int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES", "1"))

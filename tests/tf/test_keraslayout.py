@@ -19,12 +19,13 @@ def test_a_rule_that_matches_no_variable_is_named_in_the_cell_before_the_first_s
     ip.run_line_magic("waitworkers", "--timeout 150")
     # In the cell (worker:1's) and in each task's log: the rule, why it matched nothing, what
     # it probably meant, and what stays whole on every device.
-    rule = ("rule 'd.*kernel' matches no variable of the model: it matches only part of "
-            "sequential/d1/kernel, sequential/d2/kernel, and LayoutMap matches a rule against a "
-            "variable's whole path (re.fullmatch, since Keras 3.14: a rule written for 3.13 or "
-            "older, which matched part of a path, may match nothing now); '.*d.*kernel' matches "
-            "sequential/d1/kernel, sequential/d2/kernel")
-    whole = ("2 variables that no rule matches are replicated on every device (2.5 KiB on each): "
+    rule = ("rule 'd.*kernel' matches no variable or layer output of the model: it matches only "
+            "part of sequential/d1/kernel, sequential/d2/kernel, and LayoutMap matches a rule "
+            "against a whole path (re.fullmatch, since Keras 3.14: a rule written for 3.13 or "
+            "older, which matched part of a path, may match nothing now); '.*(?:d.*kernel)' "
+            "matches sequential/d1/kernel, sequential/d2/kernel")
+    whole = ("2 variables that no rule matches are replicated on every device (2.5 KiB on each, "
+             "95% of the model's variables, before the optimizer's copies): "
              "sequential/d1/kernel [16, 32], sequential/d2/kernel [32, 4]")
     assert f"[worker:1] {PREFIX}{rule}" in rt.echo_lines, rt.echo_lines
     assert f"[worker:1] {PREFIX}{whole}" in rt.echo_lines, rt.echo_lines
@@ -44,6 +45,15 @@ def test_a_rule_that_matches_says_nothing_and_the_check_can_be_turned_off(tmp_pa
     out = run_alone(tmp_path, r".*/d\d/kernel")
     assert PREFIX not in out
     assert '"specs": {"d1": [null, "model"], "d2": [null, "model"]}' in out, out
+    # The same rule that matches nothing: named, unless the check is off.
+    assert PREFIX + "rule 'd.*kernel' matches no variable" in run_alone(tmp_path, "d.*kernel")
     out = run_alone(tmp_path, "d.*kernel", MWHELPERS_LAYOUT_CHECK="0")
-    assert PREFIX not in out
-    assert '"specs": {"d1": [null, null], "d2": [null, null]}' in out, out
+    assert PREFIX not in out and '"specs": {"d1": [null, null]' in out, out
+
+
+def test_a_model_made_in_the_distributions_scope_is_checked_too(tmp_path):
+    """keras-hub's way: no distribution set for the process, the model made in its scope and
+    trained outside it: the check reads the rules of the ModelParallel that laid it out."""
+    out = run_alone(tmp_path, "d.*kernel", "--scope")
+    assert PREFIX + "rule 'd.*kernel' matches no variable" in out, out
+    assert PREFIX + "2 variables that no rule matches are replicated" in out, out
