@@ -225,7 +225,7 @@ def check(model: Any) -> list[str]:
     if mapping is None or not isinstance(layout_map, mapping):
         say_once("layout-cannot-tell",
                  f"{PREFIX}cannot tell whether its rules match the model: Keras "
-                 f"{keras_version()}'s ModelParallel keeps its LayoutMap elsewhere than 3.14 to "
+                 f"{keras_version()}'s ModelParallel keeps its LayoutMap elsewhere than 3.10 to "
                  f"3.16 did (turn this check off: {ENV}=0)")
         return []
     how = _how_keras_matches(mapping)
