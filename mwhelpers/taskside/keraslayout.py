@@ -84,7 +84,7 @@ def findings(rules: Sequence[str], variables: Sequence[Variable],
     layers' ``outputs`` (``sequential/d1/output``: Keras looks a layer's output up by that path)
     and the ``others`` Keras lays out too (the optimizer's and the metrics' variables), matched
     as the installed Keras matches them (``how``: ``"fullmatch"`` since Keras 3.14,
-    ``"search"`` before): one line each, without the prefix; empty when there is nothing to
+    ``"search"`` before, ``"match"``): one line each, without the prefix; empty when there is nothing to
     say."""
     lines = []
     matched: set[str] = set()
@@ -94,7 +94,7 @@ def findings(rules: Sequence[str], variables: Sequence[Variable],
         except re.error as e:
             lines.append(f"rule {rule!r} is no regular expression ({e})")
             continue
-        match = pattern.fullmatch if how == "fullmatch" else pattern.search
+        match = {"fullmatch": pattern.fullmatch, "match": pattern.match}.get(how, pattern.search)
         whole = [v.path for v in variables if v.path == rule or match(v.path)]
         matched.update(whole)
         if not whole and not any(o == rule or match(o) for o in [*outputs, *others]):
@@ -153,16 +153,17 @@ def _variables(model: Any) -> list[Variable]:
 
 
 def _how_keras_matches(layout_map_class: Any) -> str | None:
-    """How the installed ``LayoutMap.__getitem__`` matches a key against a path:
-    ``"fullmatch"`` (Keras 3.14 and later), ``"search"`` (3.13 and older), None: neither."""
-    import inspect
-
+    """How the installed ``LayoutMap`` matches a key against a path, found by asking one:
+    ``"fullmatch"`` (Keras 3.14 and later), ``"search"`` (3.13 and older), ``"match"`` (from
+    the start only), None: it could not be asked."""
     try:
-        source = inspect.getsource(layout_map_class.__getitem__)
-    except (OSError, TypeError, AttributeError):
+        probe = layout_map_class(None)
+        probe["xa"] = (None,)
+        if probe["yxa"] is not None:
+            return "search"
+        return "match" if probe["xab"] is not None else "fullmatch"
+    except Exception:  # a LayoutMap made otherwise
         return None
-    found = [how for how in ("fullmatch", "search") if f"re.{how}(" in source]
-    return found[0] if len(found) == 1 else None
 
 
 def _outputs(model: Any) -> list[str]:
@@ -232,8 +233,8 @@ def check(model: Any) -> list[str]:
     if how is None:
         say_once("layout-cannot-tell",
                  f"{PREFIX}cannot tell whether its rules match the model: Keras "
-                 f"{keras_version()}'s LayoutMap matches its keys neither with re.fullmatch "
-                 f"(3.14 and later) nor with re.search (before) (turn this check off: {ENV}=0)")
+                 f"{keras_version()}'s LayoutMap could not be asked how it matches its keys "
+                 f"(turn this check off: {ENV}=0)")
         return []
     rules = [str(rule) for rule in layout_map]
     lines = [PREFIX + line for line in findings(rules, _variables(model), _outputs(model), how,

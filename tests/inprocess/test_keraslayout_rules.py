@@ -3,11 +3,19 @@ variables and paths alone, and the failure report of a task that ran out of memo
 said so (mwhelpers/diagnosis.py).  The check in real tasks: tests/tf/test_keraslayout.py."""
 
 import dataclasses
+import re
 from types import SimpleNamespace
 
 from mwhelpers.diagnosis import explain_failure
 from mwhelpers.failures import Failure
-from mwhelpers.taskside.keraslayout import PREFIX, Variable, _others, _outputs, findings
+from mwhelpers.taskside.keraslayout import (
+    PREFIX,
+    Variable,
+    _how_keras_matches,
+    _others,
+    _outputs,
+    findings,
+)
 
 MODEL = [Variable("sequential/d1/kernel", (512, 2048), 4), Variable("sequential/d1/bias", (2048,), 4),
          Variable("sequential/d2/kernel", (2048, 512), 4), Variable("sequential/d2/bias", (512,), 4),
@@ -65,6 +73,26 @@ def test_keras_before_3_14_matches_part_of_a_path_and_the_check_does_too():
     assert findings(["d.*kernel"], MODEL, OUTPUTS, how="search") == []
     assert findings(["dense.*"], MODEL, OUTPUTS, how="search")[0].startswith(
         f"rule 'dense.*' {UNMATCHED}no path contains it")
+
+
+def test_how_keras_matches_is_asked_of_its_layout_map():
+    """Each way a LayoutMap may match, as a stand-in (the real one of each Keras release:
+    tests/tf/test_keraslayout.py and the matrix's)."""
+    def layout_map(how):
+        class Stand(dict):
+            def __init__(self, mesh):
+                super().__init__()
+
+            def __getitem__(self, path):
+                return next((v for k, v in self.items() if getattr(re, how)(k, path)), None)
+        return Stand
+
+    for how in ("fullmatch", "search", "match"):
+        assert _how_keras_matches(layout_map(how)) == how
+    assert _how_keras_matches(object) is None  # one that cannot be asked
+    # From the start only: a rule naming a path's beginning matches it, one naming its end not.
+    assert not findings(["sequential/d1"], MODEL, how="match")[0].startswith("rule ")
+    assert findings(["d1/kernel"], MODEL, how="match")[0].startswith("rule 'd1/kernel'")
 
 
 def test_a_rule_matching_nothing_names_the_paths_it_comes_closest_to():
