@@ -10,9 +10,11 @@ import sys
 
 from conftest import ROOT
 
-# Run in an interpreter of its own: the first Keras import of a test process that had run
-# many other tests failed twice in full runs (TensorFlow's lazy tf.keras recursing), an
-# import this test is not about.
+# Run in an interpreter of its own: what it checks is a fresh process's first download, and
+# no module another test left in this process can stand in the way (twice in full runs, a
+# stand-in keras.src.version another test left behind failed this process's Keras import:
+# inprocess/test_keras3.py::test_the_version_is_known_while_keras_is_still_being_imported
+# now takes it away).
 PROGRAM = """
 import json, socket, sys
 from mwhelpers.workshop.data import load_mnist
