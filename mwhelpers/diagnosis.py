@@ -331,23 +331,20 @@ def _replicated_by_layout(job: _Job, failures: Sequence[Failure]) -> Finding | N
     """A task that ran out of memory (killed by a SIGKILL mwhelpers did not send, or an
     out-of-memory error) after its LayoutMap check said the model stays replicated."""
     root = failures[0]
-    for f, _, lines in job.failed_logs(failures[:1]):
-        said = [ln[len(keraslayout.PREFIX):] for ln in lines if ln.startswith(keraslayout.PREFIX)
-                and keraslayout.REPLICATED in ln]
-        if not said:
-            return None
-        killed = signal_of(root.returncode) == signal.SIGKILL and not root.note
-        if not killed and not any(w in job.raised(f, lines) for w in _OUT_OF_MEMORY):
-            return None
-        return Finding(
-            "layout-replicated",
-            f"{root.task} ran out of memory, most likely, after its LayoutMap left large "
-            f"variables whole on every device: {said[0]}",
-            "make a LayoutMap rule match each large variable's path (Keras 3.14 and later match "
-            "a rule against the whole path, re.fullmatch; 3.13 and older, re.search; print "
-            "[v.path for v in model.variables] to see the paths), then start the job again; "
-            "its log says, before the first step, what the rules left whole")
-    return None
+    f, _, lines = next(job.failed_logs([root]))
+    said = [ln[len(keraslayout.PREFIX):] for ln in lines if ln.startswith(keraslayout.PREFIX)
+            and keraslayout.REPLICATED in ln]
+    killed = signal_of(root.returncode) == signal.SIGKILL and not root.note
+    if not said or not killed and not any(w in job.raised(f, lines) for w in _OUT_OF_MEMORY):
+        return None
+    return Finding(
+        "layout-replicated",
+        f"{root.task} ran out of memory, most likely, after its LayoutMap left large "
+        f"variables whole on every device: {said[0]}",
+        "make a LayoutMap rule match each large variable's path (Keras 3.14 and later match "
+        "a rule against the whole path, re.fullmatch; 3.13 and older, re.search; print "
+        "[v.path for v in model.variables] to see the paths), then start the job again; "
+        "its log says, before the first step, what the rules left whole")
 
 
 def _foreign_sigkill(job: _Job, failures: Sequence[Failure]) -> Finding | None:

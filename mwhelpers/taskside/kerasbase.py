@@ -199,12 +199,14 @@ def remove_empty(path: str) -> None:
         pass
 
 
-def safely(patch: Callable[[ModuleType], object], issue: str) -> Callable[[ModuleType], None]:
-    """``patch``, run so that a Keras it does not know runs unchanged and says why once."""
+def safely(patch: Callable[[ModuleType], object], issue: str,
+           skipped: str = SKIPPED) -> Callable[[ModuleType], None]:
+    """``patch``, run so that a Keras it does not know runs unchanged and says why once
+    (``skipped``: the line, with ``{issue}`` and ``{why}``)."""
     def run(module: ModuleType) -> None:
         try:
             patch(module)
         except Exception as e:  # a Keras we do not know: run it unchanged
-            say_once(f"skipped-{issue}", SKIPPED.format(issue=issue, why=f"{type(e).__name__}: {e}"))
+            say_once(f"skipped-{issue}", skipped.format(issue=issue, why=f"{type(e).__name__}: {e}"))
     run.__wrapped__ = patch  # type: ignore[attr-defined]  # after_import adds it once
     return run

@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from .kerasbase import CARRIES, PATCHED, keras_version, say_once
+from .kerasbase import CARRIES, PATCHED, keras_version, safely, say_once
 
 ENV = "MWHELPERS_LAYOUT_CHECK"
 ISSUE = "keras-team/keras-hub#2806"
@@ -314,18 +314,8 @@ SKIPPED = ("[mwhelpers] LayoutMap: not checked: {why} (a Keras this check does n
            "program runs unchecked)")
 
 
-def _guarded(step: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
-    def run(module: ModuleType) -> None:
-        try:
-            step(module)
-        except Exception as e:  # a Keras it does not know: the program runs unchecked
-            say_once("layout-skipped", SKIPPED.format(why=f"{type(e).__name__}: {e}"))
-
-    return run
-
-
 def install(after_import: Callable[[str, Callable[[ModuleType], object]], None]) -> None:
     """Arm the check once the JAX trainer and keras.distribution load (``after_import``:
     :func:`tfdata.after_import`)."""
-    after_import(TARGET, _guarded(patch))
-    after_import(DISTRIBUTION, _guarded(patch_layouts))
+    after_import(TARGET, safely(patch, ISSUE, SKIPPED))
+    after_import(DISTRIBUTION, safely(patch_layouts, ISSUE, SKIPPED))
