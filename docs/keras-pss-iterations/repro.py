@@ -22,14 +22,17 @@ import subprocess
 import sys
 
 
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+def reserve_ports(n):
+    """Binds `n` loopback ports, SO_REUSEADDR set, without listening: while
+    they are open, no other program takes them, and TensorFlow's gRPC
+    servers (SO_REUSEADDR too) can still bind them. Close them at the end."""
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    return socks
 
 
 def serve(cluster, job, index):
@@ -91,7 +94,8 @@ def main():
 
         mwhelpers.fix_keras_multi_worker()
     steps = int(args[0]) if args else 400
-    ports = free_ports(4)
+    held = reserve_ports(4)
+    ports = [s.getsockname()[1] for s in held]
     cluster = {
         "chief": [f"localhost:{ports[0]}"],
         "worker": [f"localhost:{ports[1]}", f"localhost:{ports[2]}"],
@@ -119,6 +123,8 @@ def main():
         for p in servers:
             p.kill()
             p.wait()
+        for s in held:
+            s.close()
     print(
         f"steps scheduled: {steps}; counted by a tf.Variable: {counted}; "
         f"optimizer.iterations: {iterations}"

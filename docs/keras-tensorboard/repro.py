@@ -130,20 +130,30 @@ def custom_loop(strategy, model, tensorboard, x, y, x_val, y_val):
     callbacks.on_train_end(logs)
 
 
-def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
+def reserve_ports(count):
+    """Binds `count` loopback ports, SO_REUSEADDR set, without listening.
+
+    While the sockets are open, no other program's bind to port 0 and no
+    outgoing connection takes these ports; TensorFlow's gRPC server, which
+    sets SO_REUSEADDR too, can still bind them (Linux's rule for a socket
+    bound but not listening). A port picked and closed at once could be
+    taken before the worker binds it. Close the sockets when the workers
+    have exited."""
+    sockets = []
+    for _ in range(count):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
+        sockets.append(s)
+    return sockets
 
 
 def run_workers(args, log_dir):
     """Starts the two workers, waits for them; returns [(pid, exit code,
     log)], the exit code None for a worker killed at the timeout."""
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
+    held = reserve_ports(2)
+    ports = [s.getsockname()[1] for s in held]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     if args.patched_keras:
         path = os.path.abspath(args.patched_keras)
@@ -181,6 +191,8 @@ def run_workers(args, log_dir):
                 proc.kill()
                 proc.wait()
             log.close()
+        for s in held:
+            s.close()
 
 
 def event_files(folder, pids):

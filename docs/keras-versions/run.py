@@ -35,15 +35,20 @@ RUNS = {"reference": (1, "fit", "1"), "unfixed": (2, "fit", "0"),
         "fixed": (2, "fit", "1"), "spe": (2, "spe", "1"), "mirrored_spe": (0, "mirrored-spe", "1")}
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def reserve_port():
+    """A loopback port bound with SO_REUSEADDR and not listening: no other
+    program takes it while the socket is open, and TensorFlow's gRPC server
+    (SO_REUSEADDR too) can still bind it. Close it when the workers exit."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
 def run(python, name, folder, timeout):
     workers, mode, fix = RUNS[name]
-    hosts = [f"127.0.0.1:{free_port()}" for _ in range(workers)]
+    held = [reserve_port() for _ in range(workers)]
+    hosts = [f"127.0.0.1:{s.getsockname()[1]}" for s in held]
     procs, logs = [], []
     for i in range(max(workers, 1)):
         env = dict(os.environ, MWHELPERS_KERAS_FIX=fix, CUDA_VISIBLE_DEVICES="",
@@ -67,6 +72,8 @@ def run(python, name, folder, timeout):
             for q in procs:
                 q.kill()
             codes.append("timeout")
+    for s in held:
+        s.close()
     return codes, [log.read_text(errors="replace") for log in logs]
 
 

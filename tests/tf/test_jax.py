@@ -21,6 +21,7 @@ from conftest import ROOT, pid_alive, results
 
 from mwhelpers.errors import WorkerTimeout
 from mwhelpers.failures import WorkerFailed
+from mwhelpers.ports import reserve_ports
 from mwhelpers.precheck import check
 
 PROGRAMS = ROOT / "tests" / "programs"
@@ -54,10 +55,10 @@ def keys(diagnosis):
 
 @needs_jax
 def test_two_jax_processes_train_like_one(ip, rt, jax_env, tmp_path, capsys):
-    # One process alone on the same global batches, at the same time (its own coordinator).
-    with socket.socket() as s:
-        s.bind(("", 0))
-        alone_port = s.getsockname()[1]
+    # One process alone on the same global batches, at the same time (its own coordinator, on a
+    # port reserved as the extension reserves its tasks' ports: not one picked and closed).
+    [held] = reserve_ports(1)
+    alone_port = held.port
     env = {**os.environ, "KERAS_DISTRIBUTION_JOB_ADDRESSES": f"localhost:{alone_port}",
            "KERAS_DISTRIBUTION_NUM_PROCESSES": "1", "KERAS_DISTRIBUTION_PROCESS_ID": "0",
            "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
@@ -80,6 +81,7 @@ def test_two_jax_processes_train_like_one(ip, rt, jax_env, tmp_path, capsys):
         if alone.poll() is None:
             alone.kill()
             alone.wait()
+        held.release()
     assert alone.returncode == 0, out
     single = json.loads([ln for ln in out.splitlines() if ln.startswith("RESULT ")][-1][7:])
     assert not [ln for ln in rt.echo_lines if ln.startswith("[mwhelpers] warning")]
