@@ -25,10 +25,11 @@ A task is started cold (a fresh interpreter, as before) when:
 * the server could not import TensorFlow (the cold start then shows the program's own error).
 
 Everything in a task's environment but what differs from task to task (``TF_CONFIG`` and
-mwhelpers' own per-task variables, :data:`PER_TASK`), and its folder, is part of the key:
-tasks with another key get another server, unless their environment differs from a server's
-only in what that server's own import set (a kernel that has imported TensorFlow since its
-first launch) or, where it did not load JAX, in ``JAX_*`` variables (:func:`same_import`).
+mwhelpers' own per-task variables, :data:`PER_TASK`) is part of the key, and the folder only
+where it can change the import (:func:`folder_matters`). Tasks with another key get another
+server, unless their environment differs from a server's only in what that server's own import
+set (a kernel that has imported TensorFlow since its first launch) or, where it did not load
+JAX, in ``JAX_*`` variables (:func:`same_import`).
 The local launchers of one runtime share their servers: a new cluster (``%cluster`` again)
 forks from the server the last one used.  The servers end when the runtime is closed.
 """
@@ -39,6 +40,7 @@ import ast
 import functools
 import importlib.util
 import io
+import os
 import re
 import select
 import socket
@@ -262,9 +264,19 @@ def _without_comments(source: str) -> str:
 
 
 def key_of(env: Mapping[str, str], cwd: str) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """What tasks forked from one server share: the folder, and the environment but for
-    :data:`PER_TASK`."""
-    return cwd, tuple(sorted((k, v) for k, v in env.items() if k not in PER_TASK))
+    """What tasks forked from one server share: the environment but for :data:`PER_TASK`,
+    and the folder where it can change what the import finds (:func:`folder_matters`)."""
+    return (cwd if folder_matters(env) else "",
+            tuple(sorted((k, v) for k, v in env.items() if k not in PER_TASK)))
+
+
+def folder_matters(env: Mapping[str, str]) -> bool:
+    """Whether a server's import depends on its folder: only where ``PYTHONPATH`` has a
+    relative entry (made absolute against the folder at start) or an empty one (the folder).
+    A server runs a script, so the folder is not on its path otherwise; its tasks move to
+    their own folders."""
+    given = env.get("PYTHONPATH") or ""
+    return any(not os.path.isabs(entry) for entry in given.split(os.pathsep)) if given else False
 
 
 class ImportEffects(NamedTuple):
@@ -324,7 +336,7 @@ def _installed() -> tuple[tuple[str, int, int], ...]:
     return tuple(stamps)
 
 
-# A server's key: key_of's (folder, environment), what it imports first, _installed()'s files.
+# A server's key: key_of's (folder or "", environment), what it imports first, _installed()'s files.
 Key = tuple[tuple[str, tuple[tuple[str, str], ...]], str, tuple[tuple[str, int, int], ...]]
 
 
@@ -563,7 +575,8 @@ class WarmStarter:
 
     def _alike(self, key: Key, env: Mapping[str, str]) -> _Server | None:
         """A server of another key whose import a task of ``key`` and ``env`` would repeat:
-        the same folder, first import and installed files, and :func:`same_import`."""
+        the same folder (where it matters), first import and installed files, and
+        :func:`same_import`."""
         for other, server in self._servers.items():  # (its key holds its environment)
             if (server.alive and other[0][0] == key[0][0] and other[1:] == key[1:]
                     and same_import(dict(other[0][1]), server.effects, env)):

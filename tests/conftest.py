@@ -33,6 +33,7 @@ for _folder in FOLDER_MARKS:
     sys.path.insert(1, str(HERE / _folder))
 
 import mwhelpers.workers as rt_mod  # noqa: E402
+from mwhelpers.warmstart import WarmStarter  # noqa: E402
 from mwhelpers.workers import Runtime  # noqa: E402
 
 
@@ -245,10 +246,41 @@ def gone_within(hosts, seconds, find=task_pids):
     return True
 
 
+class SharedStarter(WarmStarter):
+    """A warm starter lent to the runtimes of many tests: pytest names the test it runs in
+    ``PYTEST_CURRENT_TEST``, which each task would carry into its environment, so that every
+    test's tasks would have a key of their own.  Their tasks do without it (nothing of
+    TensorFlow, Keras, JAX or mwhelpers reads it)."""
+
+    def start(self, script, argv, env, cwd, log_fd, passed, source=None):
+        env = {k: v for k, v in env.items() if k != "PYTEST_CURRENT_TEST"}
+        return super().start(script, argv, env, cwd, log_fd, passed, source)
+
+
+@pytest.fixture(scope="session")
+def shared_warm_starters():
+    """Warm-start servers (mwhelpers.warmstart) lent to every test's runtime in this test
+    process, by interpreter and bootstrap: a test's tasks fork from a server that imported
+    TensorFlow for an earlier test whose tasks had the same environment (the same key), and
+    only a new environment imports again.  Each of them would otherwise import TensorFlow
+    once more for its own runtime (about 4 CPU s: 43 servers in a run of tests/tf).  A
+    server only imports and forks, so what a task does is the same either way.  The servers
+    end with this test process; none may outlive it."""
+    starters = {}
+    yield starters
+    pids = [pid for starter in starters.values() for pid in starter.pids]
+    for starter in starters.values():
+        starter.close()
+    assert not [pid for pid in pids if pid_alive(pid)], f"warm-start servers left: {pids}"
+
+
 @pytest.fixture
-def rt(tmp_path, monkeypatch):
+def rt(tmp_path, monkeypatch, request, shared_warm_starters):
     """A fresh Runtime (also the one the magics use) with logs in tmp_path.
 
+    Its local launchers fork from the test process's shared warm-start servers
+    (``shared_warm_starters``), unless the test's module sets ``OWN_WARM_SERVERS = True``
+    (the tests of the servers themselves: how many there are, when they end).
     On teardown every process it started must already be gone or end; a
     test that leaves one behind fails.
     """
@@ -256,6 +288,12 @@ def rt(tmp_path, monkeypatch):
     echo = Echo()
     runtime = Runtime(log_dir=tmp_path / "logs", echo=echo)
     runtime.echo_lines = echo
+    if not getattr(request.module, "OWN_WARM_SERVERS", False):
+        def lend(python, bootstrap, shared=shared_warm_starters):
+            if (python, bootstrap) not in shared:
+                shared[python, bootstrap] = SharedStarter(python, bootstrap)
+            return shared[python, bootstrap]
+        monkeypatch.setattr(runtime.services, "warm_starter", lend)
     previous = rt_mod.set_runtime(runtime)
     yield runtime
     rt_mod.set_runtime(previous)

@@ -15,6 +15,9 @@ from conftest import ROOT
 from mwhelpers import warmstart
 from mwhelpers.failures import WorkerFailed
 
+# These tests count, kill and end the servers: each runtime gets its own (conftest's rt).
+OWN_WARM_SERVERS = True
+
 # Prints what a task's program can see of how it was started, after its own import.
 LOOK = textwrap.dedent("""\
     import json, os, random, subprocess, sys
@@ -150,7 +153,12 @@ def test_the_key_leaves_out_only_what_differs_between_tasks():
     b = {"TF_CONFIG": "{2}", "MWHELPERS_TASK": "worker:1", "PATH": "/bin", "TF_X": "1"}
     assert warmstart.key_of(a, "/d") == warmstart.key_of(b, "/d")
     assert warmstart.key_of(a, "/d") != warmstart.key_of({**b, "TF_X": "2"}, "/d")
-    assert warmstart.key_of(a, "/d") != warmstart.key_of(a, "/e")
+    # The folder counts only where PYTHONPATH names it: a relative entry, or an empty one.
+    assert warmstart.key_of(a, "/d") == warmstart.key_of(a, "/e")
+    for path in ("/lib:/more", "lib", "/lib::/more", ""):
+        given = {**a, "PYTHONPATH": path}
+        counts = warmstart.key_of(given, "/d") != warmstart.key_of(given, "/e")
+        assert counts == (path not in ("/lib:/more", "")), path
 
 
 def test_a_task_differing_only_in_what_the_servers_import_did_imports_the_same():

@@ -11,6 +11,10 @@ from test_backends import MARK, ME, ON_HOSTS, STANDING_BY, backend, brt  # noqa:
 
 from mwhelpers.proctree import carrying
 
+# brt holds that nothing carrying the suite's mark outlives the runtime, warm-start servers
+# included: each runtime gets its own (conftest's rt).
+OWN_WARM_SERVERS = True
+
 
 @pytest.mark.parametrize("backend", [pytest.param("ssh", marks=ON_HOSTS)], indirect=True)
 def test_a_restart_releases_the_standbys_and_unused_ones_are_ended(brt, backend, tmp_path):  # noqa: F811

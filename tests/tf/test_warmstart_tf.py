@@ -22,6 +22,9 @@ from mwhelpers import stacks
 from mwhelpers.failures import WorkerFailed
 from mwhelpers.job import dump_stacks
 
+# These tests count, kill and end the servers: each runtime gets its own (conftest's rt).
+OWN_WARM_SERVERS = True
+
 
 def test_two_tasks_fork_from_one_server_and_each_looks_like_a_cold_start(rt, tmp_path):
     (tmp_path / "look.py").write_text(LOOK)
@@ -66,12 +69,19 @@ def test_two_tasks_fork_from_one_server_and_each_looks_like_a_cold_start(rt, tmp
     # TensorFlow's own seeds, where a program gives none, also differ (its import draws none).
     assert seen[0]["tf_random"] != seen[1]["tf_random"]
     assert seen[0]["shuffled"] != seen[1]["shuffled"]
-    # The server stays for the next launch, also of a new cluster, and ends with the runtime.
+    # The server stays for the next launch, also of a new cluster from another folder (%cd),
+    # whose task runs there; the server ends with the runtime.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "look.py").write_text(LOOK)
+    os.chdir(elsewhere)  # (the rt fixture's monkeypatch.chdir puts the folder back)
     rt.define_cluster(workers=1)
     run = rt.launch("worker:0", script="look.py", background=True, ready="start",
                     env={"EXTRA": "given"})
     rt.wait(timeout=60)
-    assert looked(run)["ppid"] == server and servers(rt) == [server]
+    s = looked(run)
+    assert s["ppid"] == server and servers(rt) == [server]
+    assert s["path0"] == s["cwd"] == str(elsewhere)
     rt.close()
     assert not pid_alive(server)
 
