@@ -64,6 +64,7 @@ def test_the_lock_satisfies_the_library_ranges_and_has_one_tensorflow():
     assert "tf-keras" not in pins  # the notebooks run TensorFlow's own Keras 3
     assert not {"scikit-learn", "pandas"} & set(pins)  # mlxtend without its stack
     assert {"jax", "jaxlib", "scipy"} <= set(pins)  # Keras 3 on JAX (SciPy: JAX requires it)
+    assert "orbax-checkpoint" in pins  # keras.callbacks.OrbaxCheckpoint, on JAX across processes
     assert not set(pins) & set(lock("test.txt"))
 
 
