@@ -129,7 +129,8 @@ def explain_failure(failures: Sequence[Failure], runs: Iterable[TaskRun] = ()) -
     job = _Job(list(runs) or [])
     found: list[Finding] = []
     for rule in (_settings_differ, _keras3_fit, _steps_per_execution, _op_before_strategy,
-                 _collectives_differ, _jax_port_taken, _jax_gave_up, _module_missing,
+                 _collectives_differ, _jax_port_taken, _jax_gave_up, _jax_fetch_split,
+                 _module_missing,
                  _peer_finished_first, _replicated_by_layout, _foreign_sigkill):
         finding = rule(job, failures)
         if finding is not None:
@@ -238,6 +239,12 @@ def _jax_port_taken(job: _Job, failures: Sequence[Failure]) -> Finding | None:
         if found:
             return Finding(*found)
     return None
+
+
+def _jax_fetch_split(job: _Job, failures: Sequence[Failure]) -> Finding | None:
+    f, _, lines = next(job.failed_logs(failures[:1]))
+    found = jaxdiagnosis.fetched_split(f.task, job.raised(f, lines))
+    return Finding(*found) if found else None
 
 
 def _jax_gave_up(job: _Job, failures: Sequence[Failure]) -> Finding | None:

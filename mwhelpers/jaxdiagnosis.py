@@ -12,7 +12,12 @@ the tasks printed and the stacks a stuck task wrote; messages as JAX 0.10 writes
   ("Failed to start RPC server", after gRPC's "Failed to add port to server");
 * tasks that JAX ended when its initialization_timeout ran out (it aborts them: "Terminating
   process because the JAX distributed service detected fatal errors ... DEADLINE_EXCEEDED",
-  on the RPC CoordinationService/RegisterTask).
+  on the RPC CoordinationService/RegisterTask);
+* a task that fetched a whole variable split over several processes' devices (a
+  ``ModelParallel`` mesh axis that crosses processes): JAX refuses ("Fetching value for
+  `jax.Array` that spans non-addressable (non process local) devices"); Keras's
+  ``BackupAndRestore``, ``ModelCheckpoint``, ``save_weights`` and ``get_weights`` fetch every
+  variable whole, and Keras's ``OrbaxCheckpoint`` is the way to save such a model.
 
 Each rule returns ``(key, cause, advice)``, or None; :mod:`mwhelpers.diagnosis` makes
 its findings of them.  The processes are the chief and the workers in TF_CONFIG's order
@@ -40,6 +45,7 @@ _NO_SERVER = "Failed to start RPC server"
 _SERVICE = "get_distributed_runtime_service"  # where JAX starts its coordinator service
 _ABORTED = "Terminating process because the JAX distributed service detected fatal errors"
 _REGISTER = "CoordinationService/RegisterTask"
+_SPLIT = "spans non-addressable (non process local) devices"
 _PORT_LINE = re.compile(r"Failed to add port to server: .* resolved for '(?P<address>[^']*:(?P<port>\d+))'")
 _GIVES_UP = ("JAX lets no process go on until all of them have connected to its coordinator "
              "(it gives up after its initialization_timeout, 300 s as keras.distribution calls it)")
@@ -159,3 +165,20 @@ def port_taken(task: str, raised: str, traceback: Sequence[str],
             f"({how}){now}",
             f"end whatever holds port {port} (ss -ltnp 'sport = :{port}' names it), or define "
             "the cluster again (%cluster) to get free ports, and launch again")
+
+
+def fetched_split(task: str, raised: str) -> Rule | None:
+    """``task`` raised (``raised``, 'Type: message') because it fetched a variable that is
+    split over other processes' devices too."""
+    if _SPLIT not in raised:
+        return None
+    return ("jax-fetch-split",
+            f"{task} asked for the whole value of an array that is split over several "
+            "processes' devices (a ModelParallel mesh axis that crosses processes), and JAX "
+            "refuses: each process holds only its own shards.  Keras's BackupAndRestore, "
+            "ModelCheckpoint, save_weights and get_weights all fetch each variable whole",
+            "save with keras.callbacks.OrbaxCheckpoint(directory=...) (every process writes "
+            "its own shards into one checkpoint; model.load_weights(directory) restores the "
+            "newest onto the mesh in use), read a split variable with jax.experimental."
+            "multihost_utils.process_allgather(v.value, tiled=True), or keep the model axis "
+            "inside each process (a mesh whose model axis is no larger than its devices)")

@@ -54,3 +54,14 @@ def test_a_jax_program_launched_as_ps_or_evaluator_is_warned_about():
         "be defined'. Launch this program as the chief and worker tasks only.")
     # A TensorFlow program as ps is the usual thing: nothing said.
     assert look("import tensorflow as tf\n", {"ps:0": {}}) == []
+
+
+def test_a_fetch_of_a_variable_split_over_processes_is_explained_and_nothing_else_is():
+    from mwhelpers import jaxdiagnosis
+
+    raised = ("RuntimeError: Fetching value for `jax.Array` that spans non-addressable (non "
+              "process local) devices is not possible. You can use `jax.experimental...")
+    key, cause, advice = jaxdiagnosis.fetched_split("worker:1", raised)
+    assert key == "jax-fetch-split" and cause.startswith("worker:1 asked for the whole value")
+    assert "OrbaxCheckpoint" in advice and "process_allgather" in advice
+    assert jaxdiagnosis.fetched_split("worker:1", "RuntimeError: something else") is None

@@ -69,7 +69,7 @@ def test_a_killed_process_restarts_the_job_from_the_newest_orbax_checkpoint(rt, 
     # An uninterrupted run on the same global batches (one process of four devices) ends at
     # the same weights, to float tolerance: nothing was trained twice or lost.
     straight = alone(tmp_path, tmp_path / "straight")
-    for got, want in zip(res["worker:0"]["weights"], straight["weights"]):
+    for got, want in zip(res["worker:0"]["weights"], straight["weights"], strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
     # The same checkpoint restored onto another mesh (one process, batch=1, model=4): Orbax
@@ -77,7 +77,7 @@ def test_a_killed_process_restarts_the_job_from_the_newest_orbax_checkpoint(rt, 
     moved = alone(tmp_path, ckpt, "--restore-only", "--mesh", "1,4")
     assert moved["resumed_after"] == 2 and moved["iterations"] == 12
     assert moved["shards"] == {"d1": [16, 8], "d2": [32, 1]}
-    for got, want in zip(moved["weights"], res["worker:0"]["weights"]):
+    for got, want in zip(moved["weights"], res["worker:0"]["weights"], strict=True):
         np.testing.assert_allclose(got, want, rtol=0, atol=0)
 
 
@@ -97,6 +97,11 @@ def test_a_model_split_over_processes_is_saved_by_orbax_and_not_by_backup_and_re
     said = str(failed.value)
     assert "not restarted after attempt 1" in said and "a program error" in said
     assert "Fetching value for `jax.Array` that spans non-addressable" in said
+    # The report says what it means and what saves such a model.
+    root = failed.value.failures[0]
+    assert [d["key"] for d in root.diagnosis][:1] == ["jax-fetch-split"], root.diagnosis
+    assert "split over several processes' devices" in said
+    assert "keras.callbacks.OrbaxCheckpoint(directory=...)" in said
 
     rt.define_cluster(2)
     rt.supervise(script=str(PROGRAM), max_restarts=0, timeout=240, stream=False,
