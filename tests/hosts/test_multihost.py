@@ -452,6 +452,37 @@ def test_a_layout_map_rule_that_matches_nothing_is_named_on_the_hosts_too(
         assert got["devices"] == 4 and got["specs"] == {"d1": [None, None], "d2": [None, None]}
 
 
+JAX_ORBAX = ROOT / "tests" / "programs" / "jax_orbax_resume.py"
+
+
+@pytest.mark.parametrize("where", ["ssh", "slurm"])
+def test_a_model_split_over_hosts_resumes_from_its_orbax_checkpoint_after_a_kill(
+        remote_rt, env, request, tmp_path, where):
+    """The model split over two hosts' processes (two CPU devices each), an OrbaxCheckpoint at
+    each epoch's end into one folder both hosts see; worker:1's process SIGKILLs itself in
+    epoch 3: supervise restarts both on their hosts, both resume from the checkpoint of epoch
+    2, and the job ends at exactly 12 steps with the kernels split again (as locally,
+    tests/tf/test_jax_orbax.py)."""
+    if where == "slurm":
+        request.getfixturevalue("allocation")
+        remote_rt.define_cluster(2, backend="slurm")
+    else:
+        remote_rt.define_cluster(2, backend="ssh", hosts=env.names)
+    attempts = remote_rt.supervise(
+        script=str(JAX_ORBAX), max_restarts=1, timeout=150, stream=False,
+        args=[str(tmp_path / "ckpt"), "--kill-at", "10", "--marker", str(tmp_path / "killed")])
+    assert len(attempts) == 2 and str(attempts[0].root_cause.task) == "worker:1"
+    assert [remote_rt.cluster.host_of(t) for t in ("worker:0", "worker:1")] == env.names
+    for run in attempts[1].runs:
+        lines = run.lines()
+        assert "RESUME after epoch 1: step 8" in lines, lines
+        assert [ln for ln in lines if ln.startswith("STEP ")] == [f"STEP {s}" for s in range(9, 13)]
+    res = results(remote_rt)
+    for r in res.values():
+        assert r["iterations"] == 12 and r["shards"] == {"d1": [16, 16], "d2": [32, 2]}
+    assert res["worker:0"]["weights"] == res["worker:1"]["weights"]
+
+
 def _squeue(job):
     return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
                           text=True, timeout=30).stdout.strip()
