@@ -129,7 +129,7 @@ def explain_failure(failures: Sequence[Failure], runs: Iterable[TaskRun] = ()) -
     job = _Job(list(runs) or [])
     found: list[Finding] = []
     for rule in (_settings_differ, _keras3_fit, _steps_per_execution, _op_before_strategy,
-                 _collectives_differ, _jax_port_taken, _jax_gave_up, _jax_fetch_split,
+                 _collectives_differ, _jax_port_taken, _jax_gave_up, _jax_saving,
                  _module_missing,
                  _peer_finished_first, _replicated_by_layout, _foreign_sigkill):
         finding = rule(job, failures)
@@ -241,9 +241,10 @@ def _jax_port_taken(job: _Job, failures: Sequence[Failure]) -> Finding | None:
     return None
 
 
-def _jax_fetch_split(job: _Job, failures: Sequence[Failure]) -> Finding | None:
+def _jax_saving(job: _Job, failures: Sequence[Failure]) -> Finding | None:
     f, _, lines = next(job.failed_logs(failures[:1]))
-    found = jaxdiagnosis.fetched_split(f.task, job.raised(f, lines))
+    found = (jaxdiagnosis.fetched_split(f.task, job.raised(f, lines))
+             or jaxdiagnosis.orbax_relative(f.task, job.raised(f, lines), lines))
     return Finding(*found) if found else None
 
 

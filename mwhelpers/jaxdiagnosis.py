@@ -17,7 +17,10 @@ the tasks printed and the stacks a stuck task wrote; messages as JAX 0.10 writes
   ``ModelParallel`` mesh axis that crosses processes): JAX refuses ("Fetching value for
   `jax.Array` that spans non-addressable (non process local) devices"); Keras's
   ``BackupAndRestore``, ``ModelCheckpoint``, ``save_weights`` and ``get_weights`` fetch every
-  variable whole, and Keras's ``OrbaxCheckpoint`` is the way to save such a model.
+  variable whole, and Keras's ``OrbaxCheckpoint`` is the way to save such a model;
+* Orbax given a relative folder ("Checkpoint path should be absolute"): ``OrbaxCheckpoint``'s
+  first save raises it, and ``load_weights`` of such a folder on a distribution logs it and
+  then fails inside Keras (Keras 3.15: "'NoneType' object has no attribute 'items'").
 
 Each rule returns ``(key, cause, advice)``, or None; :mod:`mwhelpers.diagnosis` makes
 its findings of them.  The processes are the chief and the workers in TF_CONFIG's order
@@ -46,6 +49,7 @@ _SERVICE = "get_distributed_runtime_service"  # where JAX starts its coordinator
 _ABORTED = "Terminating process because the JAX distributed service detected fatal errors"
 _REGISTER = "CoordinationService/RegisterTask"
 _SPLIT = "spans non-addressable (non process local) devices"
+_RELATIVE = re.compile(r"Checkpoint path should be absolute\. Got (\S+)")
 _PORT_LINE = re.compile(r"Failed to add port to server: .* resolved for '(?P<address>[^']*:(?P<port>\d+))'")
 _GIVES_UP = ("JAX lets no process go on until all of them have connected to its coordinator "
              "(it gives up after its initialization_timeout, 300 s as keras.distribution calls it)")
@@ -182,3 +186,18 @@ def fetched_split(task: str, raised: str) -> Rule | None:
             "newest onto the mesh in use), read a split variable with jax.experimental."
             "multihost_utils.process_allgather(v.value, tiled=True), or keep the model axis "
             "inside each process (a mesh whose model axis is no larger than its devices)")
+
+
+def orbax_relative(task: str, raised: str, lines: Sequence[str]) -> Rule | None:
+    """``task`` failed after Orbax refused a relative path (in ``raised``, or said in its log
+    ``lines`` before Keras failed on what Orbax returned)."""
+    said = _RELATIVE.search(raised) or next(
+        (m for m in map(_RELATIVE.search, reversed(lines)) if m), None)
+    if said is None:
+        return None
+    return ("orbax-relative-path",
+            f"{task} gave Orbax a relative path ({said[1]}), and Orbax takes absolute paths "
+            "only: OrbaxCheckpoint's save raises this, and model.load_weights(folder) fails "
+            "inside Keras on what Orbax returns instead of the checkpoint",
+            "pass an absolute folder to keras.callbacks.OrbaxCheckpoint and to "
+            "model.load_weights: os.path.abspath(folder)")

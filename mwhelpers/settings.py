@@ -143,6 +143,10 @@ LAZY_JAX: Setting[bool] = Setting(
     "MWHELPERS_LAZY_JAX", switch, True, "on",
     "`0` lets TensorFlow import JAX as it loads, where JAX is installed (by default JAX "
     "waits until it is used: about 3 s less CPU at every start)", "1 or 0")
+ORBAX_CHECK: Setting[bool] = Setting(
+    "MWHELPERS_ORBAX_CHECK", switch, True, "on",
+    "`0` turns off the check of a Keras `OrbaxCheckpoint` folder in a task: a relative one, "
+    "to which every save would fail, is named with the absolute folder to give", "1 or 0")
 LAYOUT_CHECK: Setting[bool] = Setting(
     "MWHELPERS_LAYOUT_CHECK", switch, True, "on",
     "`0` turns off the check of a `ModelParallel` LayoutMap against the model before its "
@@ -180,7 +184,7 @@ JAX_GLOO_HOST: Setting[str] = Setting(
 
 SETTINGS: tuple[Setting[object], ...] = (
     LOG_DIR, PORT_RANGE, SSH, HEARTBEAT, STALL_FIX, KERAS_FIX, KERAS_FIX_FORCE, LAZY_PYPLOT,
-    LAZY_JAX, LAYOUT_CHECK, WARM_START, RECONNECT_MS, PORT_BASE, JAX_GLOO_HOST,
+    LAZY_JAX, LAYOUT_CHECK, ORBAX_CHECK, WARM_START, RECONNECT_MS, PORT_BASE, JAX_GLOO_HOST,
 )
 
 # What mwhelpers puts in a task's environment (not settings: read them, do not set them).

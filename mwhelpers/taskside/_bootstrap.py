@@ -157,6 +157,9 @@ def _arm_import_hooks() -> None:
     keraslayout = _load("keraslayout")
     if tfdata.switched_on(os.environ, keraslayout.ENV):
         keraslayout.install(tfdata.after_import)
+    kerasorbax = _load("kerasorbax")
+    if tfdata.switched_on(os.environ, kerasorbax.ENV):
+        kerasorbax.install(tfdata.after_import)
 
 
 def _wait_as_standby() -> None:

@@ -65,3 +65,17 @@ def test_a_fetch_of_a_variable_split_over_processes_is_explained_and_nothing_els
     assert key == "jax-fetch-split" and cause.startswith("worker:1 asked for the whole value")
     assert "OrbaxCheckpoint" in advice and "process_allgather" in advice
     assert jaxdiagnosis.fetched_split("worker:1", "RuntimeError: something else") is None
+
+
+def test_a_relative_orbax_folder_is_explained_from_the_raise_or_the_log():
+    from mwhelpers import jaxdiagnosis
+
+    saving = "ValueError: Checkpoint path should be absolute. Got ckpt/0.orbax-checkpoint-tmp/x"
+    key, cause, advice = jaxdiagnosis.orbax_relative("worker:0", saving, [])
+    assert key == "orbax-relative-path" and "(ckpt/0.orbax-checkpoint-tmp/x)" in cause
+    logged = ["WARNING:absl:Failed to get metadata", "Error details: Checkpoint path should be "
+              "absolute. Got ckpt/1/pytree", "Traceback (most recent call last):"]
+    raised = "AttributeError: 'NoneType' object has no attribute 'items'"
+    assert "(ckpt/1/pytree)" in jaxdiagnosis.orbax_relative("worker:0", raised, logged)[1]
+    assert "os.path.abspath" in advice
+    assert jaxdiagnosis.orbax_relative("worker:0", raised, ["nothing about paths"]) is None

@@ -2,6 +2,7 @@
 
     python jax_orbax_resume.py CKPT [--epochs N] [--steps N] [--kill-at STEP --marker FILE]
                                [--mesh B,M] [--restore-only] [--backup-and-restore]
+                               [--relative]
 
 A mesh (batch=B, model=M; default 2 and the rest of the devices), the kernels of ``d1`` and
 ``d2`` split over the model axis (ModelParallel), each process giving its rows of every global
@@ -12,13 +13,15 @@ from the epoch after it.  Prints ``STEP N`` after each step (N: the optimizer's 
 at the end, ``RESULT {...}``.  ``--kill-at``: the last process SIGKILLs itself right after
 that step, once (``--marker`` remembers it).  ``--restore-only``: load and print, no training.
 ``--backup-and-restore``: Keras's ``BackupAndRestore(CKPT/process_<id>)`` instead, each
-process its own (what a job on TensorFlow uses).
+process its own (what a job on TensorFlow uses).  ``--relative``: CKPT as given, not made
+absolute (Orbax refuses a relative path).
 """
 
 import argparse
 import json
 import os
 import signal
+import sys
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -40,8 +43,10 @@ p.add_argument("--marker", default="killed.marker")
 p.add_argument("--mesh", default=None)
 p.add_argument("--restore-only", action="store_true")
 p.add_argument("--backup-and-restore", action="store_true")
+p.add_argument("--relative", action="store_true")
 a = p.parse_args()
-a.ckpt = os.path.abspath(a.ckpt)  # Orbax refuses a relative path ("should be absolute")
+if "--relative" not in sys.argv:  # --relative: the folder as given, which Orbax refuses
+    a.ckpt = os.path.abspath(a.ckpt)
 
 if os.environ.get("KERAS_DISTRIBUTION_JOB_ADDRESSES"):
     kd.initialize()  # from KERAS_DISTRIBUTION_* (mwhelpers sets them for each task)

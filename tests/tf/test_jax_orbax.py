@@ -111,3 +111,41 @@ def test_a_model_split_over_processes_is_saved_by_orbax_and_not_by_backup_and_re
     for r in res.values():
         assert r["shards"] == {"d1": [16, 8], "d2": [32, 1]} and r["iterations"] == 4
     assert res["worker:0"]["weights"] == res["worker:1"]["weights"]
+
+
+
+def test_a_relative_checkpoint_folder_is_named_before_the_first_save_and_explained_on_load(
+        rt, jax_env, tmp_path, monkeypatch):
+    """Orbax takes absolute paths only.  OrbaxCheckpoint("ckpt") saves in the background by
+    default: each save fails there, training goes on, and the job ends with exit code 0 and no
+    checkpoint; the task says so before the first step.  load_weights("ckpt") on a
+    distribution fails inside Keras with an AttributeError after Orbax's warning; the report
+    explains it.  MWHELPERS_ORBAX_CHECK=0 turns the first check off."""
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    rt.define_cluster(1)
+    run = rt.launch("worker:0", script=str(PROGRAM), args=["ckpt", "--epochs", "1", "--relative"])
+    lines = run.lines()
+    said = [ln for ln in lines if ln.startswith("[mwhelpers] OrbaxCheckpoint: ")]
+    assert said == [f"[mwhelpers] OrbaxCheckpoint: the folder 'ckpt' is relative, and Orbax "
+                    f"writes to absolute paths only: every save would fail (in the background, "
+                    f"by default: the job would end with no checkpoint); give "
+                    f"'{tmp_path / 'ckpt'}' (os.path.abspath), to OrbaxCheckpoint and to "
+                    f"model.load_weights"], lines
+    assert lines.index(said[0]) < next(i for i, ln in enumerate(lines) if ln.startswith("STEP "))
+    assert run.process.returncode == 0 and not (tmp_path / "ckpt" / "0").exists()  # none kept
+    assert any("Checkpoint path should be absolute" in ln for ln in lines)
+
+    run = rt.launch("worker:0", script=str(PROGRAM), args=["ckpt", "--epochs", "1", "--relative"],
+                    env={"MWHELPERS_ORBAX_CHECK": "0"})
+    assert not [ln for ln in run.lines() if ln.startswith("[mwhelpers] OrbaxCheckpoint: ")]
+
+    rt.launch("worker:0", script=str(PROGRAM), args=["ckpt", "--epochs", "1"])  # absolute: saved
+    assert (tmp_path / "ckpt" / "0").is_dir()
+    with pytest.raises(WorkerFailed) as loading:
+        rt.launch("worker:0", script=str(PROGRAM), args=["ckpt", "--epochs", "2", "--relative"])
+    said = str(loading.value)
+    assert "AttributeError: 'NoneType' object has no attribute" in said
+    root = loading.value.failures[0]
+    assert [d["key"] for d in root.diagnosis][:1] == ["orbax-relative-path"], root.diagnosis
+    assert "gave Orbax a relative path (ckpt/0/pytree)" in said
+    assert "os.path.abspath(folder)" in said

@@ -1,0 +1,71 @@
+"""Keras's ``OrbaxCheckpoint`` given a relative folder: said before the first save.
+
+Orbax writes to absolute paths only ("Checkpoint path should be absolute", in
+``orbax/checkpoint/_src/serialization/tensorstore_utils.py``).  ``keras.callbacks.
+OrbaxCheckpoint(directory="ckpt")`` takes the folder as given, and each save then fails.  By
+default Keras saves in the background (``save_on_background=True``): the failure is a
+traceback in the task's log, training goes on, and ``on_train_end`` drops what the last save
+raised (Keras 3.15.1, ``keras/src/callbacks/orbax_checkpoint.py``).  The job ends with exit
+code 0 and no checkpoint; a restart finds nothing to resume from.  ``model.load_weights`` of a
+relative folder fails too, inside Keras (mwhelpers' failure report explains that one:
+``orbax-relative-path``).
+
+Here, in a task, an ``OrbaxCheckpoint`` made with a relative local folder says so once in the
+task's log (and so in the cell), with the absolute folder to give instead.  A folder with a
+scheme (``gs://...``) is left alone.  It changes nothing: a check, not a mend.
+``MWHELPERS_ORBAX_CHECK=0`` turns it off.  Where the installed Keras has no
+``OrbaxCheckpoint`` (before 3.14), nothing is armed.
+
+Loaded by path in a task's start-up (``_bootstrap.py``): it imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from .kerasbase import PATCHED, local_path, safely, say_once
+
+ENV = "MWHELPERS_ORBAX_CHECK"
+TARGET = "keras.src.callbacks.orbax_checkpoint"
+PREFIX = "[mwhelpers] OrbaxCheckpoint: "
+SKIPPED = "[mwhelpers] the check of OrbaxCheckpoint's folder is not armed ({issue}): {why}"
+
+
+def relative(directory: object) -> str | None:
+    """The line to say for ``directory`` when it is a relative local folder, else None."""
+    if not isinstance(directory, (str, os.PathLike)):
+        return None
+    text = os.fspath(directory)
+    if not isinstance(text, str) or not local_path(text) or os.path.isabs(text):
+        return None
+    return (f"{PREFIX}the folder {text!r} is relative, and Orbax writes to absolute paths only: "
+            "every save would fail (in the background, by default: the job would end with no "
+            f"checkpoint); give {os.path.abspath(text)!r} (os.path.abspath), to "
+            "OrbaxCheckpoint and to model.load_weights")
+
+
+def patch(module: ModuleType) -> None:
+    cls = module.OrbaxCheckpoint
+    init = cls.__init__
+    if getattr(init, PATCHED, False):
+        return
+
+    @functools.wraps(init)
+    def __init__(self: Any, directory: object, *args: Any, **kwargs: Any) -> None:
+        line = relative(directory)
+        if line is not None:
+            say_once(f"orbax-relative-{directory}", line)
+        init(self, directory, *args, **kwargs)
+
+    setattr(__init__, PATCHED, True)
+    cls.__init__ = __init__
+
+
+def install(after_import: Callable[[str, Callable[[ModuleType], object]], None]) -> None:
+    """Arm the check once Keras's OrbaxCheckpoint loads (``after_import``:
+    :func:`tfdata.after_import`)."""
+    after_import(TARGET, safely(patch, "relative folders", SKIPPED))
