@@ -330,17 +330,18 @@ def test_model_parallel_notebook_runs_under_nbclient(tmp_path, pythonpath):
     nb = execute("12b_model_parallel_jax.ipynb", tmp_path)
     text = outputs_text(nb)
     assert re.search(r"two processes against one: largest weight difference \d", text)
-    assert "all-reduce of f32[32,10]" in text and "all-reduce of (f32[], f32[128,784]" in text
+    assert "all-reduce over [2,2]<=[4]: f32[32,10]" in text
+    assert "all-reduce over mesh['axis_0'=2,'axis_1'=2] {'axis_0'}: (f32[], f32[128,784]" in text
     assert "[worker:0] [mwhelpers] LayoutMap: rule 'd1/kernel' matches no variable" in text
     assert "bytes on one device: {'split': 1222784, 'trap': 2442368}" in text
     assert "fault injected: killed worker:1 after it logged 'STEP 25'" in text
     assert "attempt 2, worker:1: RESUMED after step 20; steps 21 to 30" in text
     assert "jax-fetch-split | save with keras.callbacks.OrbaxCheckpoint" in text
     assert "a piece of each kernel now: {'d1': '784x64', 'd2': '64x10'}" in text
-    assert re.search(r"DataParallel +2\.44 MB a device", text)
+    assert re.search(r"4 x 1 +2\.44 MB a device", text)
     assert "if re.fullmatch(pattern, key)" in text
     assert sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", [])) == 2
-    assert (tmp_path / "ckpt" / "2").is_dir()
+    assert (tmp_path / "ckpt" / "2").is_dir() and (tmp_path / "ckpt_1x4" / "0").is_dir()
 
 
 OWNER_ENV = "MWTEST_OWNER"  # inherited by a suite's kernels and workers: whose test started them

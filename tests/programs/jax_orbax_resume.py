@@ -6,8 +6,9 @@
 
 A mesh (batch=B, model=M; default 2 and the rest of the devices), the kernels of ``d1`` and
 ``d2`` split over the model axis (ModelParallel), each process giving its rows of every global
-batch of 16.  ``keras.callbacks.OrbaxCheckpoint(CKPT)`` saves at each epoch's end, from every
-process together.  A start that finds a checkpoint in CKPT loads the newest one
+batch of 16 (the whole batch, on a mesh whose batch axis is 1).
+``keras.callbacks.OrbaxCheckpoint(CKPT)`` saves at each epoch's end, from every process
+together. A start that finds a checkpoint in CKPT loads the newest one
 (``model.load_weights(CKPT)``: weights and optimizer, resharded onto this mesh) and goes on
 from the epoch after it.  Prints ``STEP N`` after each step (N: the optimizer's count) and,
 at the end, ``RESULT {...}``.  ``--kill-at``: the last process SIGKILLs itself right after
@@ -69,7 +70,10 @@ process = int(os.environ.get("KERAS_DISTRIBUTION_PROCESS_ID", "0"))
 processes = int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES", "1"))
 rows = 16 * a.steps
 x = np.random.default_rng(0).normal(size=(rows, 16)).astype("float32")
-data, batch = x[process::processes], 16 // processes
+if batch_axis > 1:  # each process gives its rows of every batch
+    data, batch = x[process::processes], 16 // processes
+else:  # a batch axis of one device: every process gives the whole batch
+    data, batch = x, 16
 
 
 def newest_epoch():
