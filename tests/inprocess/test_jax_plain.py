@@ -79,3 +79,17 @@ def test_a_relative_orbax_folder_is_explained_from_the_raise_or_the_log():
     assert "(ckpt/1/pytree)" in jaxdiagnosis.orbax_relative("worker:0", raised, logged)[1]
     assert "os.path.abspath" in advice
     assert jaxdiagnosis.orbax_relative("worker:0", raised, ["nothing about paths"]) is None
+
+
+def test_the_orbax_folder_check_names_only_a_relative_local_folder(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from mwhelpers.taskside.kerasorbax import PREFIX, relative
+
+    monkeypatch.chdir(tmp_path)
+    for given in ("ckpt", Path("runs") / "ckpt", "./ckpt"):
+        line = relative(given)
+        assert line.startswith(PREFIX) and "is relative" in line, given
+        assert repr(str(tmp_path / given).replace("/./", "/")) in line, line
+    for given in (str(tmp_path / "ckpt"), tmp_path, "gs://bucket/ckpt", None, 3):
+        assert relative(given) is None, given
