@@ -2,13 +2,14 @@
 
 Under ``keras.distribution.ModelParallel`` each variable gets the layout of the one
 ``LayoutMap`` rule that matches its path; a variable that no rule matches is replicated on
-every device.  ``LayoutMap`` matches a rule against the whole path (``re.fullmatch``, in
+every device. ``LayoutMap`` matches a rule against the whole path (``re.fullmatch``, in
 ``LayoutMap.__getitem__`` of ``keras/src/distribution/distribution_lib.py``), and paths carry
 the model's name: the rule ``d.*kernel`` matches no variable of layers named ``d1`` and ``d2``
-(their paths are ``sequential/d1/kernel``).  Keras says nothing then: the job trains with the
-whole model on every device, and a model that only fits sharded runs out of memory, with no
-word of why (keras-team/keras-hub#2806).  Keras 3.13 and older matched with ``re.search``:
-a rule that shards there may match nothing on 3.14 and later.
+(their paths are ``sequential/d1/kernel``). Keras says nothing then: the job trains with the
+whole model on every device (keras-team/keras-hub#2810 left all of a model's expert weights
+so), and a step that then runs out of memory says nothing of why; a model too large to be
+replicated fails while it is built, before this check. Keras 3.13 and older matched with
+``re.search``: a rule that shards there may match nothing on 3.14 and later.
 
 Here, in a task whose Keras runs on JAX, the first ``fit``, ``evaluate`` or ``predict`` under
 a ``ModelParallel`` distribution first reads the model's variables against the rules and says,
@@ -51,7 +52,7 @@ from typing import Any, NamedTuple
 from .kerasbase import CARRIES, PATCHED, keras_version, safely, say_once
 
 ENV = "MWHELPERS_LAYOUT_CHECK"
-ISSUE = "keras-team/keras-hub#2806"
+ISSUE = "keras-team/keras-hub#2810"
 TARGET = "keras.src.backend.jax.trainer"  # JAXTrainer (Trainer in 3.16's development)
 DISTRIBUTION = "keras.src.distribution.distribution_lib"
 PREFIX = "[mwhelpers] LayoutMap: "  # every line said here starts so (diagnosis reads it)
@@ -168,16 +169,19 @@ def _how_keras_matches(layout_map_class: Any) -> str | None:
 
 def _outputs(model: Any) -> list[str]:
     """The paths by which Keras looks up a layout for each layer's output, the model's own
-    included (``Layer.__call__``: the path the call runs under and ``/output``); a layer that
-    has no path (one without weights, never built) is taken to run under its model's."""
+    included (``Layer.__call__``: the path the call runs under and ``/output``).  A layer's
+    call runs under the scope it was first called in (``Layer._parent_path``) and its name,
+    which is its ``path`` once it has weights; an input layer is never called."""
     flatten = getattr(model, "_flatten_layers", None)
     layers = flatten(include_self=True, recursive=True) if callable(flatten) else \
         [model, *getattr(model, "layers", ())]
-    top = getattr(model, "path", None) or getattr(model, "name", "")
     out = []
     for layer in layers:
-        path = getattr(layer, "path", None) or (
-            layer is model and top or f"{top}/{getattr(layer, 'name', '')}")
+        if type(layer).__name__ == "InputLayer":
+            continue
+        path = getattr(layer, "path", None) or "/".join(
+            part for part in (getattr(layer, "_parent_path", None), getattr(layer, "name", ""))
+            if part)
         out.append(f"{path}/output")
     return out
 

@@ -109,14 +109,21 @@ def test_a_rule_that_is_no_regular_expression_is_said():
 
 
 def test_the_paths_keras_lays_out_besides_the_variables():
-    """Outputs: each layer's path, the model's own, a layer without weights under its model's;
-    the optimizer's variables once built, else the names it will give them."""
+    """Outputs: each layer's path, the model's own, a layer without weights under the scope it
+    was first called in (none for a functional model's, its block's when nested); no input
+    layer's; the optimizer's variables once built, else the names it will give them."""
     dense = SimpleNamespace(path="seq/d1", name="d1")
-    dropout = SimpleNamespace(path=None, name="drop")
-    model = SimpleNamespace(path="seq", name="seq", metrics_variables=[],
+    dropout = SimpleNamespace(path=None, _parent_path="seq", name="drop")
+    nested = SimpleNamespace(path=None, _parent_path="seq/blk", name="inner_drop")
+    InputLayer = type("InputLayer", (), {"path": None, "name": "input_layer"})
+    model = SimpleNamespace(path=None, _parent_path=None, name="seq", metrics_variables=[],
                             trainable_variables=[SimpleNamespace(path="seq/d1/kernel")])
-    model._flatten_layers = lambda include_self, recursive: [model, dense, dropout]
-    assert _outputs(model) == ["seq/output", "seq/d1/output", "seq/drop/output"]
+    model._flatten_layers = lambda include_self, recursive: [model, InputLayer(), dense,
+                                                             dropout, nested]
+    assert _outputs(model) == ["seq/output", "seq/d1/output", "seq/drop/output",
+                               "seq/blk/inner_drop/output"]
+    dropout._parent_path = None  # a functional model's layer: called outside its model's scope
+    assert _outputs(model)[2] == "drop/output"
     model.optimizer = SimpleNamespace(name="adam", variables=[])
     assert {"adam/iteration", "adam/learning_rate", "adam/seq_d1_kernel_momentum"} <= set(
         _others(model))

@@ -5,7 +5,12 @@ A rule that matches no variable is named in the cell, with what it probably mean
 first step, and the model is indeed whole on every device; a rule that matches says nothing
 and splits the kernels; ``MWHELPERS_LAYOUT_CHECK=0`` turns the check off."""
 
-from conftest import results
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT, results
 from test_jax_model_parallel import PROGRAM, jax_env, pytestmark, run_alone  # noqa: F401
 
 PREFIX = "[mwhelpers] LayoutMap: "
@@ -57,3 +62,19 @@ def test_a_model_made_in_the_distributions_scope_is_checked_too(tmp_path):
     out = run_alone(tmp_path, "d.*kernel", "--scope")
     assert PREFIX + "rule 'd.*kernel' matches no variable" in out, out
     assert PREFIX + "2 variables that no rule matches are replicated" in out, out
+
+
+def test_the_output_paths_checked_are_those_keras_looks_up(tmp_path):
+    """A rule for a layer's output matches what Layer.__call__ looks up: a weightless layer of a
+    functional model runs under no scope (``fdrop/output``), one nested in a block under the
+    block's (``blk/inner_drop/output``); an input layer is never looked up."""
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "programs" /
+                                               "layout_output_paths.py")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = json.loads(next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    for kind, paths in found.items():
+        assert paths["check"] == paths["keras"], kind
+    assert "fdrop/output" in found["functional"]["keras"]
+    assert "blk/inner_drop/output" in found["functional"]["keras"]
