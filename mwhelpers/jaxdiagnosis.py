@@ -185,7 +185,7 @@ def fetched_split(task: str, raised: str) -> Rule | None:
             "its own shards into one checkpoint; model.load_weights(directory) restores the "
             "newest onto the mesh in use), read a split variable with jax.experimental."
             "multihost_utils.process_allgather(v.value, tiled=True), or keep the model axis "
-            "inside each process (a mesh whose model axis is no larger than its devices)")
+            "inside each process (no more devices along it than one process has)")
 
 
 def orbax_relative(task: str, raised: str, lines: Sequence[str]) -> Rule | None:

@@ -41,8 +41,8 @@ def model_split(mesh: tuple[int, int], processes: int, shards: Mapping[str, str]
     """A device mesh of ``mesh`` (rows along ``batch``, columns along ``model``), each device
     coloured by its process (the devices in process order, as ``keras.distribution`` lists
     them) and labelled with the shard it holds of each kernel (``shards``: the shape of a
-    shard, as ``"784x128"``; ``whole``: the kernel's); beside it, the bytes a device holds in each run
-    (``device_bytes``: run name to bytes) against the whole model's."""
+    shard, as ``"784x128"``; ``whole``: the kernel's); beside it, the bytes a device holds in
+    each run (``device_bytes``: run name to bytes) against the whole model's."""
     rows, cols = mesh
     width = 1.9 * cols
     fig, ax = canvas(width + 4.4, 1.2 * rows + 0.5, inches=1.0)
