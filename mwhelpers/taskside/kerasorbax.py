@@ -14,7 +14,9 @@ Here, in a task, an ``OrbaxCheckpoint`` made with a relative local folder says s
 task's log (and so in the cell), with the absolute folder to give instead.  A folder with a
 scheme (``gs://...``) is left alone.  It changes nothing: a check, not a mend.
 ``MWHELPERS_ORBAX_CHECK=0`` turns it off.  Where the installed Keras has no
-``OrbaxCheckpoint`` (before 3.14), nothing is armed.
+``OrbaxCheckpoint`` (before 3.14), nothing is armed; where its ``__init__`` makes the folder
+absolute itself (the change of docs/keras-orbax-relative.md), the check says so once and
+steps aside.
 
 Loaded by path in a task's start-up (``_bootstrap.py``): it imports nothing of the package.
 """
@@ -27,12 +29,15 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .kerasbase import PATCHED, local_path, safely, say_once
+from .kerasbase import CARRIES, PATCHED, keras_version, local_path, safely, say_once, source_of
 
 ENV = "MWHELPERS_ORBAX_CHECK"
 TARGET = "keras.src.callbacks.orbax_checkpoint"
 PREFIX = "[mwhelpers] OrbaxCheckpoint: "
 SKIPPED = "[mwhelpers] the check of OrbaxCheckpoint's folder is not armed ({issue}): {why}"
+CARRIED = ("[mwhelpers] Keras {version} " + CARRIES + " the OrbaxCheckpoint folder check (its "
+           "OrbaxCheckpoint makes a relative folder absolute itself: docs/keras-orbax-relative.md)"
+           ": the check steps aside")
 
 
 def relative(directory: object) -> str | None:
@@ -52,6 +57,9 @@ def patch(module: ModuleType) -> None:
     cls = module.OrbaxCheckpoint
     init = cls.__init__
     if getattr(init, PATCHED, False):
+        return
+    if "os.path.abspath(directory)" in (source_of(init) or ""):  # Keras resolves it itself
+        say_once("orbax-carried", CARRIED.format(version=keras_version() or "?"))
         return
 
     @functools.wraps(init)
