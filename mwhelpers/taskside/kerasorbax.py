@@ -3,20 +3,21 @@
 Orbax writes to absolute paths only ("Checkpoint path should be absolute", in
 ``orbax/checkpoint/_src/serialization/tensorstore_utils.py``).  ``keras.callbacks.
 OrbaxCheckpoint(directory="ckpt")`` takes the folder as given, and each save then fails.  By
-default Keras saves in the background (``save_on_background=True``): the failure is a
-traceback in the task's log, training goes on, and ``on_train_end`` drops what the last save
-raised (Keras 3.15.1, ``keras/src/callbacks/orbax_checkpoint.py``).  The job ends with exit
-code 0 and no checkpoint; a restart finds nothing to resume from.  ``model.load_weights`` of a
-relative folder fails too, inside Keras (mwhelpers' failure report explains that one:
-``orbax-relative-path``).
+default Keras saves in the background (``save_on_background=True``): a save's failure is a
+traceback in the task's log while training goes on; the next save raises it out of ``fit``,
+and ``on_train_end`` drops what the last save raised (Keras 3.15.1,
+``keras/src/callbacks/orbax_checkpoint.py``).  A job of one save (one epoch, or the last save
+of a resumed run) ends with exit code 0 and no checkpoint; a restart finds nothing to resume
+from.  ``model.load_weights`` of a relative folder fails too, inside Keras or Orbax
+(mwhelpers' failure report explains the first: ``orbax-relative-path``).
 
 Here, in a task, an ``OrbaxCheckpoint`` made with a relative local folder says so once in the
 task's log (and so in the cell), with the absolute folder to give instead.  A folder with a
 scheme (``gs://...``) is left alone.  It changes nothing: a check, not a mend.
 ``MWHELPERS_ORBAX_CHECK=0`` turns it off.  Where the installed Keras has no
 ``OrbaxCheckpoint`` (before 3.14), nothing is armed; where its ``__init__`` makes the folder
-absolute itself (the change of docs/keras-orbax-relative.md), the check says so once and
-steps aside.
+absolute itself (``absolute_path(directory)``, the change of docs/keras-orbax-relative.md),
+the check says so once and steps aside.
 
 Loaded by path in a task's start-up (``_bootstrap.py``): it imports nothing of the package.
 """
@@ -48,9 +49,10 @@ def relative(directory: object) -> str | None:
     if not isinstance(text, str) or not local_path(text) or os.path.isabs(text):
         return None
     return (f"{PREFIX}the folder {text!r} is relative, and Orbax writes to absolute paths only: "
-            "every save would fail (in the background, by default: the job would end with no "
-            f"checkpoint); give {os.path.abspath(text)!r} (os.path.abspath), to "
-            "OrbaxCheckpoint and to model.load_weights")
+            "every save would fail (Keras saves in the background by default: a job of one "
+            "save ends with no error and no checkpoint); give "
+            f"{os.path.abspath(text)!r} (os.path.abspath), to OrbaxCheckpoint and to "
+            "model.load_weights")
 
 
 def patch(module: ModuleType) -> None:
@@ -58,7 +60,7 @@ def patch(module: ModuleType) -> None:
     init = cls.__init__
     if getattr(init, PATCHED, False):
         return
-    if "os.path.abspath(directory)" in (source_of(init) or ""):  # Keras resolves it itself
+    if "absolute_path(directory)" in (source_of(init) or ""):  # Keras resolves it itself
         say_once("orbax-carried", CARRIED.format(version=keras_version() or "?"))
         return
 

@@ -117,8 +117,8 @@ def test_a_model_split_over_processes_is_saved_by_orbax_and_not_by_backup_and_re
 def test_a_relative_checkpoint_folder_is_named_before_the_first_save_and_explained_on_load(
         rt, jax_env, tmp_path, monkeypatch):
     """Orbax takes absolute paths only.  OrbaxCheckpoint("ckpt") saves in the background by
-    default: each save fails there, training goes on, and the job ends with exit code 0 and no
-    checkpoint; the task says so before the first step.  load_weights("ckpt") on a
+    default: with one save (one epoch), the save fails there, and the job ends with exit code 0
+    and no checkpoint; the task says so before the first step.  load_weights("ckpt") on a
     distribution fails inside Keras with an AttributeError after Orbax's warning; the report
     explains it.  MWHELPERS_ORBAX_CHECK=0 turns the first check off."""
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
@@ -127,10 +127,10 @@ def test_a_relative_checkpoint_folder_is_named_before_the_first_save_and_explain
     lines = run.lines()
     said = [ln for ln in lines if ln.startswith("[mwhelpers] OrbaxCheckpoint: ")]
     assert said == [f"[mwhelpers] OrbaxCheckpoint: the folder 'ckpt' is relative, and Orbax "
-                    f"writes to absolute paths only: every save would fail (in the background, "
-                    f"by default: the job would end with no checkpoint); give "
-                    f"'{tmp_path / 'ckpt'}' (os.path.abspath), to OrbaxCheckpoint and to "
-                    f"model.load_weights"], lines
+                    f"writes to absolute paths only: every save would fail (Keras saves in the "
+                    f"background by default: a job of one save ends with no error and no "
+                    f"checkpoint); give '{tmp_path / 'ckpt'}' (os.path.abspath), to "
+                    f"OrbaxCheckpoint and to model.load_weights"], lines
     assert lines.index(said[0]) < next(i for i, ln in enumerate(lines) if ln.startswith("STEP "))
     assert run.process.returncode == 0 and not (tmp_path / "ckpt" / "0").exists()  # none kept
     assert any("Checkpoint path should be absolute" in ln for ln in lines)
