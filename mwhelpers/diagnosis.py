@@ -243,8 +243,9 @@ def _jax_port_taken(job: _Job, failures: Sequence[Failure]) -> Finding | None:
 
 def _jax_saving(job: _Job, failures: Sequence[Failure]) -> Finding | None:
     f, _, lines = next(job.failed_logs(failures[:1]))
-    found = (jaxdiagnosis.fetched_split(f.task, job.raised(f, lines))
-             or jaxdiagnosis.orbax_relative(f.task, job.raised(f, lines), lines))
+    raised = job.raised(f, lines)
+    found = (jaxdiagnosis.fetched_split(f.task, raised)
+             or jaxdiagnosis.orbax_relative(f.task, raised, lines))
     return Finding(*found) if found else None
 
 

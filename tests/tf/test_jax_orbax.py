@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import ROOT, results
+from test_jax_model_parallel import jax_env  # noqa: F401  (the fixture)
 
 from mwhelpers.failures import WorkerFailed
 
@@ -20,12 +21,6 @@ pytestmark = pytest.mark.skipif(
     (importlib.util.find_spec("jax") is None or importlib.util.find_spec("orbax") is None)
     and os.environ.get("CI") != "true",
     reason="jax or orbax-checkpoint is not installed (the tutorials' lock has them)")
-
-
-@pytest.fixture
-def jax_env(monkeypatch):
-    monkeypatch.setenv("KERAS_BACKEND", "jax")
-    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
 
 
 def alone(cwd, *args):
@@ -44,7 +39,7 @@ def steps(run):
     return [int(ln.split()[1]) for ln in run.lines() if ln.startswith("STEP ")]
 
 
-def test_a_killed_process_restarts_the_job_from_the_newest_orbax_checkpoint(rt, jax_env, tmp_path):
+def test_a_killed_process_restarts_the_job_from_the_newest_orbax_checkpoint(rt, jax_env, tmp_path):  # noqa: F811
     """3 epochs of 4 steps, a checkpoint at each epoch's end; process 1 SIGKILLs itself right
     after step 10 (epoch 3): both processes restart from the checkpoint of epoch 2 (step 8),
     train steps 9 to 12 again, and end where an uninterrupted run ends."""
@@ -84,7 +79,7 @@ def test_a_killed_process_restarts_the_job_from_the_newest_orbax_checkpoint(rt, 
 
 
 def test_a_model_split_over_processes_is_saved_by_orbax_and_not_by_backup_and_restore(
-        rt, jax_env, tmp_path):
+        rt, jax_env, tmp_path):  # noqa: F811
     """A mesh (batch=1, model=4) over two processes of two devices: each kernel is split over
     both processes.  Each process's own BackupAndRestore cannot save it (a process sees only
     its half: Keras's save_weights fetches the whole array and JAX refuses); Orbax writes each
@@ -115,7 +110,7 @@ def test_a_model_split_over_processes_is_saved_by_orbax_and_not_by_backup_and_re
 
 
 def test_a_relative_checkpoint_folder_is_named_before_the_first_save_and_explained_on_load(
-        rt, jax_env, tmp_path, monkeypatch):
+        rt, jax_env, tmp_path, monkeypatch):  # noqa: F811
     """Orbax takes absolute paths only.  OrbaxCheckpoint("ckpt") saves in the background by
     default: with one save (one epoch), the save fails there, and the job ends with exit code 0
     and no checkpoint; the task says so before the first step.  load_weights("ckpt") on a
