@@ -26,6 +26,7 @@ _LAZY = {
     "register_backend": "backends", "available_backends": "backends", "Launcher": "backends",
     "AgentLauncher": "backends", "BackendOptions": "backends", "Process": "backends",
     "Placement": "backends", "LaunchSpec": "backends", "write_sbatch": "backends.slurm",
+    "write_kubernetes": "backends.kubernetes",
     "versions": "packages", "tensorflow_distributions": "packages",
     "Results": "results", "read_results": "results",
 }
@@ -42,6 +43,7 @@ if _typing.TYPE_CHECKING:
     from .backends import Process as Process
     from .backends import available_backends as available_backends
     from .backends import register_backend as register_backend
+    from .backends.kubernetes import write_kubernetes as write_kubernetes
     from .backends.slurm import write_sbatch as write_sbatch
     from .cluster import Cluster as Cluster
     from .cluster import Task as Task

@@ -10,6 +10,7 @@
     %waitworkers [--timeout S]
     %killworker TASK [--signal SIG] [--when REGEX] [--timeout S]
     %killbgscripts
+    %kubernetes PATH SCRIPT [ARGS...] --image IMAGE [--tasks N] [--files F1,F2] [--claim PVC] ...
 """
 
 from __future__ import annotations
@@ -377,6 +378,41 @@ class WorkerMagics(Magics):
             run = self.rt.kill(a.task, sig, why=f"{sig.name} sent by %killworker")
             print(f"sent {sig.name} to {run.task} ({run.process.describe()}) and its descendants; "
                   f"it is now {run.state}")
+
+    @line_magic
+    @magic_arguments()
+    @argument("path", help="the YAML file to write")
+    @argument("script", help="the program every pod runs")
+    @argument("args", nargs="*", help="the program's arguments (after --, those that start with -)")
+    @argument("--image", required=True, help="a container image with Python, TensorFlow and Keras")
+    @argument("--tasks", type=int, default=2, metavar="N", help="pods, one task each (default 2)")
+    @argument("--files", default="", metavar="F1,F2", help="the modules the program imports")
+    @argument("--job-name", default="tf-multiworker", metavar="NAME",
+              help="the Job's and the Service's name")
+    @argument("--namespace", default=None, metavar="NS", help="default: kubectl's")
+    @argument("--claim", default=None, metavar="PVC",
+              help="a PersistentVolumeClaim every pod mounts (for checkpoints), where it starts")
+    @argument("--cpus", default=None, help="each pod's CPU request")
+    @argument("--memory", default=None, help="each pod's memory request (4Gi)")
+    @argument("--gpus", type=int, default=0, metavar="K", help="each pod's GPUs (nvidia.com/gpu)")
+    @argument("--env", action="append", default=[], metavar="K=V", help="a variable for every pod")
+    def kubernetes(self, line: str) -> None:
+        """Write a Kubernetes job that runs SCRIPT as N workers: a headless Service and an
+        Indexed Job whose pods build TF_CONFIG from their index (write_kubernetes).
+        """
+        from .backends.kubernetes import write_kubernetes
+
+        a = parse(self.kubernetes, line)
+        env = dict(kv.partition("=")[::2] for kv in a.env)
+        files = [f for f in a.files.split(",") if f]
+        path = write_kubernetes(a.path, a.script, image=a.image, tasks=a.tasks, args=a.args,
+                                files=files, env=env, job_name=a.job_name, namespace=a.namespace,
+                                claim=a.claim, cpus=a.cpus, memory=a.memory, gpus=a.gpus)
+        ns = f" -n {a.namespace}" if a.namespace else ""
+        print(f"wrote {path}: {a.tasks} pods of the Indexed Job {a.job_name}, a headless Service "
+              f"and the program in ConfigMaps.\n  kubectl apply -f {path}\n"
+              f"  kubectl logs{ns} -f -l batch.kubernetes.io/job-name={a.job_name} --prefix\n"
+              f"  kubectl delete -f {path}")
 
     @line_magic
     def killbgscripts(self, line: str) -> None:

@@ -205,6 +205,9 @@ SET_BY_MWHELPERS: tuple[tuple[str, str], ...] = (
     (Env.EXIT_RECORD, "where the task's start-up writes how the program ended when it "
                               "raised (the file beside its log, `mwhelpers.exitrecord`); taken "
                               "out of the environment before the program runs"),
+    (Env.POD, "in a pod of a job from `write_kubernetes`: the job's shape (its name, its "
+              "Service, its number of tasks, their port, how long a pod waits for the others' "
+              "names), from which the pod's start-up builds `TF_CONFIG`"),
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}

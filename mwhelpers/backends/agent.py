@@ -51,10 +51,10 @@ AGENT_CODE = (
     f"exec(compile({(_TASKSIDE / 'wire.py').read_text()!r}, 'wire.py', 'exec'), wire.__dict__)\n"
     f"exec(compile({(_TASKSIDE / '_agent.py').read_text()!r}, '_agent.py', 'exec'), "
     "{'__name__': '__main__', 'wire': wire})\n")
-# The files the worker start-up loads beside itself, sent with it to every host.
-# What a task's start-up loads beside it (the whole worker-side folder, but for the agent itself).
+# What a task's start-up loads beside it, sent with it to every host: the whole worker-side
+# folder, but for the agent itself and a Kubernetes pod's start-up.
 BOOTSTRAP_FILES = tuple(sorted(p.name for p in Path(BOOTSTRAP).parent.glob("*.py")
-                              if p.name not in ("_bootstrap.py", "_agent.py")))
+                              if p.name not in ("_bootstrap.py", "_agent.py", "_podstart.py")))
 # A probe whose SSH connection sshd dropped before its greeting is tried this many times.
 PROBE_TRIES = 3
 SSH_DROPPED = ("kex_exchange_identification", "Connection reset by peer",

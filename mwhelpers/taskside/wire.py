@@ -51,6 +51,9 @@ class Env:
     STANDBY_FD = "MWHELPERS_STANDBY_FD"  # a byte: a standby runs its program
     ENGINE_ID = "MWHELPERS_ENGINE_ID"  # an interactive task's ipyparallel engine id
     EXIT_RECORD = "MWHELPERS_EXIT_RECORD"  # where the start-up writes the ExitRecord
+    # A Kubernetes pod's shape (JSON: job, service, tasks, port, peer_timeout,
+    # termination_log), written into the Indexed Job by write_kubernetes, read by _podstart.py
+    POD = "MWHELPERS_POD"
 
     # What differs from one task to the next and is never part of how it imports TensorFlow
     # (mwhelpers.warmstart: not part of a warm-start server's key).
@@ -82,6 +85,33 @@ class ExitRecord(NamedTuple):
                            "message": self.message[:RECORD_LIMIT],
                            "traceback": self.traceback[-RECORD_LIMIT:], "time": self.time,
                            "pid": self.pid, "exit_code": self.exit_code})
+
+    def dumps_within(self, limit: int) -> str:
+        """:meth:`dumps` in at most ``limit`` bytes of UTF-8 (a Kubernetes termination message
+        keeps 4,096).  What must go goes in this order: the message past a third of the limit
+        (its start stays), then the traceback's start (its end, where the error was raised,
+        stays).  The type and the numbers stay whole."""
+        def size(record: ExitRecord) -> int:
+            return len(record.dumps().encode())
+
+        def longest(make: Any, most: int, budget: int) -> ExitRecord:
+            low, high = 0, most  # the most characters kept that fit the budget
+            while low < high:
+                mid = (low + high + 1) // 2
+                low, high = (mid, high) if size(make(mid)) <= budget else (low, mid - 1)
+            return make(low)  # type: ignore[no-any-return]
+
+        if size(self) <= limit:
+            return self.dumps()
+        message, tb = self.message[:RECORD_LIMIT], self.traceback[-RECORD_LIMIT:]
+        record = self._replace(message=message, traceback="")
+        if size(record) > limit // 3:
+            record = longest(lambda n: self._replace(message=message[:n], traceback=""),
+                             len(message), limit // 3)
+        short = record.message
+        record = longest(lambda n: self._replace(message=short, traceback=tb[len(tb) - n:]),
+                         len(tb), limit)
+        return record.dumps()
 
     @classmethod
     def loads(cls, text: str) -> ExitRecord | None:

@@ -128,7 +128,7 @@ def test_the_public_api_has_type_hints_that_resolve():
 
     functions = [load_mnist] + [getattr(mwhelpers, name) for name in (
         "runtime", "set_runtime", "parse_task", "avoid_teardown_stall", "register_backend",
-        "write_sbatch")]
+        "write_sbatch", "write_kubernetes")]
     for cls, methods in PUBLIC_METHODS.items():
         functions += [getattr(getattr(mwhelpers, cls), m) for m in methods]
     for fn in functions:

@@ -21,7 +21,7 @@ NAMES = {v for k, v in vars(wire.Env).items() if k.isupper() and isinstance(v, s
 def test_each_name_of_the_task_environment_is_spelled_once_in_the_package():
     """No module spells a variable of wire.Env as a string of its own: a rename in wire.py
     reaches every writer and reader (strings inside longer text, docs, do not count)."""
-    assert len(NAMES) == 8 and all(n.startswith("MWHELPERS_") for n in NAMES)
+    assert len(NAMES) == 9 and all(n.startswith("MWHELPERS_") for n in NAMES)
     assert wire.Env.PER_TASK <= NAMES and wire.Env.TAKEN_OUT <= NAMES
     spelled = []
     for path in PACKAGE.rglob("*.py"):
@@ -76,6 +76,27 @@ def test_an_exit_record_of_another_version_is_not_read(tmp_path):
     assert kept.message == "m" * wire.RECORD_LIMIT and kept.traceback.endswith("tEND")
     assert len(kept.traceback) == wire.RECORD_LIMIT
 
+
+
+@pytest.mark.parametrize("message, traceback", [
+    ("short", "Traceback\n" + "  frame\n" * 2000 + "ValueError: short\n"),
+    ("é" * 9000, "x\n" * 5000),  # each é is 6 bytes of JSON
+    ("m" * 60_000, "t" * 60_000 + "END"),
+    ("", ""),
+])
+def test_a_record_cut_to_a_termination_message_keeps_the_message_start_and_traceback_end(
+        message, traceback):
+    record = ExitRecord("ValueError", message, traceback, 1.5, 7, 1)
+    text = record.dumps_within(4096)
+    assert len(text.encode()) <= 4096
+    kept = ExitRecord.loads(text)
+    assert (kept.type, kept.time, kept.pid, kept.exit_code) == ("ValueError", 1.5, 7, 1)
+    assert message.startswith(kept.message) and traceback.endswith(kept.traceback)
+    if len(record.dumps().encode()) <= 4096:
+        assert text == record.dumps()
+    else:
+        assert len(text.encode()) > 4000  # as much as fits
+        assert len(kept.message) >= min(len(message), 200) and kept.traceback
 
 def test_the_start_up_writes_the_declared_record(tmp_path):
     """Run by path as every task is, with only its folder: the record carries the version."""
