@@ -14,8 +14,10 @@ import time
 import pytest
 from conftest import ROOT, gone_within
 from kubepods import Pods
+from test_multihost import JAX_TRAIN, check_trained_on_jax
 
 from mwhelpers.backends.kubernetes import write_kubernetes
+from mwhelpers.taskside import jaxgloo
 from mwhelpers.taskside.wire import ExitRecord
 from mwhelpers.workshop.testhosts import missing
 
@@ -71,6 +73,22 @@ def test_the_pods_train_the_tutorial_job_the_first_waiting_for_the_others_name(p
         assert ("every pod's name resolves" in out) == (i == 0)  # pod 1 found both at once
         assert "Epoch 2/2" in out and "5/5" in out, out[-3000:]
         assert pod.message == ""  # a program that succeeds leaves no record
+
+
+def test_the_pods_train_keras3_on_jax_by_their_dns_names(pods, tmp_path):
+    """keras.distribution on JAX: the coordinator at pod 0's DNS name, gloo on each pod's."""
+    manifest = write_kubernetes(tmp_path / "job.yaml", JAX_TRAIN, image="i", job_name="jax",
+                                env={"KERAS_BACKEND": "jax"}, args=["--epochs", 2, "--steps", 4])
+    job = pods(manifest)
+    started = [job.start(0), job.start(1)]
+    for pod in started:
+        assert pod.wait(240) == 0, pod.output[-4000:]
+    res = {}
+    for i, pod in enumerate(started):
+        line = next(ln for ln in pod.output.splitlines() if ln.startswith("RESULT "))
+        res[f"worker:{i}"] = json.loads(line[len("RESULT "):])
+        assert jaxgloo.NOTICE.format(host=f"jax-{i}.jax") in pod.output
+    check_trained_on_jax(res)
 
 
 def test_a_pod_whose_program_raises_puts_its_exit_record_in_the_termination_message(pods, tmp_path):
