@@ -209,18 +209,25 @@ def pid_alive(pid):
 
 def task_pids(hosts):
     """Python processes inside the test hosts: agents, tasks and their children (the
-    hosts' own daemons, sshd and slurmd, are not Python); none without hosts."""
+    hosts' own daemons, sshd and slurmd, are not Python, nor are Ray's nodes where they run:
+    ``ray_cluster``); none without hosts."""
     found = []
     for name in (hosts.names if hosts else []):
         for pid in hosts.netns_pids(name):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    argv0 = f.read().split(b"\0")[0].decode(errors="replace")
+                    argv = f.read().split(b"\0")
             except OSError:
                 continue
-            if os.path.basename(argv0).startswith("python"):
+            argv0 = argv[0].decode(errors="replace")
+            if os.path.basename(argv0).startswith("python") and not RAY_OWN.search(
+                    b" ".join(argv[1:3]).decode(errors="replace")):
                 found.append(pid)
     return found
+
+
+# A Python process of a Ray node's own (its workers, agents and monitors), not a task's
+RAY_OWN = re.compile(r"/site-packages/ray/|^-m ray\.|(^|/)ray start( |$)")
 
 
 def json_line(run, word, timeout=15):
@@ -304,6 +311,19 @@ def rt(tmp_path, monkeypatch, request, shared_warm_starters):
     runtime.close()
     assert not leftovers, f"test left worker processes running: {leftovers}"
     assert not [pid for pid in servers if pid_alive(pid)], f"warm-start servers left: {servers}"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(hosts):
+    """A Ray cluster of three nodes on the session's test hosts (``tests/raycluster.py``): the
+    head here, on the hosts' bridge, and a node in each host; made at its first use."""
+    from raycluster import RayCluster
+
+    cluster = RayCluster(hosts)
+    try:
+        yield cluster.up()
+    finally:
+        cluster.down()
 
 
 @pytest.fixture(scope="session")

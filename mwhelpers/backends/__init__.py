@@ -12,8 +12,9 @@ backend it holds.  ``%cluster`` builds its flags and its help from the same
 fields (``%cluster --backend ssh --help`` lists them).
 
 Built in, one module each: ``local`` (:mod:`.local`, this machine), ``ssh``
-(:mod:`.ssh`, SSH hosts) and ``slurm`` (:mod:`.slurm`, the nodes of a Slurm
-allocation); both remote ones run tasks through the agent of :mod:`.agent`,
+(:mod:`.ssh`, SSH hosts), ``slurm`` (:mod:`.slurm`, the nodes of a Slurm
+allocation) and ``ray`` (:mod:`.raynodes`, the nodes of a Ray cluster); the remote ones run
+tasks through the agent of :mod:`.agent`,
 whose :class:`AgentLauncher` a backend for another transport subclasses.
 The interface every backend keeps is in :mod:`.base`.
 
@@ -54,7 +55,8 @@ __all__ = ["AgentLauncher", "AgentOptions", "BackendOptions", "LaunchSpec", "Lau
 ENTRY_POINT_GROUP = "mwhelpers.backends"
 BUILT_IN = {name: EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in (
     ("local", "mwhelpers.backends.local:LocalLauncher"), ("ssh", "mwhelpers.backends.ssh:SSHLauncher"),
-    ("slurm", "mwhelpers.backends.slurm:SlurmLauncher"))}
+    ("slurm", "mwhelpers.backends.slurm:SlurmLauncher"),
+    ("ray", "mwhelpers.backends.raynodes:RayLauncher"))}
 _REGISTERED: dict[str, type[Launcher]] = {}  # name -> class, from register_backend
 
 
@@ -132,8 +134,9 @@ def options_of(name: str) -> dict[str, OptionSpec]:
 def pick_backend(options: Mapping[str, object]) -> str:
     """The backend that ``define_cluster`` uses when none is named: ``local`` when it takes
     every option given (none given, too); otherwise the one built-in backend that does
-    (``hosts=`` means ``ssh``, ``job=`` means ``slurm``).  A backend a package added is only
-    ever used by its name, so that installing one never changes what a call means."""
+    (``hosts=`` means ``ssh``, ``job=`` means ``slurm``, ``address=`` means ``ray``).  A
+    backend a package added is only ever used by its name, so that installing one never
+    changes what a call means."""
     given = {k for k, v in options.items() if v is not None}
     takers = [name for name in BUILT_IN if given <= set(options_of(name))]
     if "local" in takers:

@@ -9,7 +9,8 @@ Protocol (declared in ``wire.py``, which the kernel sends before this file: see
 ``mwhelpers.backends.agent.AGENT_CODE``):
 
 * standard input, first line: the header (:func:`wire.read_header`): ``argv`` (the task's
-  command, where ``{dir}`` stands for a private temporary folder), ``env`` (variables to
+  command, where ``{dir}`` stands for a private temporary folder, and a first word
+  ``{python}`` for the Python that runs this agent), ``env`` (variables to
   set), ``cwd``, ``files`` (name -> text, written into that folder: the worker bootstrap, a
   cell's code) and ``port`` (checked free before starting, or null), ``heartbeat`` (seconds,
   or null: see below), ``escalation`` (how the agent ends the task by itself, below) and
@@ -150,6 +151,8 @@ class Agent:
             with open(os.path.join(folder, name), "w") as f:
                 f.write(text)
         argv = [a.replace("{dir}", folder) for a in h["argv"]]
+        if argv[:1] == [wire.THIS_PYTHON]:
+            argv[0] = sys.executable
         # mwhelpers' own variables come from the header only (srun passes on the
         # kernel's whole environment, including its session mark).
         env = {k: v for k, v in os.environ.items() if not k.startswith("MWHELPERS_")}

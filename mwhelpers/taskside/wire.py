@@ -34,7 +34,7 @@ import os
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-VERSION = 1  # of everything below; see the module's text
+VERSION = 2  # of everything below; see the module's text (2: THIS_PYTHON)
 
 TAG = "@mwhelpers"  # the first word of an agent's report, on its standard error
 
@@ -175,11 +175,14 @@ def parse_steps(text: str) -> list[tuple[int, float]]:
 
 # -- the agent's header -------------------------------------------------------------------
 # Its first line of input: one JSON object.  argv (the task's command, "{dir}" standing for a
-# private folder), env, cwd, files (name -> text, written into that folder), port (checked free
-# before the start, or null), heartbeat (seconds, or null), escalation (steps_text: how the
-# agent ends the task by itself), exit_record (the variable that tells the start-up where to
-# write its record, or null), script (the program's path, checked to exist, or null), standby.
+# private folder, a first word THIS_PYTHON for the agent's own Python), env, cwd, files
+# (name -> text, written into that folder), port (checked free before the start, or null),
+# heartbeat (seconds, or null), escalation (steps_text: how the agent ends the task by
+# itself), exit_record (the variable that tells the start-up where to write its record, or
+# null), script (the program's path, checked to exist, or null), standby.
 HEADER_REQUIRED = ("argv", "escalation")
+# As argv's first word: the Python that runs the agent (or the Ray backend's relay) there.
+THIS_PYTHON = "{python}"
 
 
 def header(**fields: Any) -> str:

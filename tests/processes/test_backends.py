@@ -20,8 +20,10 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import netns_backend
+import psutil
 import pytest
 from conftest import ROOT, STUBBORN, TREE, gone_within, json_line, pid_alive, task_pids
 
@@ -33,7 +35,7 @@ from mwhelpers.failures import WorkerFailed
 from mwhelpers.proctree import carrying
 from mwhelpers.workshop.testhosts import missing
 
-REMOTE = ("ssh", "slurm", "netns")
+REMOTE = ("ssh", "slurm", "netns", "ray")
 REASON = missing(slurm=True)
 MARK = "MWH_BACKEND_SUITE"  # set in every task of this suite: finds what is left, anywhere here
 ME = str(os.getpid())  # its value: this test process's (others run side by side)
@@ -134,6 +136,8 @@ def backend(request, monkeypatch, tmp_path):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     if name == "slurm":
         kwargs = {"backend": "slurm", "job": request.getfixturevalue("allocation")}
+    elif name == "ray":  # a node in each test host, the head here (tests/raycluster.py)
+        kwargs = {"backend": "ray", "address": request.getfixturevalue("ray_cluster").address}
     else:
         kwargs = {"backend": name, "hosts": list(hosts.names)}
     yield name, kwargs, hosts
@@ -145,6 +149,17 @@ def leftovers(hosts):
     return sorted({p.pid for p in carrying(MARK, ME)} | set(task_pids(hosts)))
 
 
+def described(pids):
+    """Each pid with its command line (what a leftover is)."""
+    out = []
+    for pid in pids:
+        try:
+            out.append(f"{pid}: {' '.join(psutil.Process(pid).cmdline())[:300]}")
+        except psutil.Error:
+            out.append(f"{pid}: (gone)")
+    return out
+
+
 def nothing_left(hosts, within=10):
     return gone_within(hosts, within, find=leftovers)
 
@@ -154,7 +169,7 @@ def brt(rt, backend):
     """The ``rt`` runtime; on teardown, nothing of the suite's tasks may be left."""
     yield rt
     rt.close()
-    assert nothing_left(backend[2]), f"left behind: {leftovers(backend[2])}"
+    assert nothing_left(backend[2]), f"left behind: {described(leftovers(backend[2]))}"
 
 
 def launch(rt, task, code, **kw):
@@ -168,7 +183,7 @@ def report(run):
 
 
 def test_every_backend_is_found_by_name():
-    assert {"local", "ssh", "slurm", "netns"} <= set(available_backends())
+    assert {"local", "ssh", "slurm", "netns", "ray"} <= set(available_backends())
 
 
 def test_placement_and_environment(brt, backend, monkeypatch, tmp_path):
@@ -177,7 +192,11 @@ def test_placement_and_environment(brt, backend, monkeypatch, tmp_path):
     monkeypatch.setenv("MWH_LOCAL_ONLY", "this machine's")  # one that does not matter
     cluster = brt.define_cluster(2, chief=True, **kwargs)
     assert cluster.kind == name and cluster.remote == (name != "local")
-    if hosts:  # placed in turn over the hosts, TF_CONFIG naming each host's own address
+    if hosts and name == "ray":  # spread over the nodes as Ray placed the bundles
+        addresses = [cluster.address(t).rsplit(":", 1)[0] for t in cluster.tasks]
+        assert set(addresses) == set(hosts.addresses.values())
+        assert [cluster.host_of(t).split("#")[0] for t in cluster.tasks] == addresses
+    elif hosts:  # placed in turn over the hosts, TF_CONFIG naming each host's own address
         order = [hosts.names[i % 2] for i in range(3)]
         assert [cluster.host_of(t) for t in cluster.tasks] == order
         assert [cluster.address(t).rsplit(":", 1)[0] for t in cluster.tasks] == \
@@ -191,7 +210,10 @@ def test_placement_and_environment(brt, backend, monkeypatch, tmp_path):
         assert w["bound"] == cluster.address(t)  # it could bind it: it runs where TF_CONFIG says
         assert w["cfg"] == json.loads(cluster.tf_config(t))  # the whole TF_CONFIG, as shown
         assert w["task"] == str(t) and w["cfg"]["task"] == {"type": t.type, "index": t.index}
-        assert w["cwd"] == str(tmp_path) and w["python"] == sys.executable
+        assert w["cwd"] == str(tmp_path)
+        # (on Ray, the Python that runs Ray on the node: here, this environment's python3)
+        python = str(Path(sys.executable).with_name("python3")) if name == "ray" else sys.executable
+        assert w["python"] == python
         assert w["legacy"] == "1" and w["extra"] == "given at launch" and w["attempt"] == "1"
         if name == "ssh":  # sshd starts a clean environment: only the forwarded variables arrive
             assert w["local_only"] is None

@@ -1,0 +1,205 @@
+"""The ``ray`` backend: each task on a node of a Ray cluster, through the same agent as over SSH.
+
+``%cluster 2 --backend ray --address HEAD:6379`` (``define_cluster(2, backend="ray",
+address=...)``; ``$RAY_ADDRESS`` when not given) asks Ray for a placement group of one bundle
+per task (``cpus`` and ``gpus`` each; ``placement``: ``spread`` over nodes where it can, or
+``pack``, ``strict-spread``, ``strict-pack``), held for as long as the cluster is defined.  Each
+task then runs on its bundle's node as a real process, started by mwhelpers' agent, which an
+actor placed in the bundle starts and relays (``_rayrelay.py``, a process beside the kernel per
+task): live logs, signals, stack dumps, the exit record, the heartbeat and standbys work as over
+SSH, and TF_CONFIG names the node's address and a port free there.  A bundle's GPUs are Ray's
+own: the actor asks for them and Ray sets ``CUDA_VISIBLE_DEVICES``, which the task inherits.
+
+When the cluster is closed, or the kernel dies, the group goes, and Ray ends every actor in
+it with the processes they started.  Ray must be installed where the kernel runs (the
+driver: a node of the cluster) and on the nodes; mwhelpers need not be on the nodes.
+
+Ray's services run code for whoever reaches them unless its token authentication is on
+(Ray 2.52 and later: ``RAY_AUTH_MODE=token``); see the guide's "More machines".
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cluster import Task
+from ..ending import end
+from ..errors import InfrastructureError, UsageError
+from ..proctree import Policy, group
+from ..taskside import wire
+from .agent import AgentLauncher, Probe, RemoteOptions
+from .base import Placement
+from .options import BackendOptions, option, text
+
+RELAY = Path(__file__).with_name("_rayrelay.py")
+# Run as python -c: the relay's folder is not put first on sys.path (its modules' names would
+# hide others'), and Ray sends the actor's class from __main__ by value.
+RELAY_CODE = ("import sys\n"
+              f"exec(compile({RELAY.read_text()!r}, {str(RELAY)!r}, 'exec'), "
+              "{'__name__': '__main__'})\n")
+PLACEMENTS = {"spread": "SPREAD", "pack": "PACK", "strict-spread": "STRICT_SPREAD",
+              "strict-pack": "STRICT_PACK"}
+NAMESPACE = "mwhelpers"  # the Ray namespace of the placement groups mwhelpers makes
+PLACE_TIMEOUT = 60.0  # seconds Ray is given to place every bundle
+
+
+def placement(value: object) -> str:
+    """spread, pack, strict-spread or strict-pack."""
+    word = str(value).strip().lower().replace("_", "-")
+    if word not in PLACEMENTS:
+        raise ValueError(f"one of {', '.join(PLACEMENTS)}")
+    return word
+
+
+def amount(value: object) -> float:
+    """A number of CPUs or GPUs, 0 or more (fractions too, as Ray takes them)."""
+    if isinstance(value, bool):
+        raise ValueError("a number")
+    number = float(value)  # type: ignore[arg-type]  # ValueError/TypeError say why
+    if number < 0:
+        raise ValueError("a number, not below 0")
+    return number
+
+
+@dataclass(frozen=True)
+class _Ray(BackendOptions):
+    address: str | None = option(text, "the Ray cluster's address, HOST:PORT of its head "
+                                 "(default: $RAY_ADDRESS)", metavar="HOST:PORT")
+    placement: str = option(placement, "where the tasks go: spread (a node each where it can), "
+                            "pack, strict-spread or strict-pack", default="spread",
+                            metavar="HOW")
+    cpus: float = option(amount, "CPUs each task's bundle holds (default 1)", default=1.0,
+                         metavar="N")
+    gpus: float = option(amount, "GPUs each task's bundle holds; Ray sets CUDA_VISIBLE_DEVICES "
+                         "(default 0)", default=0.0, metavar="N")
+
+
+@dataclass(frozen=True)
+class RayOptions(RemoteOptions, _Ray):
+    """The ray backend's options: where the cluster is and what each task holds there, then the
+    agent's (``python``: default, the Python that runs Ray on each node)."""
+
+
+class RayLauncher(AgentLauncher):
+    """Tasks on the nodes of a Ray cluster, each in a bundle of one placement group."""
+
+    name = "ray"
+    options = RayOptions
+
+    def __init__(self, options: RayOptions = RayOptions(),
+                 environ: Mapping[str, str] | None = None) -> None:
+        environ = os.environ if environ is None else environ
+        address = options.address or environ.get("RAY_ADDRESS", "").strip()
+        if not address:
+            raise UsageError("the ray backend needs the Ray cluster's address: --address HOST:PORT "
+                             "(define_cluster(..., backend='ray', address='HOST:PORT')), the "
+                             "head's as 'ray start --head' printed it, or $RAY_ADDRESS")
+        if importlib.util.find_spec("ray") is None:
+            raise InfrastructureError(f"Ray is not installed for {sys.executable}, which drives "
+                                      "the cluster: pip install 'ray>=2.52' (the nodes' version)")
+        super().__init__(options, ["ray"])  # the hosts: the bundles, once placed
+        if options.python is None:
+            self.python = wire.THIS_PYTHON  # the Python that runs Ray on each node
+        self.address = address
+        self.strategy = PLACEMENTS[options.placement]
+        self.cpus, self.gpus = options.cpus, options.gpus
+        self.group = f"mwhelpers-{uuid.uuid4().hex[:12]}"
+        self.bundle_of: dict[str, int] = {}  # host label -> bundle index
+        self.address_at: dict[str, str] = {}  # host label -> the node's address
+        self._holder: subprocess.Popen[bytes] | None = None
+
+    # -- the placement group ------------------------------------------------------------
+    def _relay(self, *words: str) -> list[str]:
+        return [sys.executable, "-c", RELAY_CODE, *words, "--address", self.address,
+                "--namespace", NAMESPACE, "--name", self.group]
+
+    def _hold(self, bundles: int) -> list[str]:
+        """Start the holder of the group; the address of each bundle's node."""
+        holder = subprocess.Popen(
+            [*self._relay("hold"), "--bundles", str(bundles), "--cpus", f"{self.cpus:g}",
+             "--gpus", f"{self.gpus:g}", "--strategy", self.strategy,
+             "--timeout", f"{PLACE_TIMEOUT:g}"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True)
+        self._holder = holder
+        said: dict[str, object] = {}
+
+        def read() -> None:
+            assert holder.stdout is not None
+            for raw in holder.stdout:
+                if raw.startswith(b"{"):
+                    said.update(json.loads(raw))
+                    return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(PLACE_TIMEOUT + 60)
+        if "nodes" not in said:
+            err = (holder.stderr.read().decode(errors="replace")
+                   if holder.poll() is not None and holder.stderr else "")
+            self._release()
+            why = said.get("error") or (err.strip().splitlines() or ["no answer"])[-1]
+            raise InfrastructureError(f"the Ray cluster at {self.address} did not place this "
+                                      f"cluster's {bundles} tasks: {why}")
+        nodes = said["nodes"]
+        assert isinstance(nodes, list)
+        return [str(n) for n in nodes]
+
+    def _release(self) -> None:
+        holder, self._holder = self._holder, None
+        if holder is None:
+            return
+        if holder.stdin is not None:
+            try:
+                holder.stdin.close()  # the holder removes the group and ends
+            except OSError:
+                pass
+        try:
+            holder.wait(15)
+        except subprocess.TimeoutExpired:
+            end(local=group(holder.pid, holder.poll() is None), policy=Policy.NOW)
+
+    def place(self, tasks: Sequence[Task], port_range: tuple[int, int]) -> dict[Task, Placement]:
+        """A bundle per task (the group made now), then ports free on each bundle's node."""
+        nodes = self._hold(len(tasks))
+        seen: dict[str, int] = {}
+        labels = []
+        for i, node in enumerate(nodes):
+            seen[node] = seen.get(node, 0) + 1
+            label = node if seen[node] == 1 else f"{node}#{seen[node]}"
+            labels.append(label)
+            self.bundle_of[label], self.address_at[label] = i, node
+        self.hosts = labels
+        return super().place(tasks, port_range)
+
+    # -- the agent's transport --------------------------------------------------------------
+    def transport(self, host: str, argv: list[str]) -> list[str]:
+        return [*self._relay("run"), "--bundle", str(self.bundle_of[host]),
+                "--gpus", f"{self.gpus:g}", "--", *argv]
+
+    def describe_reach(self, host: str) -> str:
+        return f"the Ray cluster at {self.address} (ray status)"
+
+    def address_of(self, host: str, probe: Probe) -> str:
+        return self.address_at[host]
+
+    def explain(self, host: str, code: int, err: str) -> InfrastructureError:
+        last = err.strip().splitlines()[-1] if err.strip() else ""
+        if code == 127 or "no such file" in err.lower():
+            return InfrastructureError(f"no Python at {self.python} on Ray node {host} ({last}); "
+                                       "leave python unset to use the one that runs Ray there")
+        return InfrastructureError(f"cannot run on Ray node {host} (exit {code}): {last}")
+
+    def close(self) -> None:
+        """End what still runs, then give the placement group back."""
+        super().close()
+        self._release()
