@@ -326,6 +326,14 @@ def ray_cluster(hosts):
         cluster.down()
 
 
+@pytest.fixture
+def ray(ray_cluster, monkeypatch):
+    """``ray_cluster``, with what a driver needs to connect (its token) in this environment."""
+    for k, v in ray_cluster.client_env().items():
+        monkeypatch.setenv(k, v)
+    return ray_cluster
+
+
 @pytest.fixture(scope="session")
 def hosts(tmp_path_factory):
     """Two test hosts with sshd and a one-box Slurm (``mwhelpers/workshop/testhosts.py``), made

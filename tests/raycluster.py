@@ -2,6 +2,10 @@
 hosts' bridge address (so that a driver here is on a node of the cluster, as a notebook on the
 head is), with no CPUs of its own, and one worker node in each test host's namespace.
 
+Token authentication is on (``RAY_AUTH_MODE=token``, a token of the cluster's own in its
+folder): what the guide asks of every Ray cluster; :meth:`RayCluster.client_env` is what a
+driver (the kernel) needs to connect.
+
 Every node is one ``ray start --block`` process in a session of its own, with its own short
 temporary folder (Ray's socket paths must stay under 108 bytes); :meth:`RayCluster.down` ends
 each session's whole process group by its id (SIGKILL: Ray's processes outlive a SIGTERM to
@@ -12,6 +16,7 @@ each session's whole process group by its id (SIGKILL: Ray's processes outlive a
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -38,6 +43,13 @@ class RayCluster:
         self.dir = Path(tempfile.mkdtemp(prefix="mwr", dir="/tmp"))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.address = ""
+        self.token = self.dir / "token"
+        self.token.write_text(secrets.token_hex(32) + "\n")
+        self.token.chmod(0o600)
+
+    def client_env(self) -> dict[str, str]:
+        """What a driver of this cluster needs in its environment: the token's mode and file."""
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token)}
 
     def env(self) -> dict[str, str]:
         # Ray's own processes: no mwhelpers marks (a runtime would count them as its leftovers)
@@ -45,6 +57,7 @@ class RayCluster:
                if not k.startswith(("MWHELPERS_", "RAY_"))}
         out["RAY_USAGE_STATS_ENABLED"] = "0"
         out["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"  # SIGTERM ends a node at once
+        out.update(self.client_env())
         return out
 
     def _start(self, name: str, argv: list[str], netns: str | None = None) -> None:

@@ -38,7 +38,7 @@ from ..proctree import Policy, group
 from ..taskside import wire
 from .agent import AgentLauncher, Probe, RemoteOptions
 from .base import Placement
-from .options import BackendOptions, option, text
+from .options import BackendOptions, option, seconds, text
 
 RELAY = Path(__file__).with_name("_rayrelay.py")
 # Run as python -c: the relay's folder is not put first on sys.path (its modules' names would
@@ -49,7 +49,6 @@ RELAY_CODE = ("import sys\n"
 PLACEMENTS = {"spread": "SPREAD", "pack": "PACK", "strict-spread": "STRICT_SPREAD",
               "strict-pack": "STRICT_PACK"}
 NAMESPACE = "mwhelpers"  # the Ray namespace of the placement groups mwhelpers makes
-PLACE_TIMEOUT = 60.0  # seconds Ray is given to place every bundle
 
 
 def placement(value: object) -> str:
@@ -81,6 +80,8 @@ class _Ray(BackendOptions):
                          metavar="N")
     gpus: float = option(amount, "GPUs each task's bundle holds; Ray sets CUDA_VISIBLE_DEVICES "
                          "(default 0)", default=0.0, metavar="N")
+    place_timeout: float = option(seconds, "seconds Ray is given to place every task's bundle "
+                                  "(default 60)", default=60.0, metavar="SECONDS")
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ class RayLauncher(AgentLauncher):
         self.address = address
         self.strategy = PLACEMENTS[options.placement]
         self.cpus, self.gpus = options.cpus, options.gpus
+        self.place_timeout = options.place_timeout
         self.group = f"mwhelpers-{uuid.uuid4().hex[:12]}"
         self.bundle_of: dict[str, int] = {}  # host label -> bundle index
         self.address_at: dict[str, str] = {}  # host label -> the node's address
@@ -127,7 +129,7 @@ class RayLauncher(AgentLauncher):
         holder = subprocess.Popen(
             [*self._relay("hold"), "--bundles", str(bundles), "--cpus", f"{self.cpus:g}",
              "--gpus", f"{self.gpus:g}", "--strategy", self.strategy,
-             "--timeout", f"{PLACE_TIMEOUT:g}"],
+             "--timeout", f"{self.place_timeout:g}"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True)
         self._holder = holder
@@ -142,7 +144,7 @@ class RayLauncher(AgentLauncher):
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
-        reader.join(PLACE_TIMEOUT + 60)
+        reader.join(self.place_timeout + 60)
         if "nodes" not in said:
             err = (holder.stderr.read().decode(errors="replace")
                    if holder.poll() is not None and holder.stderr else "")

@@ -137,7 +137,7 @@ def backend(request, monkeypatch, tmp_path):
     if name == "slurm":
         kwargs = {"backend": "slurm", "job": request.getfixturevalue("allocation")}
     elif name == "ray":  # a node in each test host, the head here (tests/raycluster.py)
-        kwargs = {"backend": "ray", "address": request.getfixturevalue("ray_cluster").address}
+        kwargs = {"backend": "ray", "address": request.getfixturevalue("ray").address}
     else:
         kwargs = {"backend": name, "hosts": list(hosts.names)}
     yield name, kwargs, hosts

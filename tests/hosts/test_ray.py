@@ -1,0 +1,105 @@
+"""The ray backend on a real Ray cluster of three nodes (tests/raycluster.py): the head here, on
+the test hosts' bridge, with no CPUs of its own, and a node in each test host.
+
+What every backend keeps (placement, readiness, killing a tree, ending with escalation, a
+SIGKILLed kernel, supervise) is tested for Ray with the others in
+tests/processes/test_backends.py; here is what Ray users come for: Keras 3's ``fit`` on two
+Ray nodes (where Ray Train's TensorFlow example fails under Keras 3, ray-project/ray#47464),
+a job that survives a kill and a silent partition, and what the errors say.
+"""
+
+import os
+import threading
+import time
+
+import pytest
+from conftest import ROOT, results
+from test_multihost import LONG_STEPS, env, link_down, remote_rt, supervise_under_chaos  # noqa: F401  (fixtures)
+
+from mwhelpers.errors import InfrastructureError, UsageError
+from mwhelpers.workshop.testhosts import missing
+
+REASON = missing(slurm=True)  # (the session's test hosts come with Slurm)
+if REASON and os.environ.get("CI") == "true":
+    raise RuntimeError(f"CI must run the multi-host tests, but: {REASON}")
+pytestmark = [pytest.mark.skipif(bool(REASON), reason=REASON), pytest.mark.xdist_group("testhosts")]
+
+KERAS3_TRAIN = ROOT / "tests" / "programs" / "keras3_train.py"
+
+
+def test_keras3_fit_on_two_ray_nodes_trains_as_one_process_through_the_magics(
+        ip, remote_rt, env, ray, tmp_path):  # noqa: F811
+    """keras3_train.py: Keras 3 ``fit`` (dict inputs, a partial last batch, validation, a
+    ModelCheckpoint), ``evaluate`` and ``predict`` under MultiWorkerMirroredStrategy, one task
+    per Ray node; each worker also trains alone on the same global batches."""
+    cluster = ip.run_line_magic("cluster", f"2 --backend ray --address {ray.address}")
+    nodes = {cluster.address(t).rsplit(":", 1)[0] for t in cluster.tasks}
+    assert nodes == set(env.addresses.values())  # spread: a node each
+    ip.run_line_magic("worker", f"all --bg --timeout 120 {KERAS3_TRAIN} {tmp_path / 'ckpt'} 2")
+    ip.run_line_magic("waitworkers", "--timeout 180")
+    res = results(remote_rt)
+    for r in res.values():
+        assert r["replicas"] == 2 and r["loss"][-1] < r["loss"][0] * 0.5
+        assert r["weights_sum"] == pytest.approx(r["alone_weights_sum"], rel=1e-5)
+        assert r["predict_shape"] == [516, 1]
+    assert res["worker:0"]["weights_sum"] == res["worker:1"]["weights_sum"]
+    assert res["worker:0"]["saved_weights_sum"] == pytest.approx(res["worker:0"]["weights_sum"])
+
+
+def test_a_killed_worker_on_a_ray_node_resumes_at_its_backup(remote_rt, env, ray,  # noqa: F811
+                                                             tmp_path):
+    """supervise, a worker SIGKILLed mid-epoch: every task starts again (in the same bundles)
+    and the job resumes at the BackupAndRestore step, ending at exactly epochs x steps."""
+    remote_rt.define_cluster(2, backend="ray", address=ray.address)
+    supervise_under_chaos(remote_rt, tmp_path, kills=1, seed=3)
+
+
+def test_a_ray_node_silent_in_a_partition_is_lost_and_the_job_restarts(
+        remote_rt, env, ray, monkeypatch):  # noqa: F811
+    """A node's link goes down without closing anything: its task is marked lost after the
+    heartbeat, supervise ends the other and, once the link is back, runs both again."""
+    monkeypatch.setenv("MWHELPERS_HEARTBEAT", "2")
+    cluster = remote_rt.define_cluster(2, backend="ray", address=ray.address)
+    node = next(name for name, addr in env.addresses.items()  # the test host of worker:0
+                if addr == cluster.address("worker:0").rsplit(":", 1)[0])
+    cut = []
+
+    def partition():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            runs = list(dict(remote_rt.runs).values())
+            if len(runs) == 2 and all(any(ln.startswith("step 2 ") for ln in r.lines())
+                                      for r in runs):
+                break
+            time.sleep(0.05)
+        lost = remote_rt.runs[remote_rt.cluster.check_task("worker:0")]
+        with link_down(env, node):
+            cut.append(time.monotonic())
+            lost.wait(15)
+            cut.append(time.monotonic())
+
+    cutter = threading.Thread(target=partition, daemon=True)
+    cutter.start()
+    attempts = remote_rt.supervise(code=LONG_STEPS, max_restarts=1, timeout=90, stream=False)
+    cutter.join(30)
+    assert len(cut) == 2 and cut[1] - cut[0] < 6, cut
+    first = attempts[0]
+    assert first.restarted and str(first.root_cause.task) == "worker:0"
+    assert "stopped answering for 2 s" in first.failed[0][1]
+    assert [r.returncode for r in attempts[-1].runs] == [0, 0]
+
+
+def test_ray_errors_say_what_to_do(remote_rt, env, ray, monkeypatch):  # noqa: F811
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(UsageError, match=r"needs the Ray cluster's address: --address HOST:PORT"):
+        remote_rt.define_cluster(2, backend="ray")
+    with pytest.raises(UsageError, match=r"option placement cannot be 'scatter'.*spread, pack"):
+        remote_rt.define_cluster(2, backend="ray", address=ray.address,
+                                 placement="scatter")
+    # more tasks than nodes, a node each: Ray cannot place them, and says what it has
+    t = time.monotonic()
+    with pytest.raises(InfrastructureError, match=r"did not place this cluster's 3 tasks: Ray "
+                       r"could not place 3 bundles .*STRICT_SPREAD.* 3 node\(s\), 4 CPUs"):
+        remote_rt.define_cluster(3, backend="ray", address=ray.address,
+                                 placement="strict-spread", place_timeout=3)
+    assert time.monotonic() - t < 30
