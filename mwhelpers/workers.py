@@ -162,7 +162,8 @@ class Runtime:
         Without ``backend``: the one backend that takes every option given, so
         ``hosts=["node1", "me@node2"]`` means ``ssh`` (tasks placed over these hosts in
         turn, TF_CONFIG naming the address each host was reached at) and ``job=ID``
-        means ``slurm`` (the nodes of that allocation); no option means ``local``
+        means ``slurm`` (the nodes of that allocation), ``address=HOST:PORT`` means ``ray``
+        (the nodes of that Ray cluster; ``"local"``: a private one here); no option means ``local``
         (``host=`` names the address TF_CONFIG gives, default localhost).
         ``gpus_per_task=K``: each task gets K GPUs of its host of its own, as
         ``CUDA_VISIBLE_DEVICES`` (see :mod:`mwhelpers.gpus`); UsageError when a host has
@@ -183,6 +184,8 @@ class Runtime:
                                          options, self.services)
             self._drop_cluster()
             self.cluster, self.launcher = new, launcher
+            for note in launcher.notes():
+                self.echo(f"note: {note}")
             self._launchers.append(launcher)
             self.jobs.use(Spawner(new, launcher, self.defaults, self._names, self._lookout,
                                   self.services.follower))

@@ -73,7 +73,10 @@ def hold(args: argparse.Namespace) -> int:
         table = ray.util.placement_group_table(group)
         addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         nodes = [addresses.get(table["bundles_to_node_id"][i], "?") for i in range(args.bundles)]
-        print(json.dumps({"nodes": nodes}), flush=True)
+        # Connected without a token (an explicit address never sends one unless RAY_AUTH_MODE
+        # is token): the cluster takes anyone's code.
+        sent = os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "token"
+        print(json.dumps({"nodes": nodes, "token_sent": sent}), flush=True)
     except Exception as e:  # said in the kernel, which reads this line
         print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
         return 1

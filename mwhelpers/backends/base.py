@@ -213,7 +213,7 @@ class Launcher:
     options' frozen dataclass, a :class:`~mwhelpers.backends.options.BackendOptions`; its
     constructor takes one instance of it, made from what the user gave, checked and
     converted), :meth:`place` and :meth:`start`, and may give :meth:`task_env`,
-    :meth:`host_gpus` and :meth:`close`.
+    :meth:`host_gpus`, :meth:`notes` and :meth:`close`.
     The base :meth:`close` ends the processes listed in ``self.started`` that still run:
     a backend that keeps that list (the built-in ones do) gets it for free.
     """
@@ -243,6 +243,11 @@ class Launcher:
         """What a task's environment starts from, given the kernel's (TF_CONFIG and
         mwhelpers' variables go on top)."""
         return dict(environ)
+
+    def notes(self) -> list[str]:
+        """What the user should know about where :meth:`place` put the tasks (a cluster that
+        runs code for anyone who reaches it, say), said once the cluster is defined."""
+        return []
 
     def host_gpus(self) -> dict[str | None, list[str]]:
         """``{host: [GPU ids]}`` of the hosts :meth:`place` chose."""

@@ -15,7 +15,11 @@ it with the processes they started.  Ray must be installed where the kernel runs
 driver: a node of the cluster) and on the nodes; mwhelpers need not be on the nodes.
 
 Ray's services run code for whoever reaches them unless its token authentication is on
-(Ray 2.52 and later: ``RAY_AUTH_MODE=token``); see the guide's "More machines".
+(Ray 2.52 and later: ``RAY_AUTH_MODE=token``, the token in ``RAY_AUTH_TOKEN_PATH``).  A
+cluster reached without a token is said to take anyone's code, once, as it is defined.
+``address="local"`` starts a private Ray head on this machine for the cluster, ended with
+it: every service on loopback (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``), no dashboard, and
+token authentication with a token of its own (a file only this user reads).
 """
 
 from __future__ import annotations
@@ -23,9 +27,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import secrets
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -72,7 +81,8 @@ def amount(value: object) -> float:
 @dataclass(frozen=True)
 class _Ray(BackendOptions):
     address: str | None = option(text, "the Ray cluster's address, HOST:PORT of its head "
-                                 "(default: $RAY_ADDRESS)", metavar="HOST:PORT")
+                                 "(default: $RAY_ADDRESS), or local: a private head here",
+                                 metavar="HOST:PORT")
     placement: str = option(placement, "where the tasks go: spread (a node each where it can), "
                             "pack, strict-spread or strict-pack", default="spread",
                             metavar="HOW")
@@ -88,6 +98,62 @@ class _Ray(BackendOptions):
 class RayOptions(RemoteOptions, _Ray):
     """The ray backend's options: where the cluster is and what each task holds there, then the
     agent's (``python``: default, the Python that runs Ray on each node)."""
+
+
+class PrivateHead:
+    """A Ray head on this machine for one cluster (``address="local"``): loopback only, no
+    dashboard, token authentication; ``ray start --block`` in a session of its own, ended
+    (SIGTERM, then SIGKILL to its group) by :meth:`close`, its folder removed."""
+
+    def __init__(self, cpus: int | None = None) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="mwray"))  # short: Ray's socket paths are
+        token = self.dir / "token"
+        token.write_text(secrets.token_hex(32) + "\n")
+        token.chmod(0o600)
+        # What the head and every driver of it need: loopback, and the token.
+        self.env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
+                    "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0",
+                    "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+        port = free_port()
+        self.address = f"127.0.0.1:{port}"
+        ray = str(Path(sys.executable).with_name("ray"))
+        self.log = self.dir / "head.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [ray if os.path.exists(ray) else "ray", "start", "--head",
+                 "--node-ip-address=127.0.0.1", f"--port={port}", "--include-dashboard=false",
+                 "--disable-usage-stats", f"--temp-dir={self.dir / 'ray'}", "--block",
+                 *([f"--num-cpus={cpus}"] if cpus else [])],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, env={**os.environ, **self.env})
+        self._wait_ready(60)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while "Ray runtime started" not in self.log.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                said = self.log.read_text(errors="replace").strip().splitlines()[-5:]
+                self.close()
+                raise InfrastructureError("a private Ray head could not be started here: "
+                                          + " / ".join(said))
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                pass
+        end(local=group(self.proc.pid, self.proc.poll() is None), policy=Policy.NOW)
+        self.proc.wait(5)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class RayLauncher(AgentLauncher):
@@ -108,6 +174,9 @@ class RayLauncher(AgentLauncher):
             raise InfrastructureError(f"Ray is not installed for {sys.executable}, which drives "
                                       "the cluster: pip install 'ray>=2.52' (the nodes' version)")
         super().__init__(options, ["ray"])  # the hosts: the bundles, once placed
+        self.head = PrivateHead() if address == "local" else None
+        self.driver_env = dict(self.head.env) if self.head else {}
+        address = self.head.address if self.head else address
         if options.python is None:
             self.python = wire.THIS_PYTHON  # the Python that runs Ray on each node
         self.address = address
@@ -118,10 +187,13 @@ class RayLauncher(AgentLauncher):
         self.bundle_of: dict[str, int] = {}  # host label -> bundle index
         self.address_at: dict[str, str] = {}  # host label -> the node's address
         self._holder: subprocess.Popen[bytes] | None = None
+        self.token_sent = True  # whether the holder connected with a token (said by it)
 
     # -- the placement group ------------------------------------------------------------
     def _relay(self, *words: str) -> list[str]:
-        return [sys.executable, "-c", RELAY_CODE, *words, "--address", self.address,
+        """A relay's command (with a private head's settings for it, through env)."""
+        settings = ["env", *(f"{k}={v}" for k, v in self.driver_env.items())] if self.driver_env else []
+        return [*settings, sys.executable, "-c", RELAY_CODE, *words, "--address", self.address,
                 "--namespace", NAMESPACE, "--name", self.group]
 
     def _hold(self, bundles: int) -> list[str]:
@@ -154,6 +226,7 @@ class RayLauncher(AgentLauncher):
                                       f"cluster's {bundles} tasks: {why}")
         nodes = said["nodes"]
         assert isinstance(nodes, list)
+        self.token_sent = bool(said.get("token_sent", True))
         return [str(n) for n in nodes]
 
     def _release(self) -> None:
@@ -188,6 +261,14 @@ class RayLauncher(AgentLauncher):
         return [*self._relay("run"), "--bundle", str(self.bundle_of[host]),
                 "--gpus", f"{self.gpus:g}", "--", *argv]
 
+    def notes(self) -> list[str]:
+        if self.token_sent:
+            return []
+        return [f"the Ray cluster at {self.address} took this kernel's connection without a "
+                "token: it runs code for anyone who reaches its head (CVE-2023-48022). Turn "
+                "on its token authentication (Ray 2.52 or later: RAY_AUTH_MODE=token and "
+                "RAY_AUTH_TOKEN_PATH=FILE on every node and here), or keep its network private"]
+
     def describe_reach(self, host: str) -> str:
         return f"the Ray cluster at {self.address} (ray status)"
 
@@ -202,6 +283,8 @@ class RayLauncher(AgentLauncher):
         return InfrastructureError(f"cannot run on Ray node {host} (exit {code}): {last}")
 
     def close(self) -> None:
-        """End what still runs, then give the placement group back."""
+        """End what still runs, then give the placement group back (and end a private head)."""
         super().close()
         self._release()
+        if self.head is not None:
+            self.head.close()

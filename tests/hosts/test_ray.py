@@ -9,9 +9,13 @@ a job that survives a kill and a silent partition, and what the errors say.
 """
 
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
+import psutil
 import pytest
 from conftest import ROOT, results
 from test_multihost import LONG_STEPS, env, link_down, remote_rt, supervise_under_chaos  # noqa: F401  (fixtures)
@@ -103,3 +107,52 @@ def test_ray_errors_say_what_to_do(remote_rt, env, ray, monkeypatch):  # noqa: F
         remote_rt.define_cluster(3, backend="ray", address=ray.address,
                                  placement="strict-spread", place_timeout=3)
     assert time.monotonic() - t < 30
+
+
+def listening(pids):
+    """{(address, port)} of the TCP sockets that ``pids`` listen on."""
+    found = set()
+    for pid in pids:
+        try:
+            conns = psutil.Process(pid).net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        found |= {(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN}
+    return found
+
+
+def test_a_private_ray_head_listens_on_loopback_only_and_takes_no_code_without_its_token(
+        remote_rt, env, tmp_path):  # noqa: F811
+    """address="local": a head started for the cluster, its services on loopback (from a test
+    host, none of its ports answers at this machine's address), no dashboard, token
+    authentication on; a driver without the token is refused.  Closing the cluster ends it."""
+    cluster = remote_rt.define_cluster(2, backend="ray", address="local")
+    head = remote_rt.launcher.head
+    pids = [head.proc.pid, *(p.pid for p in psutil.Process(head.proc.pid).children(recursive=True))]
+    sockets = listening(pids)
+    assert sockets and {ip for ip, _ in sockets} <= {"127.0.0.1", "::ffff:127.0.0.1"}, sockets
+    assert 8265 not in {port for _, port in sockets}  # no dashboard
+    assert [cluster.address(t).rsplit(":", 1)[0] for t in cluster.tasks] == ["127.0.0.1"] * 2
+    for port in sorted({port for _, port in sockets}):
+        probe = env.ssh(env.names[0], "python3", "-c", "import socket, sys; "
+                        f"socket.create_connection(('{env.gateway}', {port}), timeout=2)")
+        assert probe.returncode != 0, f"port {port} answered a test host"
+    remote_rt.launch("worker:0", code="import os; print('ON', os.environ['TF_CONFIG'])",
+                     timeout=60)
+    assert any(ln.startswith("ON ") for ln in remote_rt.get_run("worker:0").lines())
+    # A driver on this machine without the token: the head refuses it (it would retry for 20 s)
+    intruder = subprocess.Popen(
+        [sys.executable, "-c", f"import ray; ray.init(address={head.address!r})"],
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")},
+             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+    try:
+        said = [intruder.stderr.readline() for _ in range(5)]
+        assert any("Unauthenticated: RPC error: InvalidAuthToken" in ln for ln in said), said
+    finally:
+        os.killpg(intruder.pid, signal.SIGKILL)
+        intruder.wait(10)
+    folder = head.dir
+    remote_rt.close()
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not folder.exists()
