@@ -102,8 +102,8 @@ class RayOptions(RemoteOptions, _Ray):
 
 class PrivateHead:
     """A Ray head on this machine for one cluster (``address="local"``): loopback only, no
-    dashboard, token authentication; ``ray start --block`` in a session of its own, ended
-    (SIGTERM, then SIGKILL to its group) by :meth:`close`, its folder removed."""
+    dashboard, token authentication; ``ray start --block`` in a session of its own, ended with
+    every process it started by :meth:`close`, its folder removed."""
 
     def __init__(self, cpus: int | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="mwray"))  # short: Ray's socket paths are
@@ -139,13 +139,8 @@ class PrivateHead:
             time.sleep(0.2)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                pass
-        end(local=group(self.proc.pid, self.proc.poll() is None), policy=Policy.NOW)
+        # ray start, its services and the workers they started: SIGTERM, then SIGKILL
+        end(local=group(self.proc.pid, self.proc.poll() is None), policy=Policy.INTERRUPT)
         self.proc.wait(5)
         shutil.rmtree(self.dir, ignore_errors=True)
 
