@@ -1,14 +1,15 @@
 #!/usr/bin/env python
-"""Launch-to-ready over SSH against local (a script that prints figures, not a test).
+"""Launch-to-ready on other hosts against local (a script that prints figures, not a test).
 
-    sudo .venv/bin/python benchmarks/bench_multihost.py [--rounds N] [--workers N]
+    sudo .venv/bin/python benchmarks/bench_multihost.py [--rounds N] [--workers N] [--ray]
 
 Makes two test hosts (network namespaces with sshd, ``mwhelpers/workshop/testhosts.py``; needs
-root and openssh-server), then in interleaved rounds starts the same cluster of real
-MultiWorkerMirroredStrategy workers (``tests/programs/mwms_train.py``) locally and
-over SSH, each worker in the background, and times from the first launch until
-every worker's gRPC port accepts connections.  Defining the cluster (the SSH probe
-of each host) is timed apart.  Goal: SSH / local ratio of medians <= 1.3.
+root and openssh-server) and, with ``--ray``, a Ray cluster of three nodes on them
+(``tests/raycluster.py``), then in interleaved rounds starts the same cluster of real
+MultiWorkerMirroredStrategy workers (``tests/programs/mwms_train.py``) locally, over SSH (and
+on Ray), each worker in the background, and times from the first launch until
+every worker's gRPC port accepts connections.  Defining the cluster (the probe of each host;
+on Ray, the placement group too) is timed apart.  Goal: remote / local ratio of medians <= 1.3.
 """
 
 import argparse
@@ -43,6 +44,7 @@ def main():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--ray", action="store_true", help="also on a Ray cluster on the test hosts")
     a = p.parse_args()
     from mwhelpers.workshop.testhosts import TestHosts, missing
 
@@ -55,26 +57,39 @@ def main():
 
     with TestHosts(2) as hosts, tempfile.TemporaryDirectory() as logs:
         os.environ.update(hosts.env())
-        with Runtime(log_dir=logs, echo=lambda line: None) as rt:
-            one_round(rt, a.workers)  # warm the file cache for both sides
-            one_round(rt, a.workers, hosts=hosts.names)
-            local, ssh, probe_local, probe_ssh = [], [], [], []
-            for r in range(a.rounds):
-                d, t = one_round(rt, a.workers)
-                probe_local.append(d)
-                local.append(t)
-                d, t = one_round(rt, a.workers, hosts=hosts.names)
-                probe_ssh.append(d)
-                ssh.append(t)
-                print(f"round {r + 1}: local {local[-1]:.2f} s, ssh {ssh[-1]:.2f} s", flush=True)
-    ml, ms = statistics.median(local), statistics.median(ssh)
-    print(f"\n{a.workers} workers, launch until every port accepts, {a.rounds} interleaved rounds:")
-    print(f"  local: median {ml:.2f} s (min {min(local):.2f}, max {max(local):.2f})")
-    print(f"  ssh:   median {ms:.2f} s (min {min(ssh):.2f}, max {max(ssh):.2f})")
-    print(f"  ratio ssh/local {ms / ml:.2f} (goal <= 1.3): {'met' if ms / ml <= 1.3 else 'NOT met'}")
-    print(f"  defining the cluster: local median {statistics.median(probe_local) * 1000:.0f} ms, "
-          f"ssh (probing {len(hosts.names)} hosts) {statistics.median(probe_ssh) * 1000:.0f} ms")
+        where = {"local": {}, "ssh": {"hosts": hosts.names}}
+        ray = None
+        try:
+            if a.ray:
+                from raycluster import RayCluster
 
+                ray = RayCluster(hosts).up()
+                os.environ.update(ray.client_env())
+                where["ray"] = {"backend": "ray", "address": ray.address}
+            with Runtime(log_dir=logs, echo=lambda line: None) as rt:
+                for kwargs in where.values():  # warm the file cache for every side
+                    one_round(rt, a.workers, **kwargs)
+                launch = {name: [] for name in where}
+                define = {name: [] for name in where}
+                for r in range(a.rounds):
+                    for name, kwargs in where.items():
+                        d, t = one_round(rt, a.workers, **kwargs)
+                        define[name].append(d)
+                        launch[name].append(t)
+                    print(f"round {r + 1}: " + ", ".join(f"{n} {launch[n][-1]:.2f} s" for n in where),
+                          flush=True)
+        finally:
+            if ray is not None:
+                ray.down()
+    local = statistics.median(launch["local"])
+    print(f"\n{a.workers} workers, launch until every port accepts, {a.rounds} interleaved rounds:")
+    for name, times in launch.items():
+        m = statistics.median(times)
+        ratio = "" if name == "local" else (
+            f"; ratio {m / local:.2f} (goal <= 1.3): {'met' if m / local <= 1.3 else 'NOT met'}")
+        print(f"  {name:5} median {m:.2f} s (min {min(times):.2f}, max {max(times):.2f}){ratio}")
+    print("  defining the cluster: " + ", ".join(
+        f"{n} median {statistics.median(d) * 1000:.0f} ms" for n, d in define.items()))
 
 if __name__ == "__main__":
     main()

@@ -27,7 +27,8 @@ given": the backend decides, and ``help`` says how.
 
 Public: :class:`BackendOptions` (:meth:`~BackendOptions.declared`,
 :meth:`~BackendOptions.from_given`), :func:`option`, :class:`OptionSpec` (one declared
-option, as ``declared`` lists it), and the converters :func:`text` and :func:`seconds`.
+option, as ``declared`` lists it), and the converters :func:`text`, :func:`seconds` and
+:func:`quantity`.
 """
 
 from __future__ import annotations
@@ -51,14 +52,23 @@ def text(value: object) -> str:
     return value.strip()
 
 
-def seconds(value: object) -> float:
-    """A number of seconds >= 0, or text that is one."""
+def _not_below_0(value: object, what: str) -> float:
     if isinstance(value, bool):
-        raise ValueError("a number of seconds")
+        raise ValueError(what)
     number = float(value)  # type: ignore[arg-type]  # ValueError/TypeError say why
     if number < 0:
-        raise ValueError("a number of seconds, not below 0")
+        raise ValueError(f"{what}, not below 0")
     return number
+
+
+def seconds(value: object) -> float:
+    """A number of seconds >= 0, or text that is one."""
+    return _not_below_0(value, "a number of seconds")
+
+
+def quantity(value: object) -> float:
+    """A number >= 0, a fraction too (CPUs, GPUs), or text that is one."""
+    return _not_below_0(value, "a number")
 
 
 @dataclass(frozen=True)

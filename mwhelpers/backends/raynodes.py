@@ -47,7 +47,7 @@ from ..proctree import Policy, group
 from ..taskside import wire
 from .agent import AgentLauncher, Probe, RemoteOptions
 from .base import Placement
-from .options import BackendOptions, option, seconds, text
+from .options import BackendOptions, option, quantity, seconds, text
 
 RELAY = Path(__file__).with_name("_rayrelay.py")
 # Run as python -c: the relay's folder is not put first on sys.path (its modules' names would
@@ -68,16 +68,6 @@ def placement(value: object) -> str:
     return word
 
 
-def amount(value: object) -> float:
-    """A number of CPUs or GPUs, 0 or more (fractions too, as Ray takes them)."""
-    if isinstance(value, bool):
-        raise ValueError("a number")
-    number = float(value)  # type: ignore[arg-type]  # ValueError/TypeError say why
-    if number < 0:
-        raise ValueError("a number, not below 0")
-    return number
-
-
 @dataclass(frozen=True)
 class _Ray(BackendOptions):
     address: str | None = option(text, "the Ray cluster's address, HOST:PORT of its head "
@@ -86,9 +76,9 @@ class _Ray(BackendOptions):
     placement: str = option(placement, "where the tasks go: spread (a node each where it can), "
                             "pack, strict-spread or strict-pack", default="spread",
                             metavar="HOW")
-    cpus: float = option(amount, "CPUs each task's bundle holds (default 1)", default=1.0,
+    cpus: float = option(quantity, "CPUs each task's bundle holds (default 1)", default=1.0,
                          metavar="N")
-    gpus: float = option(amount, "GPUs each task's bundle holds; Ray sets CUDA_VISIBLE_DEVICES "
+    gpus: float = option(quantity, "GPUs each task's bundle holds; Ray sets CUDA_VISIBLE_DEVICES "
                          "(default 0)", default=0.0, metavar="N")
     place_timeout: float = option(seconds, "seconds Ray is given to place every task's bundle "
                                   "(default 60)", default=60.0, metavar="SECONDS")
@@ -167,7 +157,8 @@ class RayLauncher(AgentLauncher):
                              "head's as 'ray start --head' printed it, or $RAY_ADDRESS")
         if importlib.util.find_spec("ray") is None:
             raise InfrastructureError(f"Ray is not installed for {sys.executable}, which drives "
-                                      "the cluster: pip install 'ray>=2.52' (the nodes' version)")
+                                      "the cluster: pip install 'mwhelpers[ray]' (Ray 2.60 or "
+                                      "later, as on the nodes)")
         super().__init__(options, ["ray"])  # the hosts: the bundles, once placed
         self.head = PrivateHead() if address == "local" else None
         self.driver_env = dict(self.head.env) if self.head else {}
