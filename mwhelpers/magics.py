@@ -410,8 +410,8 @@ class WorkerMagics(Magics):
                                 claim=a.claim, cpus=a.cpus, memory=a.memory, gpus=a.gpus)
         ns = f" -n {a.namespace}" if a.namespace else ""
         print(f"wrote {path}: {a.tasks} pods of the Indexed Job {a.job_name}, a headless Service "
-              f"and the program in ConfigMaps.\n  kubectl apply -f {path}\n"
-              f"  kubectl logs{ns} -f -l batch.kubernetes.io/job-name={a.job_name} --prefix\n"
+              f"and the program in ConfigMaps.\n  kubectl apply --server-side -f {path}\n"
+              f"  kubectl logs{ns} -f -l app.kubernetes.io/name={a.job_name} --prefix\n"
               f"  kubectl delete -f {path}")
 
     @line_magic

@@ -2,7 +2,8 @@
 kubelet runs them: what of a Kubernetes job can be checked on a machine without Kubernetes.
 
 Pod ``i`` runs on test host ``i`` (its own network namespace and address, as a pod has), in a
-UTS and mount namespace of its own, with what the kubelet gives a pod and nothing else:
+UTS, mount and PID namespace of its own (the container's command is its PID 1, which gets only
+the signals it handles), with what the kubelet gives a pod and nothing else:
 
 * its host name ``JOB-i`` and the variable ``JOB_COMPLETION_INDEX=i``; ``HOSTNAME``, ``PATH``
   and ``HOME`` as an image sets them, and the container's ``env`` from the manifest;
@@ -29,8 +30,10 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import yaml
 
 from mwhelpers.taskside import wire
@@ -44,6 +47,20 @@ class Pod:
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout)
+
+    def first_process(self, timeout: float = 10) -> int:
+        """The pid here of the container's first process, PID 1 in the pod: ``unshare``'s
+        child, once the command has replaced the shell that set the pod up."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for child in psutil.Process(self.proc.pid).children():
+                try:
+                    if child.name() != "sh":
+                        return child.pid
+                except psutil.Error:
+                    pass
+            time.sleep(0.05)
+        raise TimeoutError(f"pod {self.index}'s command did not start: {self.output[-2000:]}")
 
     @property
     def output(self) -> str:
@@ -162,8 +179,9 @@ class Pods:
         log = mine / "log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                ["nsenter", f"--net=/run/netns/{host}", "unshare", "--uts", "--mount",
-                 "--propagation", "private", "sh", "-ec", " && ".join(steps)],
+                ["nsenter", f"--net=/run/netns/{host}", "unshare", "--uts", "--mount", "--pid",
+                 "--fork", "--mount-proc", "--propagation", "private", "sh", "-ec",
+                 " && ".join(steps)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True)
         self.pods[i] = Pod(i, proc, log, message)

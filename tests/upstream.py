@@ -78,9 +78,13 @@ def keras_test(patched, source, where, tmp_path, timeout=300):
 
 def run_module(copy, module, tmp_path, backend="tensorflow", timeout=600, env=None):
     """Run Keras's test module ``module`` (``src/callbacks/x_test.py``) of the Keras ``copy``
-    with pytest (``env``: more variables); (exit code, output)."""
+    with pytest (``env``: more variables); (exit code, output).  Failures are shown as Python
+    prints tracebacks (``--tb=native``): pytest's own form parses the failing source with
+    ``ast``, which CPython 3.11.7 sometimes refuses after a test's deep recursion ("AST
+    constructor recursion depth mismatch", an INTERNALERROR that ends the run)."""
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-p", "no:xdist", "--rootdir", str(copy), str(copy / "keras" / module)],
+                           "-p", "no:xdist", "--tb=native", "--rootdir", str(copy),
+                           str(copy / "keras" / module)],
                           capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(copy), "KERAS_BACKEND": backend,
                                **(env or {})})

@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -38,8 +39,12 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 # every signal's default (a Ray worker's thread blocks some, and its children would inherit it).
 WAITER = ("import signal, subprocess, sys\n"
           "signal.pthread_sigmask(signal.SIG_SETMASK, ())\n"
-          "for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):\n"
-          "    signal.signal(sig, signal.SIG_DFL)\n"
+          "for sig in signal.valid_signals():\n"
+          "    if sig in (signal.SIGINT, signal.SIGTERM) or signal.getsignal(sig) == signal.SIG_IGN:\n"
+          "        try:\n"
+          "            signal.signal(sig, signal.SIG_DFL)\n"
+          "        except (OSError, ValueError):\n"
+          "            pass\n"
           "code = subprocess.Popen(sys.argv[1:], start_new_session=True).wait()\n"
           "sys.exit(code if code >= 0 else 128 - code)\n")
 # Not passed on to the command: Ray's settings of its own worker processes (a program that
@@ -50,6 +55,17 @@ NOT_PASSED = ("OMP_NUM_THREADS",)
 def connect(args: argparse.Namespace) -> None:
     ray.init(address=args.address, namespace=args.namespace, logging_level=logging.ERROR,
              log_to_driver=False, configure_logging=False)
+
+
+def token_sent() -> bool:
+    """Whether this driver sends a token: where it does not, and the cluster let it in, the
+    cluster takes anyone's code.  (Ray's own answer, from 2.52; else what its variable says.)"""
+    try:
+        from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+        return bool(is_token_auth_enabled())
+    except Exception:
+        return os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "token"
 
 
 def hold(args: argparse.Namespace) -> int:
@@ -73,10 +89,7 @@ def hold(args: argparse.Namespace) -> int:
         table = ray.util.placement_group_table(group)
         addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         nodes = [addresses.get(table["bundles_to_node_id"][i], "?") for i in range(args.bundles)]
-        # Connected without a token (an explicit address never sends one unless RAY_AUTH_MODE
-        # is token): the cluster takes anyone's code.
-        sent = os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "token"
-        print(json.dumps({"nodes": nodes, "token_sent": sent}), flush=True)
+        print(json.dumps({"nodes": nodes, "token_sent": token_sent()}), flush=True)
     except Exception as e:  # said in the kernel, which reads this line
         print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
         return 1
@@ -130,6 +143,21 @@ class Relay:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
+    # The input is read at once, and kept until the command runs: the kernel's first line (the
+    # agent's header, with the files it writes) is larger than a pipe holds.
+    given: queue.Queue[bytes] = queue.Queue()
+
+    def take() -> None:
+        try:
+            while True:
+                data = os.read(0, 65536)
+                given.put(data)
+                if not data:
+                    return
+        except OSError:
+            given.put(b"")
+
+    threading.Thread(target=take, daemon=True).start()
     connect(args)
     group = get_placement_group(args.name)
     actor: Any = ray.remote(Relay)
@@ -138,10 +166,21 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         scheduling_strategy=PlacementGroupSchedulingStrategy(
             group, placement_group_bundle_index=args.bundle)).remote()
     try:
-        ray.get(relay.start.remote(argv, os.getcwd()))
+        node, _ = ray.get(relay.start.remote(argv, os.getcwd()), timeout=args.timeout)
+    except ray.exceptions.GetTimeoutError:
+        print(f"Ray did not start the command in bundle {args.bundle} within {args.timeout:g} s: "
+              "its node may be gone, or busy with another cluster's work (ray status)",
+              file=sys.stderr, flush=True)
+        return 255
     except ray.exceptions.RayError as e:
-        print(f"Ray could not start the command on bundle {args.bundle}: {e}", file=sys.stderr,
+        print(f"Ray could not start the command in bundle {args.bundle}: {e}", file=sys.stderr,
               flush=True)
+        return 255
+    if args.expect and node != args.expect:
+        ray.kill(relay)  # (its command, the agent, ends at the end of its input)
+        print(f"bundle {args.bundle} is on node {node} now, not on {args.expect}, where the "
+              "cluster was placed (Ray moved it after that node left the cluster): define the "
+              "cluster again (%cluster)", file=sys.stderr, flush=True)
         return 255
 
     def pump(which: str, out: IO[bytes]) -> None:
@@ -151,6 +190,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                 out.flush()
         except ray.exceptions.RayError as e:
             print(f"the Ray actor relaying the command died: {e}", file=sys.stderr, flush=True)
+        except OSError:  # no one reads this side any more
+            pass
 
     pumps = [threading.Thread(target=pump, args=(w, o), daemon=True)
              for w, o in (("out", sys.stdout.buffer), ("err", sys.stderr.buffer))]
@@ -160,11 +201,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     def feed() -> None:
         try:
             while True:
-                data = os.read(0, 65536)
+                data = given.get()
                 ray.get(relay.write.remote(data))
                 if not data:
                     return
-        except (OSError, ray.exceptions.RayError):
+        except ray.exceptions.RayError:
             pass
 
     threading.Thread(target=feed, daemon=True).start()
@@ -173,8 +214,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     except ray.exceptions.RayError as e:
         print(f"the Ray actor relaying the command died: {e}", file=sys.stderr, flush=True)
         return 255
-    for t in pumps:
-        t.join(5)
+    for t in pumps:  # all it said, its last reports too
+        t.join()
     return code if code >= 0 else 128 - code
 
 
@@ -190,6 +231,7 @@ def main() -> int:
     parser.add_argument("--gpus", type=float, default=0)
     parser.add_argument("--strategy", default="SPREAD")
     parser.add_argument("--timeout", type=float, default=60)
+    parser.add_argument("--expect", default="", help="the node address the bundle must be on")
     words = sys.argv[1:]
     cut = words.index("--") if "--" in words else len(words)
     args = parser.parse_args(words[:cut])

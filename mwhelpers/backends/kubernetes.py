@@ -1,6 +1,6 @@
 """Kubernetes: the manifests of a job whose pods form the cluster, written like the batch script.
 
-:func:`write_kubernetes` writes one YAML file that ``kubectl apply -f`` takes, four objects:
+:func:`write_kubernetes` writes one YAML file that ``kubectl apply --server-side -f`` takes, four objects:
 
 * a ConfigMap ``NAME-mwhelpers``: the worker start-up of this installation (the files of
   :mod:`mwhelpers.taskside`), mounted read-only at ``/opt/mwhelpers``;
@@ -41,8 +41,10 @@ TASKSIDE = Path(BOOTSTRAP).parent
 START_UP = "/opt/mwhelpers"  # where the pods see mwhelpers' start-up
 PROGRAM = "/opt/program"  # and the program's files
 TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
-CONFIGMAP_LIMIT = 1_000_000  # bytes: the API server refuses a larger object (etcd's limit)
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+# bytes of program files: the API server refuses an object over about 1 MB, and a client-side
+# "kubectl apply" keeps a copy of each in an annotation of at most 256 KiB (--server-side does not)
+CONFIGMAP_LIMIT = 200_000
+_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # (a Service's name starts with a letter)
 _KEY = re.compile(r"[-._a-zA-Z0-9]+")  # a ConfigMap's key
 
 
@@ -59,7 +61,8 @@ def _name(job_name: str, tasks: int) -> str:
         raise UsageError(
             f"job_name={job_name!r} cannot name this job's pods: the last one would be "
             f"{longest!r}, and a pod's host name is a DNS label (lower-case letters, digits "
-            "and '-', starting and ending with a letter or digit, at most 63 characters)")
+            "and '-', starting with a letter and ending with a letter or digit, at most 63 "
+            "characters)")
     return job_name
 
 
@@ -76,8 +79,9 @@ def _program_files(script: Path, files: Iterable[str | os.PathLike[str]]) -> dic
         out[path.name] = path.read_text(encoding="utf-8")
     size = sum(len(text.encode()) for text in out.values())
     if size > CONFIGMAP_LIMIT:
-        raise UsageError(f"the program's files hold {size:,} bytes; a ConfigMap holds at most about "
-                         f"{CONFIGMAP_LIMIT:,}. Put data in the image or a volume (claim=...)")
+        raise UsageError(f"the program's files hold {size:,} bytes, more than {CONFIGMAP_LIMIT:,} "
+                         "(what kubectl apply can keep of a ConfigMap). Put data in the image "
+                         "or a volume (claim=...)")
     return out
 
 
@@ -112,8 +116,8 @@ def write_kubernetes(path: str | os.PathLike[str], script: str | os.PathLike[str
                      stall_fix: bool = True, keras_fix: bool = True) -> Path:
     """Write the manifests that run ``script`` as ``tasks`` workers of one
     MultiWorkerMirroredStrategy (or ``keras.distribution`` on JAX) job on Kubernetes; return
-    ``path``.  Apply with ``kubectl apply -f PATH``; follow with ``kubectl logs -f
-    -l batch.kubernetes.io/job-name=NAME --prefix``; end and remove with ``kubectl delete -f PATH``.
+    ``path``.  Apply with ``kubectl apply --server-side -f PATH``; follow with ``kubectl logs -f
+    -l app.kubernetes.io/name=NAME --prefix``; end and remove with ``kubectl delete -f PATH``.
 
     ``image``: a container image with Python (``python``, the command's interpreter), TensorFlow
     (or JAX) and Keras.  ``files``: the modules ``script`` imports, put beside it.  ``env``:
@@ -187,7 +191,7 @@ def write_kubernetes(path: str | os.PathLike[str], script: str | os.PathLike[str
         _config_map(f"{name}-program", labels, namespace, program),
         {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(name, labels, namespace),
          "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                  "selector": {"batch.kubernetes.io/job-name": name},
+                  "selector": dict(labels),  # the pods' own (not the Job controller's: 1.27+)
                   "ports": [{"name": "grpc", "port": port, "targetPort": port}]}},
         {"apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(name, labels, namespace),
          "spec": job_spec}]
@@ -195,8 +199,8 @@ def write_kubernetes(path: str | os.PathLike[str], script: str | os.PathLike[str
             f"Indexed Job {name} run {Path(script).name}.",
             f"# Pod i is {name}-i.{name}:{port} in TF_CONFIG (its host name, then the headless "
             "Service).",
-            f"#   kubectl apply -f {shlex.quote(Path(path).name)}",
-            f"#   kubectl logs -f -l batch.kubernetes.io/job-name={name} --prefix",
+            f"#   kubectl apply --server-side -f {shlex.quote(Path(path).name)}",
+            f"#   kubectl logs -f -l app.kubernetes.io/name={name} --prefix",
             f"#   kubectl delete -f {shlex.quote(Path(path).name)}"]
     text = "\n".join(head) + "\n" + "".join(
         "---\n" + "\n".join(to_yaml(obj)) + "\n" for obj in objects)
@@ -207,8 +211,11 @@ def write_kubernetes(path: str | os.PathLike[str], script: str | os.PathLike[str
 
 # -- YAML, the little that manifests need ------------------------------------------------------
 _PLAIN = re.compile(r"[A-Za-z_/][A-Za-z0-9_./-]*")
+_UNPRINTED = re.compile(r"[\x7f-\x9f\u2028\u2029\ufeff]")
 _NOT_PLAIN = {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~"}
-_PRINTABLE = re.compile(r"[\t\n\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*")
+# What a block literal may hold: YAML's printable characters, less those YAML 1.1 parsers read
+# as line breaks (NEL, LS, PS)
+_PRINTABLE = re.compile(r"[\t\n\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*")
 
 
 def _scalar(value: object) -> str:
@@ -221,7 +228,8 @@ def _scalar(value: object) -> str:
     text = str(value)
     if _PLAIN.fullmatch(text) and text.lower() not in _NOT_PLAIN:
         return text
-    return json.dumps(text, ensure_ascii=False)  # a JSON string is a double-quoted YAML one
+    # A JSON string is a double-quoted YAML one; what YAML does not print, escaped as \\u
+    return _UNPRINTED.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(text, ensure_ascii=False))
 
 
 def _literal(text: str, indent: int) -> list[str] | None:

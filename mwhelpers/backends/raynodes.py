@@ -40,6 +40,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from ..cluster import Task
 from ..ending import end
 from ..errors import InfrastructureError, UsageError
@@ -90,10 +92,25 @@ class RayOptions(RemoteOptions, _Ray):
     agent's (``python``: default, the Python that runs Ray on each node)."""
 
 
+# The private head's lifeline: runs ``ray start --block`` (its arguments) with SIGTERM as its
+# parent-death signal, and reads its own input until it ends.  The kernel holds that input: when
+# the kernel closes it, or dies, this process leaves, and ray start ends the head (every service
+# and worker it started).  Its only thread starts ray start, so the signal follows this process.
+LIFELINE = ("import ctypes, signal, subprocess, sys\n"
+            "def die_with_me():\n"
+            "    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+            "subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, preexec_fn=die_with_me)\n"
+            "while sys.stdin.buffer.read(65536):\n"
+            "    pass\n")
+
+
 class PrivateHead:
-    """A Ray head on this machine for one cluster (``address="local"``): loopback only, no
-    dashboard, token authentication; ``ray start --block`` in a session of its own, ended with
-    every process it started by :meth:`close`, its folder removed."""
+    """A Ray head on this machine for one cluster (``address="local"``): every service on
+    loopback (``--node-ip-address=127.0.0.1``, kept by ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
+    without which Ray puts the machine's address in its place), no dashboard, token
+    authentication with a token of its own, none of the kernel's ``RAY_*`` settings.  It ends
+    when :meth:`close` or the kernel's death ends its lifeline (:data:`LIFELINE`); its folder
+    goes with :meth:`close`."""
 
     def __init__(self, cpus: int | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="mwray"))  # short: Ray's socket paths are
@@ -104,18 +121,20 @@ class PrivateHead:
         self.env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
                     "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0",
                     "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
-        port = free_port()
+        port, client, agent = free_ports(3)  # (Ray's defaults, 10001 and 52365, are shared)
         self.address = f"127.0.0.1:{port}"
         ray = str(Path(sys.executable).with_name("ray"))
         self.log = self.dir / "head.log"
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                [ray if os.path.exists(ray) else "ray", "start", "--head",
-                 "--node-ip-address=127.0.0.1", f"--port={port}", "--include-dashboard=false",
-                 "--disable-usage-stats", f"--temp-dir={self.dir / 'ray'}", "--block",
+                [sys.executable, "-c", LIFELINE, ray if os.path.exists(ray) else "ray", "start",
+                 "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+                 f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
+                 "--include-dashboard=false", "--disable-usage-stats",
+                 f"--temp-dir={self.dir / 'ray'}", "--block",
                  *([f"--num-cpus={cpus}"] if cpus else [])],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, env={**os.environ, **self.env})
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, env={**without_ray_settings(os.environ), **self.env})
         self._wait_ready(60)
 
     def _wait_ready(self, timeout: float) -> None:
@@ -129,16 +148,33 @@ class PrivateHead:
             time.sleep(0.2)
 
     def close(self) -> None:
-        # ray start, its services and the workers they started: SIGTERM, then SIGKILL
-        end(local=group(self.proc.pid, self.proc.poll() is None), policy=Policy.INTERRUPT)
+        """End the lifeline (ray start then ends the head), then whatever of its group is left."""
+        members = group(self.proc.pid, self.proc.poll() is None)
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        _, alive = psutil.wait_procs(members, timeout=15)  # ray start ends them (about 1 s)
+        end(local=alive, policy=Policy.INTERRUPT)
         self.proc.wait(5)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def without_ray_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without Ray's settings (a token of the user's would win over the head's)."""
+    return {k: v for k, v in environ.items() if not k.startswith("RAY_")}
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free on loopback now."""
+    held = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            held.append(s)
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 class RayLauncher(AgentLauncher):
@@ -169,6 +205,8 @@ class RayLauncher(AgentLauncher):
         self.strategy = PLACEMENTS[options.placement]
         self.cpus, self.gpus = options.cpus, options.gpus
         self.place_timeout = options.place_timeout
+        if self.gpus:  # a standby's actor would wait for the GPUs its running twin holds
+            self.standby = False  # type: ignore[misc]
         self.group = f"mwhelpers-{uuid.uuid4().hex[:12]}"
         self.bundle_of: dict[str, int] = {}  # host label -> bundle index
         self.address_at: dict[str, str] = {}  # host label -> the node's address
@@ -177,8 +215,12 @@ class RayLauncher(AgentLauncher):
 
     # -- the placement group ------------------------------------------------------------
     def _relay(self, *words: str) -> list[str]:
-        """A relay's command (with a private head's settings for it, through env)."""
-        settings = ["env", *(f"{k}={v}" for k, v in self.driver_env.items())] if self.driver_env else []
+        """A relay's command; for a private head, through env: the kernel's RAY_* settings
+        out, the head's in."""
+        settings = []
+        if self.driver_env:
+            settings = ["env", *(f"--unset={k}" for k in os.environ if k.startswith("RAY_")),
+                        *(f"{k}={v}" for k, v in self.driver_env.items())]
         return [*settings, sys.executable, "-c", RELAY_CODE, *words, "--address", self.address,
                 "--namespace", NAMESPACE, "--name", self.group]
 
@@ -188,26 +230,28 @@ class RayLauncher(AgentLauncher):
             [*self._relay("hold"), "--bundles", str(bundles), "--cpus", f"{self.cpus:g}",
              "--gpus", f"{self.gpus:g}", "--strategy", self.strategy,
              "--timeout", f"{self.place_timeout:g}"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True)
         self._holder = holder
         said: dict[str, object] = {}
+        last: list[str] = []  # the holder's last other lines (Ray's words)
+        answered = threading.Event()
 
-        def read() -> None:
+        def read() -> None:  # for the holder's whole life: a pipe nobody reads would fill
             assert holder.stdout is not None
             for raw in holder.stdout:
-                if raw.startswith(b"{"):
+                if raw.startswith(b"{") and not answered.is_set():
                     said.update(json.loads(raw))
-                    return
+                    answered.set()
+                elif raw.strip():
+                    last[:] = [*last[-19:], raw.decode(errors="replace").strip()]
+            answered.set()
 
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        reader.join(self.place_timeout + 60)
+        threading.Thread(target=read, daemon=True, name="mwhelpers-ray-holder").start()
+        answered.wait(self.place_timeout + 60)
         if "nodes" not in said:
-            err = (holder.stderr.read().decode(errors="replace")
-                   if holder.poll() is not None and holder.stderr else "")
             self._release()
-            why = said.get("error") or (err.strip().splitlines() or ["no answer"])[-1]
+            why = said.get("error") or (last or ["no answer"])[-1]
             raise InfrastructureError(f"the Ray cluster at {self.address} did not place this "
                                       f"cluster's {bundles} tasks: {why}")
         nodes = said["nodes"]
@@ -245,14 +289,19 @@ class RayLauncher(AgentLauncher):
     # -- the agent's transport --------------------------------------------------------------
     def transport(self, host: str, argv: list[str]) -> list[str]:
         return [*self._relay("run"), "--bundle", str(self.bundle_of[host]),
-                "--gpus", f"{self.gpus:g}", "--", *argv]
+                "--gpus", f"{self.gpus:g}", "--expect", self.address_at[host],
+                "--timeout", f"{self.place_timeout:g}", "--", *argv]
+
+    def task_env(self, environ: Mapping[str, str]) -> dict[str, str]:
+        # A bundle's GPUs are Ray's to give (the actor's CUDA_VISIBLE_DEVICES), not the kernel's.
+        return {k: v for k, v in super().task_env(environ).items() if k != "CUDA_VISIBLE_DEVICES"}
 
     def notes(self) -> list[str]:
         if self.token_sent:
             return []
-        return [f"the Ray cluster at {self.address} took this kernel's connection without a "
-                "token: it runs code for anyone who reaches its head (CVE-2023-48022). Turn "
-                "on its token authentication (Ray 2.52 or later: RAY_AUTH_MODE=token and "
+        return [f"the Ray cluster at {self.address} let this kernel in without a token: it "
+                "runs code for anyone who reaches its head (CVE-2023-48022). Turn on its token "
+                "authentication (Ray 2.52 or later: RAY_AUTH_MODE=token and "
                 "RAY_AUTH_TOKEN_PATH=FILE on every node and here), or keep its network private"]
 
     def describe_reach(self, host: str) -> str:

@@ -102,7 +102,7 @@ def wait_for_names(me: str, names: list[str], port: int, timeout: float, job: st
             f"{me} after {timeout:g} s these pods' names still do not resolve: "
             f"{', '.join(missing)}. A pod's name exists once the pod has an address, through the "
             f"headless Service {service!r} that the pods name as their subdomain. Check that "
-            f"every pod runs (kubectl get pods -l batch.kubernetes.io/job-name={job}; a Pending "
+            f"every pod runs (kubectl get pods -l app.kubernetes.io/name={job}; a Pending "
             "pod waits for CPUs, memory or GPUs), that the Service exists in the pods' namespace "
             f"(kubectl get service {service}) with publishNotReadyAddresses: true, and that the "
             "cluster's DNS answers. peer_timeout=SECONDS in write_kubernetes sets this wait")
@@ -138,6 +138,21 @@ def fail(exc: BaseException, log: str) -> int:
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         sys.exit("usage: _podstart.py SCRIPT [ARGS...]")
+    # As a container's first process (PID 1), this one gets only the signals it handles: the
+    # kubelet's SIGTERM, from the start.  Before the program runs it ends the pod; then it goes
+    # on to the program's process group.
+    child: list[int] = []
+
+    def pass_on(signum: int, frame: object) -> None:
+        if not child:
+            sys.exit(128 + signum)
+        try:
+            os.killpg(child[0], signum)
+        except OSError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, pass_on)
     env = os.environ
     job, service, tasks, port, timeout, log, index = shape(env)
     me = f"[pod {job}-{index}]"
@@ -158,20 +173,26 @@ def main(argv: list[str]) -> int:
     folder = tempfile.mkdtemp(prefix="mwhelpers-")
     record = os.path.join(folder, "exit.json")
     env[wire.Env.EXIT_RECORD] = record
-    child = subprocess.Popen([sys.executable, "-u", os.path.join(HERE, "_bootstrap.py"), *argv[1:]],
-                             start_new_session=True)
-
-    def pass_on(signum: int, frame: object) -> None:
-        try:
-            os.killpg(child.pid, signum)
-        except OSError:
-            pass
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, pass_on)
-    code = child.wait()
+    proc = subprocess.Popen([sys.executable, "-u", os.path.join(HERE, "_bootstrap.py"), *argv[1:]],
+                            start_new_session=True)
+    child.append(proc.pid)
+    code = reap_until(proc.pid)
     record_to_message(record, log)
     return 128 - code if code < 0 else code
+
+
+def reap_until(pid: int) -> int:
+    """Wait for ``pid``; as PID 1, also reap the orphans the kernel hands this process.  Its exit
+    code as ``subprocess`` gives it (negative for a signal)."""
+    while True:
+        try:
+            done, status = os.waitpid(-1, 0)
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return 255  # (someone else reaped it)
+        if done == pid:
+            return os.waitstatus_to_exitcode(status)
 
 
 if __name__ == "__main__":

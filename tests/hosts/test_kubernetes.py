@@ -132,7 +132,7 @@ def test_a_pod_whose_peer_never_gets_a_name_says_which_and_what_to_check(pods, t
     assert says in pod.output
     record = ExitRecord.loads(pod.message)
     assert record is not None and record.type == "TimeoutError" and says in record.message
-    assert "kubectl get pods -l batch.kubernetes.io/job-name=lonely" in record.message
+    assert "kubectl get pods -l app.kubernetes.io/name=lonely" in record.message
 
 
 def test_sigterm_to_a_pod_reaches_its_program_which_sees_the_pods_files_read_only(pods, tmp_path):
@@ -158,6 +158,20 @@ def test_sigterm_to_a_pod_reaches_its_program_which_sees_the_pods_files_read_onl
     seen = json.loads(pod.output.split("READY ", 1)[1].split("\n", 1)[0])
     assert seen == {"cwd": "/mnt/shared/run", "files": ["util.py", "waits.py"], "writable": False,
                     "index": "0"}
-    os.kill(pod.proc.pid, signal.SIGTERM)  # (the pod's first process: sh and env exec it)
+    os.kill(pod.first_process(), signal.SIGTERM)  # to its PID 1, as the kubelet does
     assert pod.wait(10) == 128 + signal.SIGTERM, pod.output
     assert pod.message == ""
+
+
+def test_sigterm_to_a_pod_still_waiting_for_its_peers_ends_it_at_once(pods, tmp_path):
+    """PID 1 gets only the signals it handles: the start-up handles SIGTERM from its start, so
+    a pod deleted while it waits for the others' names ends then, not 30 s later by SIGKILL."""
+    (tmp_path / "main.py").write_text("print('RAN')\n")
+    job = pods(write_kubernetes(tmp_path / "job.yaml", tmp_path / "main.py", image="i", tasks=2,
+                                job_name="early"))
+    pod = job.start(0)
+    wait_for_line(pod, "waiting up to 300 s for these pods' names to resolve", 30)
+    t = time.monotonic()
+    os.kill(pod.first_process(), signal.SIGTERM)
+    assert pod.wait(10) == 128 + signal.SIGTERM, pod.output
+    assert time.monotonic() - t < 3 and "RAN" not in pod.output

@@ -80,7 +80,10 @@ def test_every_pod_gets_its_name_from_the_headless_service_and_its_index(program
     # label the Job controller puts on them, and publishes them before they are ready.
     assert service["metadata"]["name"] == pod["subdomain"] == "mnist"
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"]
-    assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": "mnist"}
+    # (the pods' own labels: the Job controller's batch.kubernetes.io/job-name needs 1.27)
+    selector = service["spec"]["selector"]
+    assert selector == {"app.kubernetes.io/name": "mnist", "app.kubernetes.io/managed-by": "mwhelpers"}
+    assert selector.items() <= job["spec"]["template"]["metadata"]["labels"].items()
     assert pod["restartPolicy"] == "Never"
     (container,) = pod["containers"]
     assert container["command"] == ["python", "-u", "/opt/mwhelpers/_podstart.py",
@@ -139,7 +142,7 @@ def test_a_program_too_large_for_a_config_map_is_refused(program):
 @pytest.mark.parametrize("text", [
     "a\nb", "a\nb\n", "a\n\n", "  indented first\nline\n", "x\n\n\ny", "x\n  \ny", "\n", "é\tz\n",
     "a\r\nb", "\n\nx", "x\n\ty\n", "a\n   b\n\n\n", "nul\x00", "true", "2222", "", "a: b", "#c",
-    "- x"])
+    "- x", "nel\x85\nx", "ls\u2028ps\u2029\n", "del\x7f\n", "c1\x9f", "emoji \U0001f600\n"])
 def test_yaml_holds_any_text_exactly(text):
     for value in ({"k": text}, [text, {"a": [text]}], {"a": {"b": [text, text]}, "z": 1}):
         assert yaml.safe_load("\n".join(to_yaml(value)) + "\n") == value
@@ -153,8 +156,8 @@ def test_the_kubernetes_magic_writes_the_same_manifests_and_says_how_to_run_them
                       "--claim ckpt --gpus 1 --env A=1 --env B=x=y by-magic.yaml main.py 3 -- "
                       "--lr 0.1")
     out = capsys.readouterr().out
-    assert "kubectl apply -f by-magic.yaml" in out
-    assert "kubectl logs -f -l batch.kubernetes.io/job-name=mnist --prefix" in out
+    assert "kubectl apply --server-side -f by-magic.yaml" in out
+    assert "kubectl logs -f -l app.kubernetes.io/name=mnist --prefix" in out
     called = write_kubernetes("by-call.yaml", "main.py", image="img:1", tasks=3,
                               args=["3", "--lr", "0.1"], files=["helper.py"], job_name="mnist",
                               claim="ckpt", gpus=1, env={"A": "1", "B": "x=y"})

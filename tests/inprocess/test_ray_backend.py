@@ -47,10 +47,14 @@ def test_the_address_comes_from_ray_address_and_python_is_each_nodes_own():
     launcher = RayLauncher(RayOptions(), environ={"RAY_ADDRESS": "10.0.0.1:6379"})
     assert launcher.address == "10.0.0.1:6379" and launcher.python == wire.THIS_PYTHON
     assert launcher.head is None and launcher.notes() == []  # (nothing placed yet)
-    launcher.bundle_of["10.0.0.2"] = 1
+    launcher.bundle_of["10.0.0.2"], launcher.address_at["10.0.0.2"] = 1, "10.0.0.2"
     words = launcher.transport("10.0.0.2", ["{python}", "-c", "pass"])
     assert words[words.index("--bundle") + 1] == "1" and words[-3:] == ["{python}", "-c", "pass"]
     assert "--address" in words and words[words.index("--address") + 1] == "10.0.0.1:6379"
+    assert words[words.index("--expect") + 1] == "10.0.0.2"  # where the bundle must still be
+    # a bundle's GPUs are Ray's: the kernel's CUDA_VISIBLE_DEVICES does not travel
+    assert "CUDA_VISIBLE_DEVICES" not in launcher.task_env(
+        {"CUDA_VISIBLE_DEVICES": "0", "TF_CPP_MIN_LOG_LEVEL": "2"})
     launcher.token_sent = False  # the holder connected without a token, and was let in
     (note,) = launcher.notes()
     assert "runs code for anyone who reaches its head (CVE-2023-48022)" in note

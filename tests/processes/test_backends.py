@@ -211,9 +211,10 @@ def test_placement_and_environment(brt, backend, monkeypatch, tmp_path):
         assert w["cfg"] == json.loads(cluster.tf_config(t))  # the whole TF_CONFIG, as shown
         assert w["task"] == str(t) and w["cfg"]["task"] == {"type": t.type, "index": t.index}
         assert w["cwd"] == str(tmp_path)
-        # (on Ray, the Python that runs Ray on the node: here, this environment's python3)
-        python = str(Path(sys.executable).with_name("python3")) if name == "ray" else sys.executable
-        assert w["python"] == python
+        if name == "ray":  # the Python that runs Ray on the node: here, this environment's
+            assert Path(w["python"]).parent.resolve() == Path(sys.executable).parent.resolve()
+        else:
+            assert w["python"] == sys.executable
         assert w["legacy"] == "1" and w["extra"] == "given at launch" and w["attempt"] == "1"
         if name == "ssh":  # sshd starts a clean environment: only the forwarded variables arrive
             assert w["local_only"] is None
@@ -283,8 +284,8 @@ def test_ending_everything_escalates_and_says_what_ended(brt, backend):
             "\n".join([f"{run.task} did not end with {sig}; took {took:.2f} s:", *lines])
     assert len(lines) == 3, lines
     assert all(not r.running and r.state == "killed" for r in runs)
-    # one after the other, the two that ignore SIGTERM would take 2 x 2 s
-    assert took < 3.5, f"the tasks were ended one after the other ({took:.1f} s)"
+    # one after the other, the two that ignore SIGTERM would take 2 x 2 s and more
+    assert took < 3.9, f"the tasks were ended one after the other ({took:.1f} s)"
     assert nothing_left(hosts, 5), leftovers(hosts)
     with pytest.raises(WorkerFailed, match="worker:0 failed: killed by SIGINT"):
         brt.wait(timeout=10)
