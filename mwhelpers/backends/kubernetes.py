@@ -1,13 +1,15 @@
 """Kubernetes: the manifests of a job whose pods form the cluster, written like the batch script.
 
-:func:`write_kubernetes` writes one YAML file that ``kubectl apply --server-side -f`` takes, four objects:
+:func:`write_kubernetes` writes one YAML file that ``kubectl apply --server-side -f`` takes,
+four objects:
 
 * a ConfigMap ``NAME-mwhelpers``: the worker start-up of this installation (the files of
   :mod:`mwhelpers.taskside`), mounted read-only at ``/opt/mwhelpers``;
 * a ConfigMap ``NAME-program``: the program and the files it imports, mounted read-only at
   ``/opt/program``;
 * a headless Service ``NAME`` (``clusterIP: None``), which gives each pod of the job a DNS
-  name as soon as it has an address (``publishNotReadyAddresses``);
+  name as soon as it has an address (``publishNotReadyAddresses``), selected by the pods' own
+  labels;
 * an Indexed Job ``NAME`` of ``tasks`` pods.  Each pod's host name is ``NAME-i`` (i: its
   completion index), and its ``subdomain`` is the Service, so task i is ``NAME-i.NAME``.
 
