@@ -144,9 +144,22 @@ def backend(request, monkeypatch, tmp_path):
 
 
 def leftovers(hosts):
-    """What this suite's tasks left running: anything carrying the suite's mark, and on test
-    hosts any Python process (agents, tasks, their children)."""
-    return sorted({p.pid for p in carrying(MARK, ME)} | set(task_pids(hosts)))
+    """What this suite's tasks left running: anything carrying the suite's mark, on test
+    hosts any Python process (agents, tasks, their children), and here the Ray backend's
+    helpers (a placement group's holder, a task's relay: children of this process, or of a
+    kernel that was killed)."""
+    return sorted({p.pid for p in carrying(MARK, ME)} | set(task_pids(hosts)) | set(ray_helpers()))
+
+
+def ray_helpers():
+    """The Ray backend's helper processes (``_rayrelay.py`` in their command) that this test
+    process started, or that a killed kernel left to init; not another test process's."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "ppid"]):
+        if proc.info["ppid"] in (os.getpid(), 1) and any(
+                "_rayrelay.py" in word for word in proc.info["cmdline"] or ()):
+            found.append(proc.pid)
+    return found
 
 
 def described(pids):
