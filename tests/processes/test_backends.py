@@ -151,14 +151,17 @@ def leftovers(hosts):
     return sorted({p.pid for p in carrying(MARK, ME)} | set(task_pids(hosts)) | set(ray_helpers()))
 
 
-def ray_helpers():
+def ray_helpers(holders=False):
     """The Ray backend's helper processes (``_rayrelay.py`` in their command) that this test
-    process started, or that a killed kernel left to init; not another test process's."""
+    process started, or that a killed kernel left to init (not another test process's): each
+    task's relay, and with ``holders`` (or once orphaned) each placement group's holder, which
+    lives as long as its cluster is defined."""
     found = []
     for proc in psutil.process_iter(["cmdline", "ppid"]):
-        if proc.info["ppid"] in (os.getpid(), 1) and any(
-                "_rayrelay.py" in word for word in proc.info["cmdline"] or ()):
-            found.append(proc.pid)
+        words = proc.info["cmdline"] or ()
+        if proc.info["ppid"] in (os.getpid(), 1) and any("_rayrelay.py" in w for w in words):
+            if "run" in words or holders or proc.info["ppid"] == 1:
+                found.append(proc.pid)
     return found
 
 
@@ -183,6 +186,7 @@ def brt(rt, backend):
     yield rt
     rt.close()
     assert nothing_left(backend[2]), f"left behind: {described(leftovers(backend[2]))}"
+    assert not ray_helpers(holders=True), described(ray_helpers(holders=True))
 
 
 def launch(rt, task, code, **kw):
@@ -299,7 +303,7 @@ def test_ending_everything_escalates_and_says_what_ended(brt, backend):
     assert all(not r.running and r.state == "killed" for r in runs)
     # one after the other, the two that ignore SIGTERM would take 2 x 2 s and more
     assert took < 3.9, f"the tasks were ended one after the other ({took:.1f} s)"
-    assert nothing_left(hosts, 5), leftovers(hosts)
+    assert nothing_left(hosts, 5), described(leftovers(hosts))
     with pytest.raises(WorkerFailed, match="worker:0 failed: killed by SIGINT"):
         brt.wait(timeout=10)
 
