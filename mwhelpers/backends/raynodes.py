@@ -10,16 +10,17 @@ task): live logs, signals, stack dumps, the exit record, the heartbeat and stand
 SSH, and TF_CONFIG names the node's address and a port free there.  A bundle's GPUs are Ray's
 own: the actor asks for them and Ray sets ``CUDA_VISIBLE_DEVICES``, which the task inherits.
 
-When the cluster is closed, or the kernel dies, the group goes, and Ray ends every actor in
-it with the processes they started.  Ray must be installed where the kernel runs (the
-driver: a node of the cluster) and on the nodes; mwhelpers need not be on the nodes.
+When the cluster is closed, or the kernel dies, the group goes and Ray ends every actor in it;
+each agent, its input ended, ends its task's whole process group.  Ray must be installed where
+the kernel runs (the driver: a node of the cluster) and on the nodes; mwhelpers need not be on
+the nodes, but the program and the working folder must be at the same path on each.
 
 Ray's services run code for whoever reaches them unless its token authentication is on
 (Ray 2.52 and later: ``RAY_AUTH_MODE=token``, the token in ``RAY_AUTH_TOKEN_PATH``).  A
 cluster reached without a token is said to take anyone's code, once, as it is defined.
 ``address="local"`` starts a private Ray head on this machine for the cluster, ended with
-it: every service on loopback (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``), no dashboard, and
-token authentication with a token of its own (a file only this user reads).
+it or with the kernel: every service on loopback, no dashboard, and token authentication with
+a token of its own (a file only this user reads); see :class:`PrivateHead`.
 """
 
 from __future__ import annotations
@@ -54,8 +55,7 @@ from .options import BackendOptions, option, quantity, seconds, text
 RELAY = Path(__file__).with_name("_rayrelay.py")
 # Run as python -c: the relay's folder is not put first on sys.path (its modules' names would
 # hide others'), and Ray sends the actor's class from __main__ by value.
-RELAY_CODE = ("import sys\n"
-              f"exec(compile({RELAY.read_text()!r}, {str(RELAY)!r}, 'exec'), "
+RELAY_CODE = (f"exec(compile({RELAY.read_text()!r}, {str(RELAY)!r}, 'exec'), "
               "{'__name__': '__main__'})\n")
 PLACEMENTS = {"spread": "SPREAD", "pack": "PACK", "strict-spread": "STRICT_SPREAD",
               "strict-pack": "STRICT_PACK"}
