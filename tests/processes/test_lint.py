@@ -43,10 +43,11 @@ def test_the_plugin_interface_has_hints_that_resolve():
     import typing
 
     from mwhelpers import ending
-    from mwhelpers.backends import agent, base, local, options, slurm, ssh
+    from mwhelpers.backends import agent, base, kubernetes, local, options, raynodes, slurm, ssh
 
-    functions = [ending.end, ending.end_local, options.text, options.seconds,
-                 options.option, slurm.write_sbatch, agent.host_list, agent.forwarded_env]
+    functions = [ending.end, ending.end_local, options.text, options.seconds, options.quantity,
+                 options.option, slurm.write_sbatch, kubernetes.write_kubernetes, agent.host_list,
+                 agent.forwarded_env]
     for cls in (base.Launcher, base.Process, agent.AgentLauncher, agent.AgentProcess,
                 options.OptionSpec, options.BackendOptions):
         for name, f in vars(cls).items():
@@ -55,7 +56,7 @@ def test_the_plugin_interface_has_hints_that_resolve():
             if inspect.isfunction(f) and (not name.startswith("_") or name == "__init__"):
                 functions.append(f)
     for cls in (base.LaunchSpec, base.Placement, options.OptionSpec, local.LocalOptions,
-                agent.AgentOptions, ssh.SSHOptions, slurm.SlurmOptions):
+                agent.AgentOptions, ssh.SSHOptions, slurm.SlurmOptions, raynodes.RayOptions):
         assert typing.get_type_hints(cls)
     for fn in functions:
         hints = typing.get_type_hints(fn)  # raises if an annotation does not resolve
