@@ -15,8 +15,10 @@ mounted as a folder), and:
   what to check, and ends with exit code 3;
 * sets ``TF_CONFIG``, the ``keras.distribution`` variables (JAX) and JAX's gloo collectives,
   as the batch script of ``write_sbatch`` does;
+* handles SIGTERM, SIGINT and SIGHUP from its start (as PID 1 it gets only what it handles):
+  before the program runs, they end the pod; then they go on to the program's process group;
 * runs the program under the worker start-up (``_bootstrap.py`` beside this file) as its
-  child, and passes SIGTERM, SIGINT and SIGHUP on to the child's process group;
+  child, and reaps the orphans a PID 1 inherits while it waits;
 * when the program ends by an exception, writes its exit record (the same JSON as every task
   writes, cut to 4,096 bytes) to the container's termination message file, so that
   ``kubectl get pod`` shows it; exits with the program's exit code, 128 + N for signal N.
