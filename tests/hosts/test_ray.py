@@ -156,3 +156,20 @@ def test_a_private_ray_head_listens_on_loopback_only_and_takes_no_code_without_i
     remote_rt.close()
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
     assert not folder.exists()
+
+
+def test_a_bundle_ray_moved_to_another_node_fails_the_launch_and_says_why(
+        remote_rt, env, ray):  # noqa: F811
+    """Ray reschedules a dead node's bundles elsewhere; TF_CONFIG still names the old node. The
+    relay compares the node its actor landed on with the one the cluster was placed on."""
+    from mwhelpers.failures import WorkerFailed
+
+    cluster = remote_rt.define_cluster(1, backend="ray", address=ray.address)
+    host = cluster.host_of("worker:0")
+    remote_rt.launcher.address_at[host] = "10.9.9.9"  # as if the bundle had been there
+    with pytest.raises(WorkerFailed) as failed:
+        remote_rt.launch("worker:0", code="print('RAN')", timeout=60)
+    log = "\n".join(remote_rt.get_run("worker:0").lines())
+    assert f"is on node {host} now, not on 10.9.9.9, where the cluster was placed" in log, log
+    assert "define the cluster again (%cluster)" in log and "RAN" not in log
+    assert "worker:0 failed" in str(failed.value)
