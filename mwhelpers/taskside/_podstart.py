@@ -72,8 +72,7 @@ def shape(environ: Mapping[str, str]) -> tuple[str, str, int, int, float, str, i
     if not index_text.isdigit() or int(index_text) >= tasks:
         sys.exit(f"[mwhelpers pod] JOB_COMPLETION_INDEX is {index_text!r}, not a task's index "
                  f"from 0 to {tasks - 1}. Kubernetes sets it in the pods of an Indexed Job "
-                 "(spec.completionMode: Indexed, Kubernetes 1.24 or later); this pod was "
-                 "not made by one")
+                 "(spec.completionMode: Indexed); this pod was not made by one")
     return job, service, tasks, port, timeout, log, int(index_text)
 
 

@@ -20,7 +20,7 @@ except ImportError:  # a test dependency (requirements/test.txt)
     kubernetes_validate = None
     if os.environ.get("CI") == "true":
         raise
-VERSIONS = ("1.30", "1.33", "1.37")  # the oldest Kubernetes with every field used, to the newest
+VERSIONS = ("1.25", "1.30", "1.33", "1.37")  # the validator's oldest schema, to the newest
 needs_validator = pytest.mark.skipif(kubernetes_validate is None,
                                      reason="kubernetes-validate is not installed "
                                             "(pip install -r requirements/test.txt)")
