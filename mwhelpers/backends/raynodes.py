@@ -30,7 +30,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ import psutil
 from ..cluster import Task
 from ..ending import end
 from ..errors import InfrastructureError, UsageError
+from ..ports import reserve_ports
 from ..proctree import Policy, group
 from ..taskside import wire
 from .agent import AgentLauncher, Probe, RemoteOptions
@@ -121,7 +121,9 @@ class PrivateHead:
         self.env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
                     "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0",
                     "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
-        port, client, agent = free_ports(3)  # (Ray's defaults, 10001 and 52365, are shared)
+        # Its own ports, held among mwhelpers' processes (Ray's 10001 and 52365 are shared)
+        self._ports = reserve_ports(3)
+        port, client, agent = (r.port for r in self._ports)
         self.address = f"127.0.0.1:{port}"
         ray = str(Path(sys.executable).with_name("ray"))
         self.log = self.dir / "head.log"
@@ -155,26 +157,14 @@ class PrivateHead:
         _, alive = psutil.wait_procs(members, timeout=15)  # ray start ends them (about 1 s)
         end(local=alive, policy=Policy.INTERRUPT)
         self.proc.wait(5)
+        for held in self._ports:
+            held.release()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def without_ray_settings(environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` without Ray's settings (a token of the user's would win over the head's)."""
     return {k: v for k, v in environ.items() if not k.startswith("RAY_")}
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on loopback now."""
-    held = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            held.append(s)
-        return [int(s.getsockname()[1]) for s in held]
-    finally:
-        for s in held:
-            s.close()
 
 
 class RayLauncher(AgentLauncher):
