@@ -37,6 +37,7 @@ import tempfile
 import time
 import types
 from collections.abc import Mapping
+from typing import Any
 
 # No ``from __future__ import annotations`` (as in _bootstrap.py): Python 3.10 or later
 # evaluates the annotations below.
@@ -110,11 +111,8 @@ def wait_for_names(me: str, names: list[str], port: int, timeout: float, job: st
     print(f"{me} every pod's name resolves ({time.monotonic() - start:.1f} s)", flush=True)
 
 
-def record_to_message(record_path: str, log: str) -> None:
-    """The program's exit record, cut to what a termination message keeps, into ``log``."""
-    record = wire.ExitRecord.read(record_path)
-    if record is None:
-        return
+def write_message(record: Any, log: str) -> None:  # a wire.ExitRecord
+    """``record``, cut to what a termination message keeps, into ``log``."""
     try:
         with open(log, "w", encoding="utf-8") as f:
             f.write(record.dumps_within(MESSAGE_LIMIT))
@@ -125,13 +123,8 @@ def record_to_message(record_path: str, log: str) -> None:
 
 def fail(exc: BaseException, log: str) -> int:
     """The start-up's own failure: its record to the termination message, its text to stderr."""
-    record = wire.ExitRecord(type=type(exc).__name__, message=str(exc), traceback="",
-                             time=time.time(), pid=os.getpid(), exit_code=PEERS_MISSING)
-    try:
-        with open(log, "w", encoding="utf-8") as f:
-            f.write(record.dumps_within(MESSAGE_LIMIT))
-    except OSError:
-        pass
+    write_message(wire.ExitRecord(type=type(exc).__name__, message=str(exc), traceback="",
+                                  time=time.time(), pid=os.getpid(), exit_code=PEERS_MISSING), log)
     print(f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     return PEERS_MISSING
 
@@ -178,7 +171,9 @@ def main(argv: list[str]) -> int:
                             start_new_session=True)
     child.append(proc.pid)
     code = reap_until(proc.pid)
-    record_to_message(record, log)
+    written = wire.ExitRecord.read(record)  # the program's, when it ended by an exception
+    if written is not None:
+        write_message(written, log)
     return 128 - code if code < 0 else code
 
 
