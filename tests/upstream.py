@@ -91,6 +91,12 @@ def run_module(copy, module, tmp_path, backend="tensorflow", timeout=600, env=No
     return done.returncode, done.stdout + done.stderr
 
 
+def failed_tests(out):
+    """The names of the tests that pytest's output ``out`` says FAILED, sorted."""
+    return sorted(ln.split("::")[-1].split()[0] for ln in out.splitlines()
+                  if ln.startswith("FAILED "))
+
+
 def run_script(script, *args, path=None, root=None, timeout=300):
     """Run ``script`` with this Python, ``path`` (a patched copy) then ``root`` (this checkout,
     for ``--with-mwhelpers``) first on its path; (exit code, output)."""

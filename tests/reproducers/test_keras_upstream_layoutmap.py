@@ -11,7 +11,7 @@ from conftest import ROOT
 from test_jax_model_parallel import run_alone
 from test_keras_lane import jax_cache_env
 from test_keras_upstream import KERAS_DIR
-from upstream import patch_of_tests, patched_copy, run_module
+from upstream import failed_tests, patch_of_tests, patched_copy, run_module
 
 PATCH = ROOT / "docs" / "keras-layoutmap" / "jax_trainer.patch"
 MODULE = "src/backend/jax/trainer_test.py"
@@ -32,8 +32,7 @@ def test_the_keras_tests_fail_without_the_patch_and_pass_with_it(patched, tmp_pa
     tests = patch_of_tests(PATCH, tmp_path)
     released = patched_copy(tmp_path_factory, KERAS_DIR, tests, "layoutmap-keras-released")
     code, out = run_module(released, MODULE, tmp_path, "jax", env={**DEVICES, **cache})
-    failed = sorted(ln.split("::")[-1].split()[0] for ln in out.splitlines()
-                    if ln.startswith("FAILED "))
+    failed = failed_tests(out)
     assert code == 1, out  # the tests that expect the warning, and nothing else
     assert failed == ["test_output_keys_of_a_functional_model",
                       "test_warns_once_when_a_layout_map_key_matches_no_path"], out

@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 from test_keras_lane import jax_cache_env
 from test_keras_upstream import KERAS_DIR
-from upstream import patch_of_tests, patched_copy, run_module
+from upstream import failed_tests, patch_of_tests, patched_copy, run_module
 
 PATCH = ROOT / "docs" / "keras-orbax-relative" / "relative_directory.patch"
 MODULE = "src/callbacks/orbax_checkpoint_test.py"
@@ -36,8 +36,7 @@ def test_the_keras_tests_fail_without_the_patch_and_pass_with_it(patched, tmp_pa
     tests = patch_of_tests(PATCH, tmp_path)
     released = patched_copy(tmp_path_factory, KERAS_DIR, tests, "orbax-keras-released")
     code, out = run_module(released, MODULE, tmp_path, "jax", env=cache)
-    failed = sorted(ln.split("::")[-1].split()[0] for ln in out.splitlines()
-                    if ln.startswith("FAILED "))
+    failed = failed_tests(out)
     assert code == 1 and failed == ["test_relative_directory_is_saved_and_loaded0",
                                     "test_relative_directory_is_saved_and_loaded1"], out
     code, out = run_module(patched, MODULE, tmp_path, "jax", env=cache)
