@@ -133,6 +133,8 @@ class PrivateHead:
                  "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
                  f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
                  "--include-dashboard=false", "--disable-usage-stats",
+                 # one fixed node: no autoscaler; the relay streams the tasks' output itself
+                 "--no-monitor", "--include-log-monitor=false",
                  f"--temp-dir={self.dir / 'ray'}", "--block",
                  *([f"--num-cpus={cpus}"] if cpus else [])],
                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
