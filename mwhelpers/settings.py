@@ -157,6 +157,12 @@ WARM_START: Setting[bool] = Setting(
     "`0` starts every local task in a fresh interpreter; by default a task whose "
     "program imports TensorFlow or Keras is forked from a process that imported "
     "TensorFlow once (less CPU per task: benchmarks/bench_warmstart.py)", "1 or 0")
+WARM_HOSTS: Setting[bool] = Setting(
+    "MWHELPERS_WARM_HOSTS", switch, True, "on",
+    "`0` starts nothing ahead on other hosts; by default a cluster of the ssh, slurm or ray "
+    "backend starts a warm server on each host and a spare agent for each task when it is "
+    "defined, so that a launch there forks like a local one (benchmarks/bench_multihost.py)",
+    "1 or 0")
 RECONNECT_MS: Setting[int] = Setting(
     "MWHELPERS_RECONNECT_MS", milliseconds, 50, "50",
     "gRPC's first reconnect back-off in every task (added to `TF_GRPC_DEFAULT_OPTIONS` "
@@ -184,7 +190,7 @@ JAX_GLOO_HOST: Setting[str] = Setting(
 
 SETTINGS: tuple[Setting[object], ...] = (
     LOG_DIR, PORT_RANGE, SSH, HEARTBEAT, STALL_FIX, KERAS_FIX, KERAS_FIX_FORCE, LAZY_PYPLOT,
-    LAZY_JAX, LAYOUT_CHECK, ORBAX_CHECK, WARM_START, RECONNECT_MS, PORT_BASE, JAX_GLOO_HOST,
+    LAZY_JAX, LAYOUT_CHECK, ORBAX_CHECK, WARM_START, WARM_HOSTS, RECONNECT_MS, PORT_BASE, JAX_GLOO_HOST,
 )
 
 # What mwhelpers puts in a task's environment (not settings: read them, do not set them).

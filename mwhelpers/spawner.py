@@ -160,6 +160,13 @@ class Spawner:
         self.defaults = defaults
         self.names = names
         self.lookout = lookout
+        # What its tasks will start with, so that the backend can start things ahead of them
+        base = launcher.task_env(os.environ)
+        envs: dict[str | None, list[dict[str, str]]] = {}
+        for task in cluster.tasks:
+            envs.setdefault(cluster.host_of(task), []).append(
+                self._environment(task, LaunchRequest(task), 0, base))
+        launcher.prepare(envs)
 
     # -- checks ------------------------------------------------------------------------
     def check(self, requests: Sequence[LaunchRequest], latest: Mapping[Task, TaskRun],

@@ -219,6 +219,8 @@ def task_pids(hosts):
                     argv = f.read().split(b"\0")
             except OSError:
                 continue
+            if len(argv) <= 2:  # one title of its own: a task forked by a warm server
+                argv = argv[0].split(b" ")
             argv0 = argv[0].decode(errors="replace")
             if os.path.basename(argv0).startswith("python") and not RAY_OWN.search(
                     b" ".join(argv[1:3]).decode(errors="replace")):

@@ -41,6 +41,7 @@ from ..proctree import Escalation, describe_exit
 from ..taskside import wire
 from .base import BOOTSTRAP, Launcher, LaunchSpec, Placement, Process, open_log
 from .options import BackendOptions, option, seconds, text
+from .warmhosts import WarmHosts, pump
 
 _TASKSIDE = Path(__file__).parents[1] / "taskside"
 # What ``python -c`` runs on a host: the protocol's declarations (taskside/wire.py) as the module
@@ -99,6 +100,13 @@ print(json.dumps({"hostname": socket.gethostname(), "ports": ports, "cwd_ok": os
                   "address": conn[2] if len(conn) == 4 else None, "python": sys.version.split()[0],
                   "node": os.environ.get("SLURMD_NODENAME"), "gpus": visible_gpus()}))
 """
+
+
+def task_files() -> dict[str, str]:
+    """What a task's start-up loads, by name: sent to its host in its agent's header."""
+    files = {"_bootstrap.py": Path(BOOTSTRAP).read_text()}
+    files.update((name, Path(BOOTSTRAP).with_name(name).read_text()) for name in BOOTSTRAP_FILES)
+    return files
 
 
 class _ProbeFields(TypedDict):
@@ -382,6 +390,9 @@ class AgentLauncher(Launcher):
         self.started: list[AgentProcess] = []
         self.closed = False
         self.host_info: dict[str, HostInfo] = {}  # {host: what its probe found}, by place()
+        # warm servers and spares (mwhelpers.backends.warmhosts), started by prepare()
+        self.warm = (WarmHosts(self, AGENT_CODE, task_files, transport_env)
+                     if self.standby and WarmHosts.enabled() else None)
 
     # -- what subclasses give -------------------------------------------------------
     def transport(self, host: str, argv: list[str]) -> list[str]:
@@ -477,8 +488,7 @@ class AgentLauncher(Launcher):
         if host is None:
             raise ValueError(f"{self.name or type(self).__name__} starts tasks on other hosts: "
                              "the launch spec names none")
-        files = {"_bootstrap.py": Path(BOOTSTRAP).read_text()}
-        files.update((name, Path(BOOTSTRAP).with_name(name).read_text()) for name in BOOTSTRAP_FILES)
+        files = task_files()
         script = spec.script
         if spec.cell:
             files["cell.py"] = Path(spec.script).read_text()
@@ -490,21 +500,35 @@ class AgentLauncher(Launcher):
             argv=argv, env=spec.env, cwd=spec.cwd, files=files, port=spec.port,
             heartbeat=self.heartbeat or None, script=None if spec.cell else script,
             standby=spec.standby, escalation=steps(LOST_ESCALATION),
-            exit_record=wire.Env.EXIT_RECORD if wire.Env.EXIT_RECORD in spec.env else None)
+            exit_record=wire.Env.EXIT_RECORD if wire.Env.EXIT_RECORD in spec.env else None,
+            warm=self.warm.warm_name(spec) if self.warm else None)
+        spare = self.warm.take(host) if self.warm else None
         logf = open_log(spec.log_path)
-        try:
-            popen = subprocess.Popen(
-                self.transport(host, [self.python, "-c", AGENT_CODE]),
-                stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.PIPE,
-                start_new_session=True, env=transport_env())
-        finally:
-            os.close(logf)
+        if spare is not None:  # its output goes to the log through this machine
+            assert spare.stdout is not None
+            threading.Thread(target=pump, args=(spare.stdout, logf), daemon=True,
+                             name=f"mwhelpers-log-{spare.pid}").start()
+            popen = spare
+        else:
+            try:
+                popen = subprocess.Popen(
+                    self.transport(host, [self.python, "-c", AGENT_CODE]),
+                    stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.PIPE,
+                    start_new_session=True, env=transport_env())
+            finally:
+                os.close(logf)
         proc = AgentProcess(popen, host, spec.log_path, heartbeat=self.heartbeat)
         proc._command(header)
         self.started = [p for p in self.started if p.running] + [proc]
         return proc
 
+    def prepare(self, envs: Mapping[str | None, list[dict[str, str]]]) -> None:
+        if self.warm is not None:
+            self.warm.prepare({h: e for h, e in envs.items() if h is not None})
+
     def close(self) -> None:
-        """End what still runs (SIGKILL through each agent)."""
+        """End what still runs (SIGKILL through each agent), then the warm servers and spares."""
         self.closed = True
         super().close()
+        if self.warm is not None:
+            self.warm.close()

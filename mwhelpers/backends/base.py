@@ -253,6 +253,11 @@ class Launcher:
         """``{host: [GPU ids]}`` of the hosts :meth:`place` chose."""
         return {}
 
+    def prepare(self, envs: Mapping[str | None, list[dict[str, str]]]) -> None:
+        """Once the cluster is defined: the environments its tasks will start with, by host
+        (a task's own launch may add to them); a launcher may start things ahead (the agent
+        backends' warm servers: :mod:`mwhelpers.backends.warmhosts`).  Nothing by default."""
+
     def start(self, spec: LaunchSpec) -> Process:
         """Start ``spec`` and return its :class:`Process`."""
         raise NotImplementedError

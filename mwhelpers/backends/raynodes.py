@@ -199,6 +199,7 @@ class RayLauncher(AgentLauncher):
         self.place_timeout = options.place_timeout
         if self.gpus:  # a standby's actor would wait for the GPUs its running twin holds
             self.standby = False  # type: ignore[misc]
+            self.warm = None  # nor warm servers or spares (mwhelpers.backends.warmhosts)
         self.group = f"mwhelpers-{uuid.uuid4().hex[:12]}"
         self.bundle_of: dict[str, int] = {}  # host label -> bundle index
         self.address_at: dict[str, str] = {}  # host label -> the node's address

@@ -44,12 +44,24 @@ Protocol (declared in ``wire.py``, which the kernel sends before this file: see
 
 When the task's leader exits, what is left of its process group is killed,
 so nothing outlives the task on that machine.
+
+Warm starts (see ``mwhelpers.backends.warmhosts``): a header with ``serve`` makes this agent its
+host's warm server for one cluster.  It starts a warm-start server (``_bootstrap.py --zygote``,
+which imports TensorFlow once), reports ``warm`` with what the import did (or ``cold WHY``),
+and passes every request that arrives on the abstract socket ``serve`` names, with its
+descriptors, on to that server.  It ends when its input ends or the kernel has been silent for
+``heartbeat`` seconds, once the server's tasks have ended.  A task's header with ``warm`` (that
+name) has its task forked there instead of started afresh: the agent passes its own standard
+output as the task's log, its dump pipe and a guard pipe whose end of file (this agent gone,
+even by SIGKILL) ends the task; the server says the task's pid and, later, its exit code.
+Where that fails the agent reports ``cold WHY`` and starts the task afresh.
 """
 
 from __future__ import annotations  # never evaluated: the host's Python may be older than 3.10
 
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -67,6 +79,9 @@ try:
 except ImportError:  # run as ``python -c`` (AGENT_CODE): the kernel defined ``wire`` first
     wire = globals()["wire"]
 
+FORK_TIMEOUT = 60.0  # seconds a forked task may take to say its pid (milliseconds, usually)
+READY_TIMEOUT = 180.0  # seconds a warm server may take to import TensorFlow
+MAX_MESSAGE = 1 << 22
 PORT_TAKEN = ("port {port} is already in use on this host; define the cluster again to get "
               "new ports")
 
@@ -132,12 +147,71 @@ def port_taken(port: int) -> bool:
     return False
 
 
+class Forked:
+    """A task forked by its host's warm server: its pid, and its exit code as that server sends
+    it on ``status`` (the task is the server's child, not this agent's)."""
+
+    def __init__(self, pid: int, status: socket.socket) -> None:
+        self.pid = pid
+        self.status = status
+        self.returncode: int | None = None
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            try:
+                data = self.status.recv(1 << 16)
+            except OSError:
+                data = b""
+            self.status.close()
+            try:
+                kind, reply = wire.read_fork_message(data)
+                code = int(reply["exit"]) if kind is wire.Fork.EXIT else 255
+            except (ValueError, KeyError, TypeError):  # the server ended first
+                code = 255
+                while os.path.exists(f"/proc/{self.pid}"):
+                    time.sleep(0.1)
+            self.returncode = code
+        return self.returncode
+
+
+def fork_warm(name: str, args: list[str], env: dict[str, str], cwd: str,
+              passed: dict[str, int]) -> Forked | str:
+    """Have the warm server on the abstract socket ``name`` fork the bootstrap with ``args``
+    (its log: this agent's standard output; ``passed``: descriptors by the variable that will
+    name each); the task, or why not."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        request = wire.fork_message(wire.Fork.TASK, argv=args, env=env, cwd=cwd,
+                                    **{"pass": list(passed)})
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+            conn.settimeout(FORK_TIMEOUT)
+            conn.connect("\0" + name)
+            socket.send_fds(conn, [request], [theirs.fileno(), 1, *passed.values()])
+        theirs.close()
+        mine.settimeout(FORK_TIMEOUT)
+        data = mine.recv(1 << 16)
+        if not data:
+            why = "the warm server ended"
+        else:
+            kind, reply = wire.read_fork_message(data)
+            if kind is wire.Fork.PID:
+                mine.settimeout(None)
+                return Forked(int(reply["pid"]), mine)
+            why = reply.get("error") or f"it answered {kind.value} where a pid was expected"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        why = f"{type(e).__name__}: {e}"
+    theirs.close()
+    mine.close()
+    return why
+
+
 class Agent:
     def __init__(self, header: dict[str, Any]) -> None:
         self.header = header
         # how it ends the task by itself (the kernel gone or silent): the kernel's escalation
         self.lost_steps = wire.parse_steps(header["escalation"])
-        self.child: subprocess.Popen[bytes] | None = None
+        self.child: subprocess.Popen[bytes] | Forked | None = None
+        self.guard_fd: int | None = None  # a forked task's guard pipe (its end: this agent's)
         self.lock = threading.Lock()  # one ending at a time; the exit report waits for it
         self.exited = threading.Event()
         self.heard = time.monotonic()  # when the kernel last said anything
@@ -189,15 +263,35 @@ class Agent:
         os.set_blocking(self.dump_fd, False)
         env[wire.Env.DUMP_FD] = str(dump_read)
         fds = (*fds, dump_read)
-        self.child = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                      stderr=subprocess.STDOUT, start_new_session=True,
-                                      preexec_fn=_die_with_parent, pass_fds=fds)
+        if h.get("warm") and not h.get("standby"):
+            self.child = self.fork(h["warm"], argv[3:], env, cwd, dump_read)
+        if self.child is None:
+            self.child = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                          stderr=subprocess.STDOUT, start_new_session=True,
+                                          preexec_fn=_die_with_parent, pass_fds=fds)
         for fd in fds:
             os.close(fd)
         report(wire.Report.STARTED, self.child.pid, socket.gethostname())
         return None
 
-    def dump(self, child: subprocess.Popen[bytes], by_signal: bool) -> None:
+    def fork(self, name: str, args: list[str], env: dict[str, str], cwd: str,
+             dump_read: int) -> Forked | None:
+        """The task forked by the warm server ``name`` (``args``: the bootstrap's), or None
+        (said in a ``cold`` report): start it afresh."""
+        guard_read, guard = os.pipe()
+        os.set_inheritable(guard, False)
+        env = {k: v for k, v in env.items() if k != wire.Env.DUMP_FD}
+        forked = fork_warm(name, args, env, cwd,
+                           {wire.Env.DUMP_FD: dump_read, wire.Env.GUARD_FD: guard_read})
+        os.close(guard_read)
+        if isinstance(forked, Forked):
+            self.guard_fd = guard
+            return forked
+        os.close(guard)
+        report(wire.Report.COLD, forked)
+        return None
+
+    def dump(self, child: subprocess.Popen[bytes] | Forked, by_signal: bool) -> None:
         """Have the task write its stacks: through its dump thread, or by SIGUSR1."""
         if not by_signal:
             try:
@@ -304,10 +398,109 @@ class Agent:
         report(wire.Report.RECORD, json.dumps(record))
 
 
+def await_ready(ctl: socket.socket) -> dict[str, Any] | str:
+    """The warm-start server's ``ready`` fields, or why there are none."""
+    ready = ctl.recv(1 << 16) if select.select([ctl], [], [], READY_TIMEOUT)[0] else None
+    if ready is None:
+        return f"it did not import within {READY_TIMEOUT:g} s"
+    if not ready:
+        return "it ended before it was ready"
+    kind, reply = wire.read_fork_message(ready)
+    if kind is not wire.Fork.READY:
+        return str(reply.get("error") or f"it answered {kind.value}")
+    return reply
+
+
+def serve(h: dict[str, Any]) -> int:
+    """Be the host's warm server (``serve`` in the header: see the module's text)."""
+    folder = tempfile.mkdtemp(prefix="mwhelpers-warm-")
+    zygote: subprocess.Popen[bytes] | None = None
+    try:
+        for name, text in h.get("files", {}).items():
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(text)
+        python = sys.executable if h["argv"][0] == wire.THIS_PYTHON else h["argv"][0]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MWHELPERS_")}
+        env.update(h.get("env", {}))
+        ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # The blank argument leaves room to show each task's own command line.
+        zygote = subprocess.Popen(
+            [python, "-u", os.path.join(folder, "_bootstrap.py"), "--zygote",
+             str(theirs.fileno()), h.get("first") or "tensorflow", " " * 4096],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=env, cwd=h.get("cwd") or None, start_new_session=True,
+            preexec_fn=_die_with_parent, pass_fds=(theirs.fileno(),))
+        theirs.close()
+        ready = await_ready(ctl)
+        if isinstance(ready, str):
+            report(wire.Report.COLD, ready)
+            return 1
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind("\0" + h["serve"])
+        listener.listen(64)
+        report(wire.Report.WARM, json.dumps(ready))
+        relay(listener, ctl, h.get("heartbeat"))
+        ctl.close()  # no more tasks: the server leaves once its tasks have ended
+        listener.close()
+        return 0
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        report(wire.Report.COLD, f"{type(e).__name__}: {e}")
+        return 1
+    finally:
+        if zygote is not None:
+            try:
+                zygote.wait()
+            except KeyboardInterrupt:  # (a signal: it dies with this agent)
+                pass
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def relay(listener: socket.socket, ctl: socket.socket, heartbeat: float | None) -> None:
+    """Pass each request that arrives on ``listener`` on to the server at ``ctl`` until this
+    agent's input ends, the kernel has been silent for ``heartbeat`` seconds, or the server
+    ends."""
+    heard = time.monotonic()
+    while True:
+        wait = heartbeat / 4 if heartbeat else None
+        readable = select.select([listener.fileno(), ctl.fileno(), 0], [], [], wait)[0]
+        if 0 in readable:
+            if not os.read(0, 65536):
+                return
+            heard = time.monotonic()
+        if heartbeat and time.monotonic() - heard > heartbeat:
+            return
+        if ctl.fileno() in readable:  # the server said something unasked, or ended
+            return
+        if listener.fileno() in readable:
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(5)
+                try:
+                    data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 8)
+                except OSError:
+                    continue
+                try:
+                    if data and fds:
+                        socket.send_fds(ctl, [data], fds)
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+
+
 def main() -> int:
     line = sys.stdin.readline()
+    if not line:  # a spare agent whose kernel never used it
+        return 0
     try:
-        agent = Agent(wire.read_header(line))
+        header = wire.read_header(line)
+        if header.get("serve"):
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
+            signal.signal(signal.SIGHUP, signal.default_int_handler)
+            try:
+                return serve(header)
+            except KeyboardInterrupt:
+                return 1
+        agent = Agent(header)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         report(wire.Report.BAD_HEADER, f"{e}: {line[:200]!r}")
         return 2

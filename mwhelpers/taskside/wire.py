@@ -179,7 +179,11 @@ def parse_steps(text: str) -> list[tuple[int, float]]:
 # (name -> text, written into that folder), port (checked free before the start, or null),
 # heartbeat (seconds, or null), escalation (steps_text: how the agent ends the task by
 # itself), exit_record (the variable that tells the start-up where to write its record, or
-# null), script (the program's path, checked to exist, or null), standby.
+# null), script (the program's path, checked to exist, or null), standby, warm (the name of the
+# host's warm server to fork the task from, or null).
+# A header with "serve" (an abstract socket's name) starts no task: the agent becomes its host's
+# warm server for one cluster, a warm-start server (_forkserver.py) importing "first" with env,
+# in cwd, from the files, that forks the tasks whose agents connect to that socket.
 HEADER_REQUIRED = ("argv", "escalation")
 # As argv's first word: the Python that runs the agent (or the Ray backend's relay) there.
 THIS_PYTHON = "{python}"
@@ -238,6 +242,8 @@ class Report(str, enum.Enum):
     RECORD = "record"  # record JSON: the task's ExitRecord, before its exit
     EXIT = "exit"  # exit CODE (negative: killed by that signal, as subprocess says)
     BAD_HEADER = "bad-header"  # bad-header WHY
+    WARM = "warm"  # warm JSON: a host's warm server is ready (its Fork.READY fields)
+    COLD = "cold"  # cold WHY: a warm server failed, or a task agent could not fork from it
 
 
 def report(kind: Report, *words: object) -> str:

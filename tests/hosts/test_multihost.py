@@ -61,6 +61,9 @@ def env(hosts, monkeypatch):
     for k, v in hosts.env().items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    # Nothing started ahead on the hosts (each test here counts their processes, and each
+    # import there costs 3 CPU-s): tests/hosts/test_warmhosts.py tests the warm servers.
+    monkeypatch.setenv("MWHELPERS_WARM_HOSTS", "0")
     return hosts
 
 

@@ -134,6 +134,8 @@ def backend(request, monkeypatch, tmp_path):
     for k, v in hosts.env().items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    # Tasks started afresh here: tests/hosts/test_warmhosts.py tests the warm servers.
+    monkeypatch.setenv("MWHELPERS_WARM_HOSTS", "0")
     if name == "slurm":
         kwargs = {"backend": "slurm", "job": request.getfixturevalue("allocation")}
     elif name == "ray":  # a node in each test host, the head here (tests/raycluster.py)

@@ -1,0 +1,141 @@
+"""Warm servers and spare agents on other hosts (``mwhelpers/backends/warmhosts.py``), on the
+session's test hosts: over SSH, Slurm and Ray, a task whose program imports TensorFlow is
+forked from its host's server, keeps what a fresh start gives (its output, exit code, exit
+record, end), and a task that cannot be forked starts afresh and says why.  (Its arguments
+vary here, not its environment: a variable the server was not started with sends a task to a
+fresh start, as it would give a local task a server of its own.)
+"""
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import gone_within, task_pids
+from test_backends import allocation  # noqa: F401  (fixture)
+
+from mwhelpers.backends.warmhosts import WarmHosts
+from mwhelpers.failures import WorkerFailed
+from mwhelpers.workshop.testhosts import missing
+
+REASON = missing(slurm=True)
+if REASON and os.environ.get("CI") == "true":
+    raise RuntimeError(f"CI must run the multi-host tests, but: {REASON}")
+pytestmark = [pytest.mark.skipif(bool(REASON), reason=REASON),
+              pytest.mark.xdist_group("testhosts")]
+
+NOTICE = "[mwhelpers] warm start: this task was forked"
+PROGRAM = """\
+import os, sys
+import tensorflow as tf
+print("RAN", os.environ["TF_CONFIG"] != "", tf.__version__, flush=True)
+what = sys.argv[1] if len(sys.argv) > 1 else "0"
+if what == "raise":
+    raise ValueError("raised on purpose")
+if what == "sleep":
+    import time; time.sleep(300)
+sys.exit(int(what))
+"""
+
+
+@pytest.fixture
+def warm(rt, hosts, monkeypatch, tmp_path):
+    """The runtime, on the test hosts, with warm servers on (the other host tests turn them
+    off); the program; nothing left on the hosts afterwards."""
+    for k, v in hosts.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("MWHELPERS_WARM_HOSTS", "1")
+    program = tmp_path / "program.py"
+    program.write_text(PROGRAM)
+    yield rt, program
+    rt.close()
+    assert gone_within(hosts, 15), f"left behind on the test hosts: {task_pids(hosts)}"
+
+
+def ready_servers(rt):
+    warm = rt.launcher.warm
+    assert isinstance(warm, WarmHosts)
+    for server in warm.servers.values():
+        assert server.ready(180), server.error
+    return warm
+
+
+def check_forked(rt, warm, program, task="worker:0"):
+    run = rt.launch(task, script=program, args=["3"], background=True, ready="start")
+    assert run.wait(60) == 3
+    lines = run.lines()
+    assert warm.last_cold_reason is None
+    assert any(line.startswith(NOTICE) for line in lines), lines
+    assert any(line.startswith("RAN True") for line in lines), lines
+    return run
+
+
+def test_ssh_tasks_fork_from_their_hosts_warm_servers_and_end_as_fresh_ones(warm, hosts):
+    rt, program = warm
+    rt.define_cluster(2, backend="ssh", hosts=list(hosts.names))
+    servers = ready_servers(rt)
+    assert len(servers.servers) == 2  # one a host
+    for task in ("worker:0", "worker:1"):
+        check_forked(rt, servers, program, task)
+    # its record and failure, as a fresh start's
+    with pytest.raises(WorkerFailed):
+        rt.launch("worker:0", script=program, args=["raise"])
+    (failed,) = [r for t, r in rt.runs.items() if str(t) == "worker:0"]
+    record = failed.exit_record
+    assert record is not None and record.summary == "ValueError: raised on purpose"
+    # ended by %killworker: the task's whole group, though its parent is the server
+    run = rt.launch("worker:1", script=program, args=["sleep"], background=True,
+                    ready="start")
+    deadline = time.monotonic() + 15
+    while run.process.remote_pid is None and time.monotonic() < deadline:  # (its agent's report)
+        time.sleep(0.05)
+    pid = run.process.remote_pid
+    assert pid in task_pids(hosts)
+    rt.kill("worker:1")
+    assert run.wait(15) is not None
+    deadline = time.monotonic() + 10
+    while pid in task_pids(hosts) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pid not in task_pids(hosts)
+
+
+def test_a_task_that_cannot_fork_starts_afresh_and_says_why(warm, hosts):
+    rt, program = warm
+    rt.define_cluster(1, backend="ssh", hosts=[hosts.names[0]])
+    servers = ready_servers(rt)
+    # a program that sets what TensorFlow reads at its import, before it: its own import
+    early = program.with_name("early.py")
+    early.write_text('import os\nos.environ["TF_ENABLE_ONEDNN_OPTS"] = os.environ["X"]\n'
+                     + PROGRAM)
+    run = rt.launch("worker:0", script=early, env={"X": "0"}, background=True, ready="start")
+    assert run.wait(60) == 0
+    assert "sets environment variables (TF_ENABLE_ONEDNN_OPTS)" in (servers.last_cold_reason or "")
+    assert not any(line.startswith(NOTICE) for line in run.lines())
+    # the server gone (its import process killed): the agent starts the task afresh
+    (server,) = servers.servers.values()
+    zygotes = [p for p in task_pids(hosts)  # (its title: _forkserver.set_title)
+               if b"_bootstrap.py --zygote" in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0]]
+    assert len(zygotes) == 1
+    os.kill(zygotes[0], signal.SIGKILL)
+    run = rt.launch("worker:0", script=program, background=True, ready="start")
+    assert run.wait(60) == 0
+    assert not any(line.startswith(NOTICE) for line in run.lines())
+    assert any(line.startswith("RAN True") for line in run.lines())
+
+
+def test_slurm_tasks_fork_from_their_nodes_warm_servers(warm, hosts, allocation):  # noqa: F811
+    rt, program = warm
+    rt.define_cluster(2, backend="slurm", job=allocation)
+    servers = ready_servers(rt)
+    for task in ("worker:0", "worker:1"):
+        check_forked(rt, servers, program, task)
+
+
+def test_ray_tasks_fork_from_their_nodes_warm_servers(warm, hosts, ray):
+    rt, program = warm
+    rt.define_cluster(2, backend="ray", address=ray.address)
+    servers = ready_servers(rt)
+    for task in ("worker:0", "worker:1"):
+        check_forked(rt, servers, program, task)
