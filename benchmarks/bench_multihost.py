@@ -1,21 +1,23 @@
 #!/usr/bin/env python
 """Launch-to-ready on other hosts against local (a script that prints figures, not a test).
 
-    sudo .venv/bin/python benchmarks/bench_multihost.py [--rounds N] [--workers N] [--ray]
+    sudo .venv/bin/python benchmarks/bench_multihost.py [--rounds N] [--workers N] [--ray] [--slurm]
 
 Makes two test hosts (network namespaces with sshd, ``mwhelpers/workshop/testhosts.py``; needs
 root and openssh-server) and, with ``--ray``, a Ray cluster of three nodes on them
-(``tests/raycluster.py``), then in interleaved rounds starts the same cluster of real
-MultiWorkerMirroredStrategy workers (``tests/programs/mwms_train.py``) locally, over SSH (and
-on Ray), each worker in the background, and times from the first launch until
-every worker's gRPC port accepts connections.  Defining the cluster (the probe of each host;
-on Ray, the placement group too; and until each host's warm server has imported TensorFlow,
-``mwhelpers/backends/warmhosts.py``) is timed apart.  Goal: remote / local ratio of medians <= 1.3.
-"""
+(``tests/raycluster.py``), with ``--slurm``, a Slurm allocation of both, then in interleaved
+rounds starts the same cluster of real MultiWorkerMirroredStrategy workers
+(``tests/programs/mwms_train.py``) locally, over SSH (and on Ray, under Slurm), each worker in
+the background, and times from the first launch until every worker's gRPC port accepts
+connections.  Defining the cluster (the probe of each host; on Ray, the placement group too; and
+until each host's warm server has imported TensorFlow, ``mwhelpers/backends/warmhosts.py``) is
+timed apart.  Goal: remote / local ratio of medians <= 1.3."""
 
 import argparse
 import os
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,21 +51,27 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--ray", action="store_true", help="also on a Ray cluster on the test hosts")
+    p.add_argument("--slurm", action="store_true", help="also in a Slurm allocation of them")
     a = p.parse_args()
     from mwhelpers.workshop.testhosts import TestHosts, missing
 
-    why = missing()
+    why = missing(slurm=a.slurm)
     if why:
         sys.exit(f"cannot make test hosts: {why}")
     os.environ.pop("TF_USE_LEGACY_KERAS", None)  # Keras 3, mended in the workers
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     from mwhelpers.workers import Runtime
 
-    with TestHosts(2) as hosts, tempfile.TemporaryDirectory() as logs:
+    with TestHosts(2, slurm=a.slurm) as hosts, tempfile.TemporaryDirectory() as logs:
         os.environ.update(hosts.env())
         where = {"local": {}, "ssh": {"hosts": hosts.names}}
-        ray = None
+        ray = job = None
         try:
+            if a.slurm:
+                out = subprocess.run(["salloc", "-N2", "--no-shell"], capture_output=True,
+                                     text=True, timeout=60)
+                job = re.search(r"Granted job allocation (\d+)", out.stderr).group(1)
+                where["slurm"] = {"backend": "slurm", "job": job}
             if a.ray:
                 from raycluster import RayCluster
 
@@ -85,6 +93,8 @@ def main():
         finally:
             if ray is not None:
                 ray.down()
+            if job is not None:
+                subprocess.run(["scancel", job], capture_output=True, timeout=30)
     local = statistics.median(launch["local"])
     print(f"\n{a.workers} workers, launch until every port accepts, {a.rounds} interleaved rounds:")
     for name, times in launch.items():

@@ -289,8 +289,8 @@ class ImportEffects(NamedTuple):
     jax: bool
 
 
-def same_import(server_env: Mapping[str, str], effects: ImportEffects,
-                env: Mapping[str, str]) -> bool:
+def same_import(server_env: Mapping[str, str], effects: ImportEffects, env: Mapping[str, str],
+                gpu_build: bool = True) -> bool:
     """Whether a task whose environment at import is ``env`` imports as a server started with
     ``server_env`` did, though the two differ (beyond :data:`PER_TASK`).  They may differ only
 
@@ -300,7 +300,8 @@ def same_import(server_env: Mapping[str, str], effects: ImportEffects,
       set the same; the fork gets the server's values (``_forkserver.py``);
     * in ``JAX_*`` variables, where the server did not load JAX: JAX reads them when it is
       imported, in the task, from the task's environment (``JAX_CPU_COLLECTIVES_IMPLEMENTATION``
-      is set for the tasks of a cluster of workers only)."""
+      is set for the tasks of a cluster of workers only);
+    * in :data:`GPU_BUILD_ONLY`, where the server's TensorFlow has no GPU support (``gpu_build``)."""
     for name in (set(server_env) | set(env)) - PER_TASK:
         theirs, mine = env.get(name), server_env.get(name)
         if theirs == mine:
@@ -309,7 +310,8 @@ def same_import(server_env: Mapping[str, str], effects: ImportEffects,
             continue
         if name in effects.env_unset and theirs is None:
             continue
-        if name.startswith("JAX_") and not effects.jax:
+        if (name.startswith("JAX_") and not effects.jax) or (
+                name in GPU_BUILD_ONLY and not gpu_build):
             continue
         return False
     return True
@@ -462,12 +464,11 @@ class ServerGone(OSError):
 def _wait_exit(sock: socket.socket, pid: int) -> int:
     """The exit code its server sends once the task ``pid`` has ended.  Should the server
     itself end first, the task's end is awaited and its code is unknown: 255."""
-    try:
-        data = sock.recv(1 << 16)
-    except OSError:
-        data = b""
-    finally:
-        sock.close()
+    with sock:
+        try:
+            data = sock.recv(1 << 16)
+        except OSError:
+            data = b""
     try:
         kind, reply = wire.read_fork_message(data)
         if kind is wire.Fork.EXIT:
@@ -491,8 +492,7 @@ class WarmStarter:
     :mod:`mwhelpers.services`); thread-safe."""
 
     def __init__(self, python: str, bootstrap: str) -> None:
-        self.python = python
-        self.bootstrap = bootstrap
+        self.python, self.bootstrap = python, bootstrap
         self._servers: dict[Key, _Server] = {}
         self._retired: list[_Server] = []  # replaced by newer ones; they end after their tasks
         self._failed: set[Key] = set()  # keys whose server could not import TensorFlow
@@ -579,7 +579,7 @@ class WarmStarter:
         :func:`same_import`."""
         for other, server in self._servers.items():  # (its key holds its environment)
             if (server.alive and other[0][0] == key[0][0] and other[1:] == key[1:]
-                    and same_import(dict(other[0][1]), server.effects, env)):
+                    and same_import(dict(other[0][1]), server.effects, env, server.gpu_build)):
                 return server
         return None
 

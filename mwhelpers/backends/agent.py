@@ -41,7 +41,7 @@ from ..proctree import Escalation, describe_exit
 from ..taskside import wire
 from .base import BOOTSTRAP, Launcher, LaunchSpec, Placement, Process, open_log
 from .options import BackendOptions, option, seconds, text
-from .warmhosts import WarmHosts, pump
+from .warmhosts import WarmHosts, end_transports, pump
 
 _TASKSIDE = Path(__file__).parents[1] / "taskside"
 # What ``python -c`` runs on a host: the protocol's declarations (taskside/wire.py) as the module
@@ -488,22 +488,14 @@ class AgentLauncher(Launcher):
         if host is None:
             raise ValueError(f"{self.name or type(self).__name__} starts tasks on other hosts: "
                              "the launch spec names none")
-        files = task_files()
-        script = spec.script
-        if spec.cell:
-            files["cell.py"] = Path(spec.script).read_text()
-            script = "{dir}/cell.py"
-        argv = [self.python, "-u", "{dir}/_bootstrap.py", *(["--standby"] if spec.standby else []),
-                *(["--cell"] if spec.cell else []), script, *spec.args]
-        spec.cwd = spec.cwd or self.cwd
-        header = wire.header(
-            argv=argv, env=spec.env, cwd=spec.cwd, files=files, port=spec.port,
-            heartbeat=self.heartbeat or None, script=None if spec.cell else script,
-            standby=spec.standby, escalation=steps(LOST_ESCALATION),
-            exit_record=wire.Env.EXIT_RECORD if wire.Env.EXIT_RECORD in spec.env else None,
-            warm=self.warm.warm_name(spec) if self.warm else None)
         spare = self.warm.take(host) if self.warm else None
-        logf = open_log(spec.log_path)
+        try:
+            header = self._header(spec, spare is not None)
+            logf = open_log(spec.log_path)
+        except BaseException:
+            if spare is not None:
+                end_transports([spare])
+            raise
         if spare is not None:  # its output goes to the log through this machine
             assert spare.stdout is not None
             threading.Thread(target=pump, args=(spare.stdout, logf), daemon=True,
@@ -525,6 +517,23 @@ class AgentLauncher(Launcher):
     def prepare(self, envs: Mapping[str | None, list[dict[str, str]]]) -> None:
         if self.warm is not None:
             self.warm.prepare({h: e for h, e in envs.items() if h is not None})
+
+    def _header(self, spec: LaunchSpec, spare: bool) -> str:
+        """The agent's header for ``spec`` (``spare``: the agent has the start-up's files)."""
+        files = {} if spare else task_files()
+        script = spec.script
+        if spec.cell:
+            files["cell.py"] = Path(spec.script).read_text()
+            script = "{dir}/cell.py"
+        argv = [self.python, "-u", "{dir}/_bootstrap.py", *(["--standby"] if spec.standby else []),
+                *(["--cell"] if spec.cell else []), script, *spec.args]
+        spec.cwd = spec.cwd or self.cwd
+        return wire.header(
+            argv=argv, env=spec.env, cwd=spec.cwd, files=files, port=spec.port,
+            heartbeat=self.heartbeat or None, script=None if spec.cell else script,
+            standby=spec.standby, escalation=steps(LOST_ESCALATION),
+            exit_record=wire.Env.EXIT_RECORD if wire.Env.EXIT_RECORD in spec.env else None,
+            warm=self.warm.warm_name(spec) if self.warm else None)
 
     def close(self) -> None:
         """End what still runs (SIGKILL through each agent), then the warm servers and spares."""

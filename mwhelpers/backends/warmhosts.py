@@ -10,8 +10,9 @@ in the background:
   that runs the same warm-start server as the local backend, importing TensorFlow once in the
   environment the cluster's tasks get (what :data:`~mwhelpers.warmstart.PER_TASK` names aside),
   and forks the tasks whose agents connect to it;
-* for each task, a **spare**: the transport with an agent in it, waiting for a task's header. A
-  launch takes the spare of its host, so no connection is made then; a new spare replaces it.
+* for each task, a **spare**: the transport with an agent in it, which writes the start-up's files
+  and waits for a task's header. A launch takes the spare of its host, so no connection is made
+  and no files are sent then; a new spare replaces it.
 
 A task is forked where its program and environment would import as that server did (the same
 rules as a local warm start: :func:`mwhelpers.warmstart.cold_reason`, ``same_import``), else
@@ -28,6 +29,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -68,9 +70,12 @@ class Transports(Protocol):
 class HostServer:
     """One host's warm server: the transport that runs its agent (``serve`` header)."""
 
-    def __init__(self, command: list[str], header: str, env: dict[str, str], cwd: str,
-                 first: str, heartbeat: float | None, transport_env: dict[str, str]) -> None:
-        self.env, self.cwd, self.first = env, cwd, first
+    def __init__(self, name: str, command: list[str], header: str, env: dict[str, str],
+                 cwd: str, first: str, heartbeat: float | None,
+                 transport_env: dict[str, str]) -> None:
+        """``name``: its abstract socket's; ``env``, ``cwd``, ``first``: what its import gets
+        (also in ``header``, what its agent reads)."""
+        self.name, self.env, self.cwd, self.first = name, env, cwd, first
         self.fields: dict[str, Any] | None = None  # its ready message, once it is ready
         self.error: str | None = None
         self.done = threading.Event()  # ready, or failed
@@ -78,19 +83,16 @@ class HostServer:
         self.popen = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.PIPE, start_new_session=True,
                                       env=transport_env)
-        self._send(header)
-        threading.Thread(target=self._read, daemon=True, name="mwhelpers-warm-host").start()
-        if heartbeat:
-            threading.Thread(target=self._keep_alive, args=(heartbeat,), daemon=True,
-                             name="mwhelpers-warm-ping").start()
+        # Its header, then its pings: from a thread, as the spares' files are (ssh reads its
+        # input only once connected).
+        threading.Thread(target=self._talk, args=(header, heartbeat), daemon=True,
+                         name="mwhelpers-warm-host").start()
+        threading.Thread(target=self._read, daemon=True, name="mwhelpers-warm-reports").start()
 
-    def _send(self, line: str) -> None:
-        try:
-            assert self.popen.stdin is not None
-            self.popen.stdin.write(line.encode() + b"\n")
-            self.popen.stdin.flush()
-        except (OSError, ValueError):
-            pass
+    def _talk(self, header: str, heartbeat: float | None) -> None:
+        _send_line(self.popen, header)
+        while heartbeat and not self.closed.wait(heartbeat / 4):
+            _send_line(self.popen, wire.command(wire.Command.PING))
 
     def _read(self) -> None:
         last: list[str] = []
@@ -112,10 +114,6 @@ class HostServer:
                 ": " + " / ".join(last) if last else "")
             self.done.set()
 
-    def _keep_alive(self, limit: float) -> None:
-        while not self.closed.wait(limit / 4):
-            self._send(wire.command(wire.Command.PING))
-
     def ready(self, timeout: float) -> bool:
         """Whether it is ready, waiting for its import up to ``timeout`` seconds."""
         self.done.wait(timeout)
@@ -131,17 +129,7 @@ class HostServer:
         """End its input (its server stops forking and leaves after its tasks), then its
         transport's group."""
         self.closed.set()
-        try:
-            assert self.popen.stdin is not None
-            self.popen.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.popen.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-        end(local=proctree.group(self.popen.pid, self.popen.poll() is None))
-        self.popen.wait()
+        end_transports([self.popen])
 
 
 class WarmHosts:
@@ -160,11 +148,13 @@ class WarmHosts:
         self.files = files
         self.transport_env = transport_env
         self.servers: dict[str, HostServer] = {}  # by the host's address
-        self.spares: dict[str, list[subprocess.Popen[bytes]]] = {}  # by host
+        # by host: each spare's transport, and the thread that sends it its files
+        self.spares: dict[str, list[tuple[subprocess.Popen[bytes], threading.Thread]]] = {}
         self.last_cold_reason: str | None = None
         self._lock = threading.Lock()
         self._closed = False
         self._id = uuid.uuid4().hex[:16]
+        self._preload: str | None = None  # the spares' first line (made once)
 
     @staticmethod
     def enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -192,9 +182,8 @@ class WarmHosts:
                     files=self.files(), first=first, heartbeat=launcher.heartbeat or None,
                     escalation="9:0")
                 self.servers[address] = HostServer(
-                    launcher.transport(host, self.command), header, env, launcher.cwd, first,
-                    launcher.heartbeat or None, self.transport_env())
-                self.servers[address].name = name  # type: ignore[attr-defined]
+                    name, launcher.transport(host, self.command), header, env, launcher.cwd,
+                    first, launcher.heartbeat or None, self.transport_env())
             for _ in task_envs:
                 self._add_spare(host)
 
@@ -206,7 +195,14 @@ class WarmHosts:
                 self.launcher.transport(host, self.command),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True, env=self.transport_env())
-            self.spares.setdefault(host, []).append(popen)
+            # Its agent writes the start-up's files while it waits (wire.preload); sent by a
+            # thread, since a pipe holds less and ssh reads it only once connected.
+            if self._preload is None:
+                self._preload = wire.preload(self.files())
+            writer = threading.Thread(target=_send_line, args=(popen, self._preload),
+                                      daemon=True, name=f"mwhelpers-spare-{popen.pid}")
+            writer.start()
+            self.spares.setdefault(host, []).append((popen, writer))
 
     def take(self, host: str) -> subprocess.Popen[bytes] | None:
         """A spare's transport on ``host``, its agent waiting for a header (another spare
@@ -214,13 +210,16 @@ class WarmHosts:
         with self._lock:
             spares = self.spares.get(host, [])
             while spares:
-                popen = spares.pop(0)
+                popen, writer = spares.pop(0)
+                writer.join()  # (at once, unless it is still connecting)
                 if popen.poll() is None:
                     break
                 _close_spare(popen)
             else:
                 return None
-        self._add_spare(host)
+        # its successor, started beside this launch (forking this process takes milliseconds)
+        threading.Thread(target=self._add_spare, args=(host,), daemon=True,
+                         name="mwhelpers-new-spare").start()
         return popen
 
     def warm_name(self, spec: LaunchSpec) -> str | None:
@@ -230,7 +229,7 @@ class WarmHosts:
         server = self.servers.get(self._address(spec.host or ""))
         why = self._cold(spec, server)
         self.last_cold_reason = why
-        return None if why else server.name  # type: ignore[union-attr]
+        return None if why or server is None else server.name
 
     def _cold(self, spec: LaunchSpec, server: HostServer | None) -> str | None:
         if server is None:
@@ -252,7 +251,7 @@ class WarmHosts:
             return f"it imports {imported_first(source, at_import)} first, its server did not"
         if folder_matters(at_import) and spec.cwd != server.cwd:
             return "its folder changes its import (a relative PYTHONPATH) and differs"
-        if not same_import(server.env, server.effects, at_import):
+        if not same_import(server.env, server.effects, at_import, gpu_build):
             return "its environment differs from its host's warm server's where the import reads it"
         return None
 
@@ -260,7 +259,7 @@ class WarmHosts:
     def pids(self) -> list[int]:
         """The transports' pids (servers and spares) on this machine, while they run."""
         with self._lock:
-            spares = [p for ps in self.spares.values() for p in ps]
+            spares = [p for ps in self.spares.values() for p, _ in ps]
         return [p.pid for p in [*spares, *(s.popen for s in self.servers.values())]
                 if p.poll() is None]
 
@@ -268,30 +267,50 @@ class WarmHosts:
         """End every spare and server (the tasks are the launcher's to end, before)."""
         with self._lock:
             self._closed = True
-            spares = [p for ps in self.spares.values() for p in ps]
+            spares = [p for ps in self.spares.values() for p, _ in ps]
             self.spares = {}
-        for popen in spares:
-            _close_spare(popen)
         for server in self.servers.values():
-            server.close()
+            server.closed.set()
+        end_transports([*spares, *(s.popen for s in self.servers.values())])
+        for popen in spares:  # (a server's is read to its end by its own thread)
+            if popen.stderr is not None:
+                popen.stderr.close()
+
+
+def _send_line(popen: subprocess.Popen[bytes], line: str) -> None:
+    try:
+        assert popen.stdin is not None
+        popen.stdin.write(line.encode() + b"\n")
+        popen.stdin.flush()
+    except (OSError, ValueError):
+        pass  # (it ended, or was closed: take() passes it by)
 
 
 def _close_spare(popen: subprocess.Popen[bytes]) -> None:
-    """End a spare: its agent reads end of input before any header and leaves."""
-    for stream in (popen.stdin,):
+    end_transports([popen])
+    if popen.stderr is not None:
+        popen.stderr.close()
+
+
+def end_transports(popens: list[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
+    """End spares' and servers' transports: their input ends at once (an agent then leaves:
+    a spare at once, a server once its tasks have ended), then, after ``grace`` seconds, the
+    group of each that is still there."""
+    for popen in popens:
         try:
-            if stream is not None:
-                stream.close()
+            if popen.stdin is not None:
+                popen.stdin.close()
         except OSError:
             pass
-    try:
-        popen.wait(10)
-    except subprocess.TimeoutExpired:
-        end(local=proctree.group(popen.pid, popen.poll() is None))
-        popen.wait()
-    for stream in (popen.stdout, popen.stderr):
-        if stream is not None:
-            stream.close()
+    deadline = time.monotonic() + grace
+    for popen in popens:
+        try:
+            popen.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            end(local=proctree.group(popen.pid, popen.poll() is None))
+            popen.wait()
+        if popen.stdout is not None:
+            popen.stdout.close()
 
 
 def pump(source: IO[bytes], fd: int) -> None:

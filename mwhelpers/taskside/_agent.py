@@ -65,6 +65,7 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -212,6 +213,7 @@ class Agent:
         self.lost_steps = wire.parse_steps(header["escalation"])
         self.child: subprocess.Popen[bytes] | Forked | None = None
         self.guard_fd: int | None = None  # a forked task's guard pipe (its end: this agent's)
+        self.folder: str | None = None  # its private folder (a spare's: made before its header)
         self.lock = threading.Lock()  # one ending at a time; the exit report waits for it
         self.exited = threading.Event()
         self.heard = time.monotonic()  # when the kernel last said anything
@@ -219,11 +221,8 @@ class Agent:
 
     def start(self) -> int | None:
         h = self.header
-        folder = tempfile.mkdtemp(prefix="mwhelpers-task-")
-        self.folder = folder
-        for name, text in h.get("files", {}).items():
-            with open(os.path.join(folder, name), "w") as f:
-                f.write(text)
+        folder = self.folder = self.folder or tempfile.mkdtemp(prefix="mwhelpers-task-")
+        write_files(folder, h.get("files", {}))
         argv = [a.replace("{dir}", folder) for a in h["argv"]]
         if argv[:1] == [wire.THIS_PYTHON]:
             argv[0] = sys.executable
@@ -398,6 +397,12 @@ class Agent:
         report(wire.Report.RECORD, json.dumps(record))
 
 
+def write_files(folder: str, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(text)
+
+
 def await_ready(ctl: socket.socket) -> dict[str, Any] | str:
     """The warm-start server's ``ready`` fields, or why there are none."""
     ready = ctl.recv(1 << 16) if select.select([ctl], [], [], READY_TIMEOUT)[0] else None
@@ -416,9 +421,7 @@ def serve(h: dict[str, Any]) -> int:
     folder = tempfile.mkdtemp(prefix="mwhelpers-warm-")
     zygote: subprocess.Popen[bytes] | None = None
     try:
-        for name, text in h.get("files", {}).items():
-            with open(os.path.join(folder, name), "w") as f:
-                f.write(text)
+        write_files(folder, h.get("files", {}))
         python = sys.executable if h["argv"][0] == wire.THIS_PYTHON else h["argv"][0]
         env = {k: v for k, v in os.environ.items() if not k.startswith("MWHELPERS_")}
         env.update(h.get("env", {}))
@@ -474,6 +477,12 @@ def relay(listener: socket.socket, ctl: socket.socket, heartbeat: float | None) 
         if listener.fileno() in readable:
             conn, _ = listener.accept()
             with conn:
+                # An abstract socket has no file permissions and its name is listed in
+                # /proc/net/unix: only this agent's own user may have tasks forked.
+                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                        struct.calcsize("3i"))
+                if struct.unpack("3i", creds)[1] != os.getuid():
+                    continue
                 conn.settimeout(5)
                 try:
                     data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 8)
@@ -489,9 +498,14 @@ def relay(listener: socket.socket, ctl: socket.socket, heartbeat: float | None) 
 
 def main() -> int:
     line = sys.stdin.readline()
-    if not line:  # a spare agent whose kernel never used it
-        return 0
+    folder = None
     try:
+        if line.startswith(wire.PRELOAD):  # a spare: the start-up's files, ahead of its task
+            folder = tempfile.mkdtemp(prefix="mwhelpers-task-")
+            write_files(folder, wire.read_preload(line))
+            line = sys.stdin.readline()
+        if not line:  # a spare whose kernel never used it
+            return 0
         header = wire.read_header(line)
         if header.get("serve"):
             signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -501,9 +515,14 @@ def main() -> int:
             except KeyboardInterrupt:
                 return 1
         agent = Agent(header)
+        agent.folder = folder
+        folder = None  # (the agent's to remove)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         report(wire.Report.BAD_HEADER, f"{e}: {line[:200]!r}")
         return 2
+    finally:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
 
     # the same as end of input, without waiting in a handler
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -517,7 +536,7 @@ def main() -> int:
     try:
         code = agent.run()
     finally:
-        if getattr(agent, "folder", None):
+        if agent.folder:
             shutil.rmtree(agent.folder, ignore_errors=True)
     report(wire.Report.EXIT, code)
     return code if code >= 0 else 128 - code

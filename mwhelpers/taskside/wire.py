@@ -194,6 +194,25 @@ def header(**fields: Any) -> str:
     return json.dumps({"version": VERSION, **fields})
 
 
+# A spare agent's first line, before its header: the start-up's files, which the agent writes
+# into its folder while it waits (the header then needs only a cell's code).
+PRELOAD = '{"preload": '
+
+
+def preload(files: dict[str, str]) -> str:
+    """A spare's first line (:data:`PRELOAD`): ``files`` (name -> text), with the version."""
+    return json.dumps({"preload": files, "version": VERSION})
+
+
+def read_preload(line: str) -> dict[str, str]:
+    """The files of a :func:`preload` line; ValueError as :func:`read_header`'s."""
+    data = json.loads(line)
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        raise ValueError(f"a preload of protocol version {data.get('version')!r}; this agent "
+                         f"speaks {VERSION}")
+    return dict(data["preload"])
+
+
 def read_header(line: str) -> dict[str, Any]:
     """The header's fields; ValueError saying what is wrong (another version, a field
     missing, not JSON)."""

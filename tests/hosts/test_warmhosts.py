@@ -8,6 +8,7 @@ fresh start, as it would give a local task a server of its own.)
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -123,6 +124,52 @@ def test_a_task_that_cannot_fork_starts_afresh_and_says_why(warm, hosts):
     assert run.wait(60) == 0
     assert not any(line.startswith(NOTICE) for line in run.lines())
     assert any(line.startswith("RAN True") for line in run.lines())
+
+
+# Asks the warm server on the abstract socket argv[1] to fork the bootstrap with argv[2] as its
+# program; prints the answer's kind, or "none" (the connection closed without one).
+ASK = """\
+import json, os, socket, sys
+log = open(os.devnull, "w")
+mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+conn.connect("\\0" + sys.argv[1])
+request = {"version": int(sys.argv[3]), "kind": "task", "argv": [sys.argv[2]],
+           "env": {"PATH": "/usr/bin:/bin"}, "cwd": "/", "pass": []}
+socket.send_fds(conn, [json.dumps(request).encode()], [theirs.fileno(), log.fileno()])
+theirs.close()
+mine.settimeout(20)
+answer = mine.recv(65536)
+print(json.loads(answer)["kind"] if answer else "none", flush=True)
+"""
+
+
+def test_only_the_clusters_own_user_has_tasks_forked(warm, hosts, tmp_path):
+    """The warm server's socket is abstract: no file permissions guard it, and its name is
+    listed in /proc/net/unix.  Another user who connects has nothing forked; the same
+    request from the cluster's own user is forked (so the check can fail)."""
+    from mwhelpers.taskside import wire
+
+    rt, program = warm
+    rt.define_cluster(1, backend="ssh", hosts=[hosts.names[0]])
+    (server,) = ready_servers(rt).servers.values()
+    marker = tmp_path / "forked"
+    payload = tmp_path / "payload.py"
+    payload.write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    payload.chmod(0o644)
+    tmp_path.chmod(0o777)
+    ask = ["ip", "netns", "exec", hosts.names[0]]
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    words = ["/usr/bin/python3", "-c", ASK, server.name, str(payload), str(wire.VERSION)]
+    other = subprocess.run([*ask, *nobody, *words], capture_output=True, text=True, timeout=60)
+    assert other.stdout.split() == ["none"], other.stderr
+    assert not marker.exists()
+    own = subprocess.run([*ask, *words], capture_output=True, text=True, timeout=60)
+    assert own.stdout.split() == ["pid"], own.stderr
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marker.read_text() == "ran"
 
 
 def test_slurm_tasks_fork_from_their_nodes_warm_servers(warm, hosts, allocation):  # noqa: F811
