@@ -518,7 +518,7 @@ def test_sbatch_script_puts_two_tasks_on_one_node_on_two_ports(env, tmp_path):
     """Both tasks of a batch job on one node: one address, so the ports must differ by task,
     not by node; each task binds the address its TF_CONFIG names, at the same time as the
     other.  (Training through sbatch, on two nodes, is notebook 10's, run on the test hosts
-    by test_more_machines_notebook_runs_on_ssh_hosts_and_slurm.)"""
+    by test_more_machines_notebook_runs_on_ssh_hosts_slurm_and_ray.)"""
     from mwhelpers.backends.slurm import write_sbatch
 
     prog = tmp_path / "where.py"
@@ -669,7 +669,7 @@ def test_scancel_ends_a_batch_job_whose_workers_ignore_sigterm(env, tmp_path):
 # -- the notebook ------------------------------------------------------------------------------
 
 @OWN_HOSTS
-def test_more_machines_notebook_runs_on_ssh_hosts_and_slurm(env, tmp_path, monkeypatch):
+def test_more_machines_notebook_runs_on_ssh_hosts_slurm_and_ray(env, tmp_path, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
 
@@ -687,6 +687,7 @@ def test_more_machines_notebook_runs_on_ssh_hosts_and_slurm(env, tmp_path, monke
         assert f"ran on {name}; TF_CONFIG named it {env.addresses[name]}:" in text
     assert "listening on:      :::" in text or "listening on:      0.0.0.0:" in text
     assert "submitted batch job" in text
+    assert re.search(r"^local [\d.]+   on Ray [\d.]+$", text, re.M)  # the Ray part ran here
     assert "RESULT {" not in text  # results are read from the logs (rt.results()), not shown raw
     batch = "".join(o.get("text", "") for c in nb.cells if "replay:sbatch" in c.metadata.get("tags", [])
                     for o in c.get("outputs", []))

@@ -59,7 +59,8 @@ def test_notebook_10_without_hosts_shows_the_recorded_run(tmp_path):
     # The suite runs the kernel in its output folder, here outside the checkout: the recording is
     # found beside the notebook all the same.
     proc = subprocess.run([sys.executable, "-m", "mwhelpers.workshop.suite", str(NB10), "--output",
-                           str(tmp_path), "-p", "ssh_hosts", ""], capture_output=True, text=True,
+                           str(tmp_path), "-p", "ssh_hosts", "", "-p", "use_ray", "False"],
+                          capture_output=True, text=True,
                           cwd=tmp_path, timeout=300,
                           env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -75,3 +76,4 @@ def test_notebook_10_without_hosts_shows_the_recorded_run(tmp_path):
         assert text.startswith("[not run here: "), (key, text[:200])
         assert "SKIPPED" not in text
     assert "ran on " in shown["ssh-train"] and "submitted batch job" in shown["sbatch"]
+    assert "on Ray" in shown["ray-train"]
