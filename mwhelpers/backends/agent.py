@@ -41,7 +41,7 @@ from ..proctree import Escalation, describe_exit
 from ..taskside import wire
 from .base import BOOTSTRAP, Launcher, LaunchSpec, Placement, Process, open_log
 from .options import BackendOptions, option, seconds, text
-from .warmhosts import WarmHosts, end_transports, pump
+from .warmhosts import WarmHosts, close_spare, pump
 
 _TASKSIDE = Path(__file__).parents[1] / "taskside"
 # What ``python -c`` runs on a host: the protocol's declarations (taskside/wire.py) as the module
@@ -149,8 +149,11 @@ class AgentProcess(Process):
     (started with its standard input and error as pipes)."""
 
     def __init__(self, popen: subprocess.Popen[bytes], host: str, log_path: str | os.PathLike[str],
-                 heartbeat: float | None = None) -> None:
+                 heartbeat: float | None = None, pump: threading.Thread | None = None) -> None:
+        """``pump``: the thread that copies the task's output into its log, where the
+        transport's output is not the log file itself (a spare's)."""
         super().__init__(popen.pid)
+        self._pump = pump
         if popen.stdin is None or popen.stderr is None:
             raise ValueError("the transport's standard input and error must be pipes")
         self.popen = popen
@@ -214,6 +217,9 @@ class AgentProcess(Process):
                         self._keep_record(rest)
                     elif kind is wire.Report.BAD_HEADER:
                         self._mark_in_log(f"the agent on {self.host} refused its header: {rest}")
+                    elif kind is wire.Report.COLD:
+                        self._mark_in_log(f"started afresh on {self.host}, not forked from its "
+                                          f"warm server: {rest}")
                 except (ValueError, IndexError):
                     self._mark_in_log(f"a report of the agent on {self.host} not understood: "
                                       f"{line!r}")
@@ -235,6 +241,8 @@ class AgentProcess(Process):
     def _wait_transport(self) -> int:
         code = self.popen.wait()
         self._reader.join(10 if self.lost is None else 0.5)
+        if self._pump is not None:  # the task's last lines in its log before its end is known
+            self._pump.join(10 if self.lost is None else 0.5)
         self._close_stdin()
         if self._reported_exit is not None:
             return self._reported_exit
@@ -375,6 +383,9 @@ class AgentLauncher(Launcher):
 
     remote = True
     standby = True
+    # Whether a host's warm server may fork its tasks (mwhelpers.backends.warmhosts): not where
+    # each task must live in a unit of its own that the backend accounts for (a Slurm step).
+    warm_servers: ClassVar[bool] = True
     options: ClassVar[type[RemoteOptions]] = AgentOptions
     cwd: str  # the folder tasks start in on every host (default: the kernel's)
 
@@ -480,6 +491,12 @@ class AgentLauncher(Launcher):
     def describe_reach(self, host: str) -> str:
         return f"reaching {host}"
 
+    def machine_of(self, host: str) -> str:
+        """What tells one machine from another among the hosts (its tasks share one warm
+        server): the host's own name here; a backend whose hosts can share a machine (Ray's
+        bundles) says so."""
+        return host
+
     # -- starting ---------------------------------------------------------------------
     def start(self, spec: LaunchSpec) -> AgentProcess:
         if self.closed:
@@ -494,12 +511,14 @@ class AgentLauncher(Launcher):
             logf = open_log(spec.log_path)
         except BaseException:
             if spare is not None:
-                end_transports([spare])
+                close_spare(spare)
             raise
+        copier = None
         if spare is not None:  # its output goes to the log through this machine
             assert spare.stdout is not None
-            threading.Thread(target=pump, args=(spare.stdout, logf), daemon=True,
-                             name=f"mwhelpers-log-{spare.pid}").start()
+            copier = threading.Thread(target=pump, args=(spare.stdout, logf), daemon=True,
+                                      name=f"mwhelpers-log-{spare.pid}")
+            copier.start()
             popen = spare
         else:
             try:
@@ -509,7 +528,7 @@ class AgentLauncher(Launcher):
                     start_new_session=True, env=transport_env())
             finally:
                 os.close(logf)
-        proc = AgentProcess(popen, host, spec.log_path, heartbeat=self.heartbeat)
+        proc = AgentProcess(popen, host, spec.log_path, heartbeat=self.heartbeat, pump=copier)
         proc._command(header)
         self.started = [p for p in self.started if p.running] + [proc]
         return proc

@@ -303,6 +303,9 @@ class RayLauncher(AgentLauncher):
     def address_of(self, host: str, probe: Probe) -> str:
         return self.address_at[host]
 
+    def machine_of(self, host: str) -> str:
+        return self.address_at[host]  # (a node's address is its own in a Ray cluster)
+
     def explain(self, host: str, code: int, err: str) -> InfrastructureError:
         last = err.strip().splitlines()[-1] if err.strip() else ""
         if code == 127 or "no such file" in err.lower():

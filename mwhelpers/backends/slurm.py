@@ -108,6 +108,9 @@ class SlurmLauncher(AgentLauncher):
 
     name = "slurm"
     options = SlurmOptions
+    # A task forked by a warm server would live in that server's job step (its cgroup, its
+    # CPUs and memory, its accounting, its end), not in a step of its own: spares only.
+    warm_servers = False
 
     def __init__(self, options: SlurmOptions = SlurmOptions(),
                  environ: Mapping[str, str] | None = None) -> None:

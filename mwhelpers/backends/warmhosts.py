@@ -64,7 +64,12 @@ class Transports(Protocol):
     @property
     def host_info(self) -> Mapping[str, Any]: ...
 
+    @property
+    def warm_servers(self) -> bool: ...
+
     def transport(self, host: str, argv: list[str]) -> list[str]: ...
+
+    def machine_of(self, host: str) -> str: ...
 
 
 class HostServer:
@@ -132,10 +137,36 @@ class HostServer:
         end_transports([self.popen])
 
 
+class Spare:
+    """A transport with an agent in it that waits for a task's header; its first line (the
+    start-up's files) is sent by a thread of its own, since a pipe holds less and ssh reads
+    it only once connected."""
+
+    def __init__(self, command: list[str], preload: str, env: dict[str, str]) -> None:
+        self.env = env  # the transport's environment (srun passes it all on to the agent)
+        self.popen = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, start_new_session=True, env=env)
+        self.sent = False
+        self.writer = threading.Thread(target=self._send, args=(preload,), daemon=True,
+                                       name=f"mwhelpers-spare-{self.popen.pid}")
+        self.writer.start()
+
+    def _send(self, line: str) -> None:
+        self.sent = _send_line(self.popen, line)
+
+    def usable(self, env: dict[str, str], wait: float) -> bool:
+        """Whether its files went and its agent waits, in the environment a transport started
+        now would have (``env``)."""
+        self.writer.join(wait)
+        return (not self.writer.is_alive() and self.sent and self.popen.poll() is None
+                and env == self.env)
+
+
 class WarmHosts:
     """The warm servers and spare agents of one agent launcher (see the module's text)."""
 
-    READY_WAIT = 180.0  # seconds a launch waits for its host's server to finish its import
+    READY_WAIT = 60.0  # seconds a launch waits for its host's server to finish its import
+    SPARE_WAIT = 15.0  # seconds a launch waits for a spare's transport to take its files
 
     def __init__(self, launcher: Transports, agent_code: str,
                  files: Callable[[], dict[str, str]],
@@ -147,9 +178,8 @@ class WarmHosts:
         self.command = [launcher.python, "-c", agent_code]
         self.files = files
         self.transport_env = transport_env
-        self.servers: dict[str, HostServer] = {}  # by the host's address
-        # by host: each spare's transport, and the thread that sends it its files
-        self.spares: dict[str, list[tuple[subprocess.Popen[bytes], threading.Thread]]] = {}
+        self.servers: dict[str, HostServer] = {}  # by machine (the launcher's machine_of)
+        self.spares: dict[str, list[Spare]] = {}  # by host
         self.last_cold_reason: str | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -161,18 +191,14 @@ class WarmHosts:
         return (sys.platform == "linux" and settings.WARM_START.read(environ)
                 and settings.WARM_HOSTS.read(environ))
 
-    def _address(self, host: str) -> str:
-        info = self.launcher.host_info.get(host)
-        return info["address"] if info else host
-
     def prepare(self, envs: Mapping[str, list[dict[str, str]]]) -> None:
         """Start a warm server on each host of ``envs`` ({host: the environments of its
         tasks}; the first is the server's, without :data:`PER_TASK`) and a spare for each
         task."""
         launcher = self.launcher
         for host, task_envs in envs.items():
-            address = self._address(host)
-            if address not in self.servers:
+            machine = launcher.machine_of(host)
+            if launcher.warm_servers and machine not in self.servers:
                 env = {k: v for k, v in task_envs[0].items() if k not in PER_TASK}
                 first = ("tensorflow" if env.get("KERAS_BACKEND", "tensorflow") == "tensorflow"
                          else "keras")
@@ -181,7 +207,7 @@ class WarmHosts:
                     serve=name, argv=[launcher.python], env=env, cwd=launcher.cwd,
                     files=self.files(), first=first, heartbeat=launcher.heartbeat or None,
                     escalation="9:0")
-                self.servers[address] = HostServer(
+                self.servers[machine] = HostServer(
                     name, launcher.transport(host, self.command), header, env, launcher.cwd,
                     first, launcher.heartbeat or None, self.transport_env())
             for _ in task_envs:
@@ -191,49 +217,49 @@ class WarmHosts:
         with self._lock:
             if self._closed:
                 return
-            popen = subprocess.Popen(
-                self.launcher.transport(host, self.command),
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True, env=self.transport_env())
-            # Its agent writes the start-up's files while it waits (wire.preload); sent by a
-            # thread, since a pipe holds less and ssh reads it only once connected.
             if self._preload is None:
                 self._preload = wire.preload(self.files())
-            writer = threading.Thread(target=_send_line, args=(popen, self._preload),
-                                      daemon=True, name=f"mwhelpers-spare-{popen.pid}")
-            writer.start()
-            self.spares.setdefault(host, []).append((popen, writer))
+            spare = Spare(self.launcher.transport(host, self.command), self._preload,
+                          self.transport_env())
+            self.spares.setdefault(host, []).append(spare)
 
     def take(self, host: str) -> subprocess.Popen[bytes] | None:
         """A spare's transport on ``host``, its agent waiting for a header (another spare
-        replaces it); None: there is none alive."""
+        replaces it); None: there is none to use."""
         with self._lock:
-            spares = self.spares.get(host, [])
-            while spares:
-                popen, writer = spares.pop(0)
-                writer.join()  # (at once, unless it is still connecting)
-                if popen.poll() is None:
-                    break
-                _close_spare(popen)
+            spares, self.spares[host] = self.spares.get(host, []), []
+        env, found, kept = self.transport_env(), None, []
+        for spare in spares:
+            if found is not None:
+                kept.append(spare)
+            elif spare.usable(env, self.SPARE_WAIT):
+                found = spare
             else:
-                return None
+                close_spare(spare.popen)
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self.spares.setdefault(host, [])[:0] = kept
+        for spare in kept if closed else ():
+            close_spare(spare.popen)
         # its successor, started beside this launch (forking this process takes milliseconds)
         threading.Thread(target=self._add_spare, args=(host,), daemon=True,
                          name="mwhelpers-new-spare").start()
-        return popen
+        return None if found is None else found.popen
 
     def warm_name(self, spec: LaunchSpec) -> str | None:
         """The name of the warm server ``spec``'s task forks from; None: its agent starts it
         afresh (``last_cold_reason`` says why)."""
         self.last_cold_reason = None
-        server = self.servers.get(self._address(spec.host or ""))
+        server = self.servers.get(self.launcher.machine_of(spec.host or ""))
         why = self._cold(spec, server)
         self.last_cold_reason = why
         return None if why or server is None else server.name
 
     def _cold(self, spec: LaunchSpec, server: HostServer | None) -> str | None:
         if server is None:
-            return "its host has no warm server"
+            return ("its host has no warm server" if self.launcher.warm_servers else
+                    "its backend keeps each task in a unit of its own (a Slurm job step)")
         if spec.standby:
             return "a standby imports TensorFlow itself"
         try:
@@ -241,7 +267,9 @@ class WarmHosts:
         except OSError as e:
             return f"its program could not be read here ({e})"
         if not server.ready(self.READY_WAIT):
-            return f"its host's warm server is not ready ({server.error or 'it is importing'})"
+            return "its host's warm server is not ready (" + (
+                server.error or ("it ended" if server.popen.poll() is not None
+                                 else f"still importing after {self.READY_WAIT:g} s")) + ")"
         gpu_build = bool((server.fields or {}).get("gpu_build", True))
         why = cold_reason(source, spec.env, gpu_build=gpu_build)
         if why:
@@ -259,7 +287,7 @@ class WarmHosts:
     def pids(self) -> list[int]:
         """The transports' pids (servers and spares) on this machine, while they run."""
         with self._lock:
-            spares = [p for ps in self.spares.values() for p, _ in ps]
+            spares = [spare.popen for ss in self.spares.values() for spare in ss]
         return [p.pid for p in [*spares, *(s.popen for s in self.servers.values())]
                 if p.poll() is None]
 
@@ -267,26 +295,32 @@ class WarmHosts:
         """End every spare and server (the tasks are the launcher's to end, before)."""
         with self._lock:
             self._closed = True
-            spares = [p for ps in self.spares.values() for p, _ in ps]
+            spares = [spare for ss in self.spares.values() for spare in ss]
             self.spares = {}
+        for spare in spares:  # one still sending its files: its writer holds its input
+            if spare.writer.is_alive():
+                end(local=proctree.group(spare.popen.pid, spare.popen.poll() is None))
         for server in self.servers.values():
             server.closed.set()
-        end_transports([*spares, *(s.popen for s in self.servers.values())])
-        for popen in spares:  # (a server's is read to its end by its own thread)
-            if popen.stderr is not None:
-                popen.stderr.close()
+        end_transports([*(s.popen for s in spares), *(s.popen for s in self.servers.values())])
+        for spare in spares:  # (a server's is read to its end by its own thread)
+            if spare.popen.stderr is not None:
+                spare.popen.stderr.close()
 
 
-def _send_line(popen: subprocess.Popen[bytes], line: str) -> None:
+def _send_line(popen: subprocess.Popen[bytes], line: str) -> bool:
+    """Whether ``line`` went to ``popen``'s input (not: it ended, or was closed)."""
     try:
         assert popen.stdin is not None
         popen.stdin.write(line.encode() + b"\n")
         popen.stdin.flush()
+        return True
     except (OSError, ValueError):
-        pass  # (it ended, or was closed: take() passes it by)
+        return False
 
 
-def _close_spare(popen: subprocess.Popen[bytes]) -> None:
+def close_spare(popen: subprocess.Popen[bytes]) -> None:
+    """End a spare's transport, and close its pipes."""
     end_transports([popen])
     if popen.stderr is not None:
         popen.stderr.close()

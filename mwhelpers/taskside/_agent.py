@@ -167,12 +167,28 @@ class Forked:
             try:
                 kind, reply = wire.read_fork_message(data)
                 code = int(reply["exit"]) if kind is wire.Fork.EXIT else 255
-            except (ValueError, KeyError, TypeError):  # the server ended first
+            except (ValueError, KeyError, TypeError):  # the server ended first: unknown
                 code = 255
-                while os.path.exists(f"/proc/{self.pid}"):
+                while _running(self.pid):
                     time.sleep(0.1)
             self.returncode = code
         return self.returncode
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaps does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _same_user(sock: socket.socket) -> bool:
+    """Whether the other end of ``sock`` runs as this process's user (an abstract socket has
+    no file permissions, and its name is listed in /proc/net/unix)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return bool(struct.unpack("3i", creds)[1] == os.getuid())
 
 
 def fork_warm(name: str, args: list[str], env: dict[str, str], cwd: str,
@@ -187,6 +203,8 @@ def fork_warm(name: str, args: list[str], env: dict[str, str], cwd: str,
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
             conn.settimeout(FORK_TIMEOUT)
             conn.connect("\0" + name)
+            if not _same_user(conn):  # (its name was taken by another user's process)
+                raise OSError(f"the socket {name} belongs to another user")
             socket.send_fds(conn, [request], [theirs.fileno(), 1, *passed.values()])
         theirs.close()
         mine.settimeout(FORK_TIMEOUT)
@@ -420,6 +438,8 @@ def serve(h: dict[str, Any]) -> int:
     """Be the host's warm server (``serve`` in the header: see the module's text)."""
     folder = tempfile.mkdtemp(prefix="mwhelpers-warm-")
     zygote: subprocess.Popen[bytes] | None = None
+    ctl = listener = None
+    served = False
     try:
         write_files(folder, h.get("files", {}))
         python = sys.executable if h["argv"][0] == wire.THIS_PYTHON else h["argv"][0]
@@ -438,23 +458,26 @@ def serve(h: dict[str, Any]) -> int:
         if isinstance(ready, str):
             report(wire.Report.COLD, ready)
             return 1
+        served = True
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         listener.bind("\0" + h["serve"])
         listener.listen(64)
         report(wire.Report.WARM, json.dumps(ready))
         relay(listener, ctl, h.get("heartbeat"))
-        ctl.close()  # no more tasks: the server leaves once its tasks have ended
-        listener.close()
         return 0
     except (OSError, ValueError, KeyError, TypeError) as e:
         report(wire.Report.COLD, f"{type(e).__name__}: {e}")
         return 1
     finally:
+        # No more tasks: the server leaves once its tasks have ended (one that never said
+        # ready, at once).  A signal meanwhile (KeyboardInterrupt) leaves it to its PDEATHSIG.
+        for sock in (listener, ctl):
+            if sock is not None:
+                sock.close()
         if zygote is not None:
-            try:
-                zygote.wait()
-            except KeyboardInterrupt:  # (a signal: it dies with this agent)
-                pass
+            if not served:
+                zygote.kill()
+            zygote.wait()
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -477,11 +500,7 @@ def relay(listener: socket.socket, ctl: socket.socket, heartbeat: float | None) 
         if listener.fileno() in readable:
             conn, _ = listener.accept()
             with conn:
-                # An abstract socket has no file permissions and its name is listed in
-                # /proc/net/unix: only this agent's own user may have tasks forked.
-                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                        struct.calcsize("3i"))
-                if struct.unpack("3i", creds)[1] != os.getuid():
+                if not _same_user(conn):  # only this agent's own user has tasks forked
                     continue
                 conn.settimeout(5)
                 try:
@@ -497,9 +516,12 @@ def relay(listener: socket.socket, ctl: socket.socket, heartbeat: float | None) 
 
 
 def main() -> int:
-    line = sys.stdin.readline()
+    # Until its task starts, a signal ends this agent through its clean-up (a spare's files)
+    for s in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(s, signal.default_int_handler)
     folder = None
     try:
+        line = sys.stdin.readline()
         if line.startswith(wire.PRELOAD):  # a spare: the start-up's files, ahead of its task
             folder = tempfile.mkdtemp(prefix="mwhelpers-task-")
             write_files(folder, wire.read_preload(line))
@@ -508,18 +530,15 @@ def main() -> int:
             return 0
         header = wire.read_header(line)
         if header.get("serve"):
-            signal.signal(signal.SIGTERM, signal.default_int_handler)
-            signal.signal(signal.SIGHUP, signal.default_int_handler)
-            try:
-                return serve(header)
-            except KeyboardInterrupt:
-                return 1
+            return serve(header)
         agent = Agent(header)
         agent.folder = folder
         folder = None  # (the agent's to remove)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         report(wire.Report.BAD_HEADER, f"{e}: {line[:200]!r}")
         return 2
+    except KeyboardInterrupt:  # a signal before its task started
+        return 1
     finally:
         if folder:
             shutil.rmtree(folder, ignore_errors=True)

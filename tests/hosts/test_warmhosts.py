@@ -119,9 +119,11 @@ def test_a_task_that_cannot_fork_starts_afresh_and_says_why(warm, hosts):
     zygotes = [p for p in task_pids(hosts)  # (its title: _forkserver.set_title)
                if b"_bootstrap.py --zygote" in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0]]
     assert len(zygotes) == 1
-    os.kill(zygotes[0], signal.SIGKILL)
+    os.kill(zygotes[0], signal.SIGKILL)  # its agent, the server, then ends
+    assert server.popen.wait(15) is not None
     run = rt.launch("worker:0", script=program, background=True, ready="start")
     assert run.wait(60) == 0
+    assert "warm server is not ready (it ended)" in (servers.last_cold_reason or "")
     assert not any(line.startswith(NOTICE) for line in run.lines())
     assert any(line.startswith("RAN True") for line in run.lines())
 
@@ -172,12 +174,18 @@ def test_only_the_clusters_own_user_has_tasks_forked(warm, hosts, tmp_path):
     assert marker.read_text() == "ran"
 
 
-def test_slurm_tasks_fork_from_their_nodes_warm_servers(warm, hosts, allocation):  # noqa: F811
+def test_slurm_tasks_start_afresh_in_steps_of_their_own_from_spares(warm, hosts, allocation):  # noqa: F811
+    """Under Slurm a forked task would live in its server's job step: no servers there, only
+    spares (an agent in a step of its own, waiting), and each task imports by itself."""
     rt, program = warm
     rt.define_cluster(2, backend="slurm", job=allocation)
-    servers = ready_servers(rt)
-    for task in ("worker:0", "worker:1"):
-        check_forked(rt, servers, program, task)
+    servers = rt.launcher.warm
+    assert not servers.servers and all(servers.spares.values())
+    run = rt.launch("worker:1", script=program, args=["3"], background=True, ready="start")
+    assert run.wait(60) == 3
+    assert "a Slurm job step" in (servers.last_cold_reason or "")
+    assert not any(line.startswith(NOTICE) for line in run.lines())
+    assert any(line.startswith("RAN True") for line in run.lines())
 
 
 def test_ray_tasks_fork_from_their_nodes_warm_servers(warm, hosts, ray):
