@@ -129,7 +129,8 @@ def test_a_task_that_cannot_fork_starts_afresh_and_says_why(warm, hosts):
 
 
 # Asks the warm server on the abstract socket argv[1] to fork the bootstrap with argv[2] as its
-# program; prints the answer's kind, or "none" (the connection closed without one).
+# program; prints the answer's kind, or "none" (the connection closed without one, maybe
+# before the request went).
 ASK = """\
 import json, os, socket, sys
 log = open(os.devnull, "w")
@@ -138,7 +139,11 @@ conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 conn.connect("\\0" + sys.argv[1])
 request = {"version": int(sys.argv[3]), "kind": "task", "argv": [sys.argv[2]],
            "env": {"PATH": "/usr/bin:/bin"}, "cwd": "/", "pass": []}
-socket.send_fds(conn, [json.dumps(request).encode()], [theirs.fileno(), log.fileno()])
+try:
+    socket.send_fds(conn, [json.dumps(request).encode()], [theirs.fileno(), log.fileno()])
+except OSError:  # the server closed the connection first
+    print("none", flush=True)
+    sys.exit(0)
 theirs.close()
 mine.settimeout(20)
 answer = mine.recv(65536)
