@@ -96,12 +96,22 @@ class RayOptions(RemoteOptions, _Ray):
 # parent-death signal, and reads its own input until it ends.  The kernel holds that input: when
 # the kernel closes it, or dies, this process leaves, and ray start ends the head (every service
 # and worker it started).  Its only thread starts ray start, so the signal follows this process.
-LIFELINE = ("import ctypes, signal, subprocess, sys\n"
+# argv: the folder to remove once the command has ended, then the command.  Its input's end
+# (the kernel closed it, or died) ends the command: SIGTERM, then SIGKILL after 15 s.
+LIFELINE = ("import ctypes, shutil, signal, subprocess, sys\n"
             "def die_with_me():\n"
             "    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
-            "subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, preexec_fn=die_with_me)\n"
+            "child = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, "
+            "preexec_fn=die_with_me)\n"
             "while sys.stdin.buffer.read(65536):\n"
-            "    pass\n")
+            "    pass\n"
+            "child.terminate()\n"
+            "try:\n"
+            "    child.wait(15)\n"
+            "except subprocess.TimeoutExpired:\n"
+            "    child.kill()\n"
+            "    child.wait()\n"
+            "shutil.rmtree(sys.argv[1], ignore_errors=True)\n")
 
 
 class PrivateHead:
@@ -109,8 +119,8 @@ class PrivateHead:
     loopback (``--node-ip-address=127.0.0.1``, kept by ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
     without which Ray puts the machine's address in its place), no dashboard, token
     authentication with a token of its own, none of the kernel's ``RAY_*`` settings.  It ends
-    when :meth:`close` or the kernel's death ends its lifeline (:data:`LIFELINE`); its folder
-    goes with :meth:`close`."""
+    when :meth:`close` or the kernel's death ends its lifeline (:data:`LIFELINE`), which then
+    removes its folder."""
 
     def __init__(self, cpus: int | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="mwray"))  # short: Ray's socket paths are
@@ -129,7 +139,8 @@ class PrivateHead:
         self.log = self.dir / "head.log"
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", LIFELINE, ray if os.path.exists(ray) else "ray", "start",
+                [sys.executable, "-c", LIFELINE, str(self.dir),
+                 ray if os.path.exists(ray) else "ray", "start",
                  "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
                  f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
                  "--include-dashboard=false", "--disable-usage-stats",

@@ -158,6 +158,33 @@ def test_a_private_ray_head_listens_on_loopback_only_and_takes_no_code_without_i
     assert not folder.exists()
 
 
+def test_a_private_ray_head_ends_and_its_folder_goes_when_its_kernel_is_killed(tmp_path):
+    """A kernel SIGKILLed with a private head: its lifeline's input ends, so the head ends and
+    the lifeline removes the head's folder (close() never ran)."""
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\n"
+         "from mwhelpers.backends.raynodes import PrivateHead\n"
+         "head = PrivateHead()\n"
+         "print(head.dir, head.proc.pid, flush=True)\n"
+         "time.sleep(300)\n"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")},
+             "PYTHONPATH": str(ROOT)})
+    try:
+        folder, lifeline = kernel.stdout.readline().split()
+        pids = [int(lifeline), *(p.pid for p in psutil.Process(int(lifeline)).children(True))]
+        assert len(pids) > 3 and os.path.isdir(folder)
+    finally:
+        os.killpg(kernel.pid, signal.SIGKILL)
+        kernel.wait(10)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (os.path.exists(folder) or [
+            p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]):
+        time.sleep(0.2)
+    assert not os.path.exists(folder)
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+
 def test_a_bundle_ray_moved_to_another_node_fails_the_launch_and_says_why(
         remote_rt, env, ray):  # noqa: F811
     """Ray reschedules a dead node's bundles elsewhere; TF_CONFIG still names the old node. The
