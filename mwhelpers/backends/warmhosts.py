@@ -283,14 +283,6 @@ class WarmHosts:
             return "its environment differs from its host's warm server's where the import reads it"
         return None
 
-    @property
-    def pids(self) -> list[int]:
-        """The transports' pids (servers and spares) on this machine, while they run."""
-        with self._lock:
-            spares = [spare.popen for ss in self.spares.values() for spare in ss]
-        return [p.pid for p in [*spares, *(s.popen for s in self.servers.values())]
-                if p.poll() is None]
-
     def close(self) -> None:
         """End every spare and server (the tasks are the launcher's to end, before)."""
         with self._lock:
