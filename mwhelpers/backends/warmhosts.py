@@ -12,7 +12,7 @@ in the background:
   and forks the tasks whose agents connect to it;
 * for each task, a **spare**: the transport with an agent in it, which writes the start-up's files
   and waits for a task's header. A launch takes the spare of its host, so no connection is made
-  and no files are sent then; a new spare replaces it.
+  and no files are sent then; a new spare replaces it a second later, once the task is under way.
 
 A task is forked where its program and environment would import as that server did (the same
 rules as a local warm start: :func:`mwhelpers.warmstart.cold_reason`, ``same_import``), else
@@ -167,6 +167,7 @@ class WarmHosts:
 
     READY_WAIT = 60.0  # seconds a launch waits for its host's server to finish its import
     SPARE_WAIT = 15.0  # seconds a launch waits for a spare's transport to take its files
+    SPARE_AFTER = 1.0  # seconds after a launch that its spare's successor starts
 
     def __init__(self, launcher: Transports, agent_code: str,
                  files: Callable[[], dict[str, str]],
@@ -242,9 +243,12 @@ class WarmHosts:
                 self.spares.setdefault(host, [])[:0] = kept
         for spare in kept if closed else ():
             close_spare(spare.popen)
-        # its successor, started beside this launch (forking this process takes milliseconds)
-        threading.Thread(target=self._add_spare, args=(host,), daemon=True,
-                         name="mwhelpers-new-spare").start()
+        # Its successor starts once this launch's task is under way: a new transport (ssh's key
+        # exchange, an sshd, a Ray driver) and its agent's Python start would take CPU from the
+        # task's own start (ssh: 80 ms to ready for the second of two tasks, 40 ms with this).
+        later = threading.Timer(self.SPARE_AFTER, self._add_spare, args=(host,))
+        later.daemon, later.name = True, "mwhelpers-new-spare"
+        later.start()
         return None if found is None else found.popen
 
     def warm_name(self, spec: LaunchSpec) -> str | None:
