@@ -41,21 +41,27 @@ from ..proctree import Escalation, describe_exit
 from ..taskside import wire
 from .base import BOOTSTRAP, Launcher, LaunchSpec, Placement, Process, open_log
 from .options import BackendOptions, option, seconds, text
-from .warmhosts import WarmHosts, close_spare, pump
+from .warmhosts import Spare, WarmHosts, close_spare, pump
 
 _TASKSIDE = Path(__file__).parents[1] / "taskside"
 # What ``python -c`` runs on a host: the protocol's declarations (taskside/wire.py) as the module
-# ``wire``, then the agent (taskside/_agent.py), which finds it among its globals.
+# ``wire``, its warm starts (taskside/agentwarm.py) as ``agentwarm``, then the agent
+# (taskside/_agent.py), which finds both among its globals.
+AGENT_FILES = ("_agent.py", "agentwarm.py")
 AGENT_CODE = (
     "import sys, types\n"
     "wire = sys.modules['mwhelpers_wire'] = types.ModuleType('mwhelpers_wire')\n"
     f"exec(compile({(_TASKSIDE / 'wire.py').read_text()!r}, 'wire.py', 'exec'), wire.__dict__)\n"
+    "agentwarm = sys.modules['mwhelpers_agentwarm'] = types.ModuleType('mwhelpers_agentwarm')\n"
+    "agentwarm.wire = wire\n"
+    f"exec(compile({(_TASKSIDE / 'agentwarm.py').read_text()!r}, 'agentwarm.py', 'exec'), "
+    "agentwarm.__dict__)\n"
     f"exec(compile({(_TASKSIDE / '_agent.py').read_text()!r}, '_agent.py', 'exec'), "
-    "{'__name__': '__main__', 'wire': wire})\n")
+    "{'__name__': '__main__', 'wire': wire, 'agentwarm': agentwarm})\n")
 # What a task's start-up loads beside it, sent with it to every host: the whole worker-side
 # folder, but for the agent itself and a Kubernetes pod's start-up.
 BOOTSTRAP_FILES = tuple(sorted(p.name for p in Path(BOOTSTRAP).parent.glob("*.py")
-                              if p.name not in ("_bootstrap.py", "_agent.py", "_podstart.py")))
+                              if p.name not in ("_bootstrap.py", *AGENT_FILES, "_podstart.py")))
 # A probe whose SSH connection sshd dropped before its greeting is tried this many times.
 PROBE_TRIES = 3
 SSH_DROPPED = ("kex_exchange_identification", "Connection reset by peer",
@@ -384,7 +390,8 @@ class AgentLauncher(Launcher):
     remote = True
     standby = True
     # Whether a host's warm server may fork its tasks (mwhelpers.backends.warmhosts): not where
-    # each task must live in a unit of its own that the backend accounts for (a Slurm step).
+    # each task must live in a unit of its own that the backend accounts for (a Slurm step):
+    # there each spare starts a warm server of its own.
     warm_servers: ClassVar[bool] = True
     options: ClassVar[type[RemoteOptions]] = AgentOptions
     cwd: str  # the folder tasks start in on every host (default: the kernel's)
@@ -507,19 +514,19 @@ class AgentLauncher(Launcher):
                              "the launch spec names none")
         spare = self.warm.take(host) if self.warm else None
         try:
-            header = self._header(spec, spare is not None)
+            header = self._header(spec, spare)
             logf = open_log(spec.log_path)
         except BaseException:
             if spare is not None:
-                close_spare(spare)
+                close_spare(spare.popen)
             raise
         copier = None
         if spare is not None:  # its output goes to the log through this machine
-            assert spare.stdout is not None
-            copier = threading.Thread(target=pump, args=(spare.stdout, logf), daemon=True,
-                                      name=f"mwhelpers-log-{spare.pid}")
+            popen = spare.popen
+            assert popen.stdout is not None
+            copier = threading.Thread(target=pump, args=(popen.stdout, logf), daemon=True,
+                                      name=f"mwhelpers-log-{popen.pid}")
             copier.start()
-            popen = spare
         else:
             try:
                 popen = subprocess.Popen(
@@ -537,8 +544,9 @@ class AgentLauncher(Launcher):
         if self.warm is not None:
             self.warm.prepare({h: e for h, e in envs.items() if h is not None})
 
-    def _header(self, spec: LaunchSpec, spare: bool) -> str:
-        """The agent's header for ``spec`` (``spare``: the agent has the start-up's files)."""
+    def _header(self, spec: LaunchSpec, spare: Spare | None) -> str:
+        """The agent's header for ``spec`` (for ``spare``'s agent, which has the start-up's
+        files and may have a warm server of its own)."""
         files = {} if spare else task_files()
         script = spec.script
         if spec.cell:
@@ -552,7 +560,7 @@ class AgentLauncher(Launcher):
             heartbeat=self.heartbeat or None, script=None if spec.cell else script,
             standby=spec.standby, escalation=steps(LOST_ESCALATION),
             exit_record=wire.Env.EXIT_RECORD if wire.Env.EXIT_RECORD in spec.env else None,
-            warm=self.warm.warm_name(spec) if self.warm else None)
+            warm=self.warm.warm_name(spec, spare) if self.warm else None)
 
     def close(self) -> None:
         """End what still runs (SIGKILL through each agent), then the warm servers and spares."""

@@ -54,7 +54,7 @@ def start_up_files() -> dict[str, str]:
     """{name: text} of what a pod's start-up runs: ``_podstart.py``, ``_bootstrap.py`` and the
     modules they load beside them (not the agent of the SSH and Slurm backends)."""
     return {p.name: p.read_text(encoding="utf-8") for p in sorted(TASKSIDE.glob("*.py"))
-            if p.name != "_agent.py"}
+            if p.name not in ("_agent.py", "agentwarm.py")}
 
 
 def _name(job_name: str, tasks: int) -> str:

@@ -108,8 +108,9 @@ class SlurmLauncher(AgentLauncher):
 
     name = "slurm"
     options = SlurmOptions
-    # A task forked by a warm server would live in that server's job step (its cgroup, its
-    # CPUs and memory, its accounting, its end), not in a step of its own: spares only.
+    # A task forked by a host's warm server would live in that server's job step (its cgroup,
+    # its CPUs and memory, its accounting, its end), not in a step of its own: each spare
+    # starts a warm server of its own instead, in its own step.
     warm_servers = False
 
     def __init__(self, options: SlurmOptions = SlurmOptions(),

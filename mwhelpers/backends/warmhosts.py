@@ -14,6 +14,10 @@ in the background:
   and waits for a task's header. A launch takes the spare of its host, so no connection is made
   and no files are sent then; a new spare replaces it a second later, once the task is under way.
 
+Under Slurm a task forked by a host's server would live in that server's job step (its CPUs,
+memory, accounting and end), so there each spare starts a warm-start server of its own instead
+(a ``serve`` in its preload) and its task is forked there, in the spare's own step.
+
 A task is forked where its program and environment would import as that server did (the same
 rules as a local warm start: :func:`mwhelpers.warmstart.cold_reason`, ``same_import``), else
 started afresh by its agent, which says why in a ``cold`` report.  Neither is used with
@@ -72,47 +76,34 @@ class Transports(Protocol):
     def machine_of(self, host: str) -> str: ...
 
 
-class HostServer:
-    """One host's warm server: the transport that runs its agent (``serve`` header)."""
+class ServerReports:
+    """What the agent of a warm-start server (a host's, or a spare's own) said of it: ready,
+    with the fields of its import, or why not."""
 
-    def __init__(self, name: str, command: list[str], header: str, env: dict[str, str],
-                 cwd: str, first: str, heartbeat: float | None,
-                 transport_env: dict[str, str]) -> None:
-        """``name``: its abstract socket's; ``env``, ``cwd``, ``first``: what its import gets
-        (also in ``header``, what its agent reads)."""
-        self.name, self.env, self.cwd, self.first = name, env, cwd, first
+    def __init__(self, popen: subprocess.Popen[bytes], name: str, env: dict[str, str],
+                 cwd: str, first: str) -> None:
+        """``name``: what a task's header names it by; ``env``, ``cwd``, ``first``: what its
+        import gets."""
+        self.popen, self.name, self.env, self.cwd, self.first = popen, name, env, cwd, first
         self.fields: dict[str, Any] | None = None  # its ready message, once it is ready
         self.error: str | None = None
         self.done = threading.Event()  # ready, or failed
-        self.closed = threading.Event()
-        self.popen = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, start_new_session=True,
-                                      env=transport_env)
-        # Its header, then its pings: from a thread, as the spares' files are (ssh reads its
-        # input only once connected).
-        threading.Thread(target=self._talk, args=(header, heartbeat), daemon=True,
-                         name="mwhelpers-warm-host").start()
-        threading.Thread(target=self._read, daemon=True, name="mwhelpers-warm-reports").start()
 
-    def _talk(self, header: str, heartbeat: float | None) -> None:
-        _send_line(self.popen, header)
-        while heartbeat and not self.closed.wait(heartbeat / 4):
-            _send_line(self.popen, wire.command(wire.Command.PING))
+    def note(self, line: str) -> bool:
+        """Take one line of its agent's reports; True when it said ``warm`` or ``cold``."""
+        said = wire.parse_report(line)
+        if said is None or said[0] not in (wire.Report.WARM, wire.Report.COLD,
+                                           wire.Report.BAD_HEADER):
+            return False
+        if said[0] is wire.Report.WARM:
+            self.fields = json.loads(said[1])
+        else:
+            self.error = said[1]
+        self.done.set()
+        return True
 
-    def _read(self) -> None:
-        last: list[str] = []
-        assert self.popen.stderr is not None
-        for raw in self.popen.stderr:
-            line = raw.decode(errors="replace").rstrip("\n")
-            said = wire.parse_report(line)
-            if said is None:
-                last = [*last[-4:], line]
-            elif said[0] is wire.Report.WARM:
-                self.fields = json.loads(said[1])
-                self.done.set()
-            elif said[0] in (wire.Report.COLD, wire.Report.BAD_HEADER):
-                self.error = said[1]
-                self.done.set()
+    def gone(self, last: list[str]) -> None:
+        """Its agent's reports ended before it said either."""
         if not self.done.is_set():
             code = self.popen.wait()
             self.error = f"its agent ended (exit code {code})" + (
@@ -130,6 +121,40 @@ class HostServer:
         return ImportEffects(dict(f.get("env_set") or {}), frozenset(f.get("env_unset") or ()),
                              bool(f.get("jax", True)))
 
+
+class HostServer(ServerReports):
+    """One host's warm server: the transport that runs its agent (``serve`` header)."""
+
+    def __init__(self, name: str, command: list[str], header: str, env: dict[str, str],
+                 cwd: str, first: str, heartbeat: float | None,
+                 transport_env: dict[str, str]) -> None:
+        """``name``: its abstract socket's; ``env``, ``cwd``, ``first``: what its import gets
+        (also in ``header``, what its agent reads)."""
+        self.closed = threading.Event()
+        popen = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, start_new_session=True,
+                                 env=transport_env)
+        super().__init__(popen, name, env, cwd, first)
+        # Its header, then its pings: from a thread, as the spares' files are (ssh reads its
+        # input only once connected).
+        threading.Thread(target=self._talk, args=(header, heartbeat), daemon=True,
+                         name="mwhelpers-warm-host").start()
+        threading.Thread(target=self._read, daemon=True, name="mwhelpers-warm-reports").start()
+
+    def _talk(self, header: str, heartbeat: float | None) -> None:
+        _send_line(self.popen, header)
+        while heartbeat and not self.closed.wait(heartbeat / 4):
+            _send_line(self.popen, wire.command(wire.Command.PING))
+
+    def _read(self) -> None:
+        last: list[str] = []
+        assert self.popen.stderr is not None
+        for raw in self.popen.stderr:
+            line = raw.decode(errors="replace").rstrip("\n")
+            if not self.note(line) and wire.parse_report(line) is None:
+                last = [*last[-4:], line]
+        self.gone(last)
+
     def close(self) -> None:
         """End its input (its server stops forking and leaves after its tasks), then its
         transport's group."""
@@ -140,9 +165,12 @@ class HostServer:
 class Spare:
     """A transport with an agent in it that waits for a task's header; its first line (the
     start-up's files) is sent by a thread of its own, since a pipe holds less and ssh reads
-    it only once connected."""
+    it only once connected.  With ``serve`` (env, cwd, first) its agent starts a warm-start
+    server of its own meanwhile (``server``), whose ``warm`` or ``cold`` report a thread reads
+    off the agent's reports; the task's agent process reads the rest."""
 
-    def __init__(self, command: list[str], preload: str, env: dict[str, str]) -> None:
+    def __init__(self, command: list[str], preload: str, env: dict[str, str],
+                 serve: dict[str, Any] | None = None) -> None:
         self.env = env  # the transport's environment (srun passes it all on to the agent)
         self.popen = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, start_new_session=True, env=env)
@@ -150,16 +178,38 @@ class Spare:
         self.writer = threading.Thread(target=self._send, args=(preload,), daemon=True,
                                        name=f"mwhelpers-spare-{self.popen.pid}")
         self.writer.start()
+        self.server: ServerReports | None = None
+        self.reader: threading.Thread | None = None
+        if serve is not None:
+            self.server = ServerReports(self.popen, wire.OWN_SERVER, serve["env"], serve["cwd"],
+                                        serve["first"])
+            self.reader = threading.Thread(target=self._read, daemon=True,
+                                           name=f"mwhelpers-spare-reports-{self.popen.pid}")
+            self.reader.start()
 
     def _send(self, line: str) -> None:
         self.sent = _send_line(self.popen, line)
 
+    def _read(self) -> None:
+        """Its own server's report, and no further (the task's agent process reads on)."""
+        assert self.popen.stderr is not None and self.server is not None
+        last: list[str] = []
+        for raw in self.popen.stderr:
+            line = raw.decode(errors="replace").rstrip("\n")
+            if self.server.note(line):
+                return
+            last = [*last[-4:], line]
+        self.server.gone(last)
+
     def usable(self, env: dict[str, str], wait: float) -> bool:
         """Whether its files went and its agent waits, in the environment a transport started
-        now would have (``env``)."""
+        now would have (``env``), and its own server, if any, said whether it is ready: waiting
+        up to ``wait`` seconds for each."""
         self.writer.join(wait)
+        if self.reader is not None:
+            self.reader.join(wait)
         return (not self.writer.is_alive() and self.sent and self.popen.poll() is None
-                and env == self.env)
+                and env == self.env and not (self.reader and self.reader.is_alive()))
 
 
 class WarmHosts:
@@ -185,7 +235,8 @@ class WarmHosts:
         self._lock = threading.Lock()
         self._closed = False
         self._id = uuid.uuid4().hex[:16]
-        self._preload: str | None = None  # the spares' first line (made once)
+        self._preloads: dict[str, str] = {}  # each host's spares' first line (made once)
+        self._own: dict[str, dict[str, Any]] = {}  # what a host's spares' own servers import
 
     @staticmethod
     def enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -199,10 +250,12 @@ class WarmHosts:
         launcher = self.launcher
         for host, task_envs in envs.items():
             machine = launcher.machine_of(host)
-            if launcher.warm_servers and machine not in self.servers:
-                env = {k: v for k, v in task_envs[0].items() if k not in PER_TASK}
-                first = ("tensorflow" if env.get("KERAS_BACKEND", "tensorflow") == "tensorflow"
-                         else "keras")
+            env = {k: v for k, v in task_envs[0].items() if k not in PER_TASK}
+            first = ("tensorflow" if env.get("KERAS_BACKEND", "tensorflow") == "tensorflow"
+                     else "keras")
+            if not launcher.warm_servers:  # each spare starts its own
+                self._own[host] = {"env": env, "cwd": launcher.cwd, "first": first}
+            elif machine not in self.servers:
                 name = f"mwhelpers-warm-{self._id}-{len(self.servers)}"
                 header = wire.header(
                     serve=name, argv=[launcher.python], env=env, cwd=launcher.cwd,
@@ -218,22 +271,23 @@ class WarmHosts:
         with self._lock:
             if self._closed:
                 return
-            if self._preload is None:
-                self._preload = wire.preload(self.files())
-            spare = Spare(self.launcher.transport(host, self.command), self._preload,
-                          self.transport_env())
+            own = self._own.get(host)
+            if host not in self._preloads:
+                self._preloads[host] = wire.preload(self.files(), serve=own)
+            spare = Spare(self.launcher.transport(host, self.command), self._preloads[host],
+                          self.transport_env(), serve=own)
             self.spares.setdefault(host, []).append(spare)
 
-    def take(self, host: str) -> subprocess.Popen[bytes] | None:
-        """A spare's transport on ``host``, its agent waiting for a header (another spare
-        replaces it); None: there is none to use."""
+    def take(self, host: str) -> Spare | None:
+        """A spare on ``host``, its agent waiting for a header (another spare replaces it);
+        None: there is none to use."""
         with self._lock:
             spares, self.spares[host] = self.spares.get(host, []), []
         env, found, kept = self.transport_env(), None, []
         for spare in spares:
             if found is not None:
                 kept.append(spare)
-            elif spare.usable(env, self.SPARE_WAIT):
+            elif spare.usable(env, self.SPARE_WAIT if spare.server is None else self.READY_WAIT):
                 found = spare
             else:
                 close_spare(spare.popen)
@@ -249,21 +303,23 @@ class WarmHosts:
         later = threading.Timer(self.SPARE_AFTER, self._add_spare, args=(host,))
         later.daemon, later.name = True, "mwhelpers-new-spare"
         later.start()
-        return None if found is None else found.popen
+        return found
 
-    def warm_name(self, spec: LaunchSpec) -> str | None:
-        """The name of the warm server ``spec``'s task forks from; None: its agent starts it
-        afresh (``last_cold_reason`` says why)."""
+    def warm_name(self, spec: LaunchSpec, spare: Spare | None) -> str | None:
+        """The name of the warm server ``spec``'s task forks from (its host's, or
+        :data:`wire.OWN_SERVER`: ``spare``'s own); None: its agent starts it afresh
+        (``last_cold_reason`` says why)."""
         self.last_cold_reason = None
-        server = self.servers.get(self.launcher.machine_of(spec.host or ""))
+        server = (self.servers.get(self.launcher.machine_of(spec.host or ""))
+                  if self.launcher.warm_servers else spare.server if spare else None)
         why = self._cold(spec, server)
         self.last_cold_reason = why
         return None if why or server is None else server.name
 
-    def _cold(self, spec: LaunchSpec, server: HostServer | None) -> str | None:
+    def _cold(self, spec: LaunchSpec, server: ServerReports | None) -> str | None:
         if server is None:
             return ("its host has no warm server" if self.launcher.warm_servers else
-                    "its backend keeps each task in a unit of its own (a Slurm job step)")
+                    "no spare with a warm server of its own was ready")
         if spec.standby:
             return "a standby imports TensorFlow itself"
         try:

@@ -3,7 +3,8 @@
 ``_bootstrap.py`` is run by path as every task's start-up and loads ``wire.py``,
 ``tfdata.py``, ``kerasfix.py``, ``lazyplot.py``, ``jaxgloo.py`` and ``taskfacts.py`` beside it by
 path; ``_forkserver.py`` is the warm-start server (``_bootstrap.py --zygote``); ``_agent.py`` is
-sent to other hosts as ``python -c`` source, after ``wire.py``, the protocol both sides read.
+sent to other hosts as ``python -c`` source, after ``wire.py``, the protocol both sides read, and
+``agentwarm.py``, its warm starts.
 None of them may import the ``mwhelpers`` package or a module outside
 this folder (``tests/inprocess/test_layout.py`` checks): a task, or a host without mwhelpers installed,
 runs them on the standard library alone.  The kernel side may import them, for their

@@ -54,18 +54,19 @@ descriptors, on to that server.  It ends when its input ends or the kernel has b
 name) has its task forked there instead of started afresh: the agent passes its own standard
 output as the task's log, its dump pipe and a guard pipe whose end of file (this agent gone,
 even by SIGKILL) ends the task; the server says the task's pid and, later, its exit code.
-Where that fails the agent reports ``cold WHY`` and starts the task afresh.
+Where that fails the agent reports ``cold WHY`` and starts the task afresh.  A spare whose
+preload has ``serve`` starts a warm-start server of its own while it waits (:class:`OwnServer`,
+reporting ``warm`` or ``cold`` likewise), and a header with ``warm`` :data:`wire.OWN_SERVER`
+has its task forked there: so the task stays in the spare's own Slurm job step.
 """
 
 from __future__ import annotations  # never evaluated: the host's Python may be older than 3.10
 
 import json
 import os
-import select
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -76,20 +77,14 @@ from types import FrameType
 from typing import Any
 
 try:
+    from . import agentwarm as agentwarm
     from . import wire
-except ImportError:  # run as ``python -c`` (AGENT_CODE): the kernel defined ``wire`` first
-    wire = globals()["wire"]
-
-FORK_TIMEOUT = 60.0  # seconds a forked task may take to say its pid (milliseconds, usually)
-READY_TIMEOUT = 180.0  # seconds a warm server may take to import TensorFlow
-MAX_MESSAGE = 1 << 22
+except ImportError:  # run as ``python -c`` (AGENT_CODE): the kernel defined both first
+    wire, agentwarm = globals()["wire"], globals()["agentwarm"]
+report, write_files, die_with_parent = (agentwarm.report, agentwarm.write_files,
+                                        agentwarm.die_with_parent)
 PORT_TAKEN = ("port {port} is already in use on this host; define the cluster again to get "
               "new ports")
-
-
-def report(kind: wire.Report, *words: object) -> None:
-    sys.stderr.write(wire.report(kind, *words) + "\n")
-    sys.stderr.flush()
 
 
 def say(text: str) -> None:
@@ -128,16 +123,6 @@ def kill_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _die_with_parent() -> None:
-    # The task's leader gets SIGKILL should the agent itself die.
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
 def port_taken(port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -148,94 +133,19 @@ def port_taken(port: int) -> bool:
     return False
 
 
-class Forked:
-    """A task forked by its host's warm server: its pid, and its exit code as that server sends
-    it on ``status`` (the task is the server's child, not this agent's)."""
-
-    def __init__(self, pid: int, status: socket.socket) -> None:
-        self.pid = pid
-        self.status = status
-        self.returncode: int | None = None
-
-    def wait(self) -> int:
-        if self.returncode is None:
-            try:
-                data = self.status.recv(1 << 16)
-            except OSError:
-                data = b""
-            self.status.close()
-            try:
-                kind, reply = wire.read_fork_message(data)
-                code = int(reply["exit"]) if kind is wire.Fork.EXIT else 255
-            except (ValueError, KeyError, TypeError):  # the server ended first: unknown
-                code = 255
-                while _running(self.pid):
-                    time.sleep(0.1)
-            self.returncode = code
-        return self.returncode
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie nobody reaps does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _same_user(sock: socket.socket) -> bool:
-    """Whether the other end of ``sock`` runs as this process's user (an abstract socket has
-    no file permissions, and its name is listed in /proc/net/unix)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return bool(struct.unpack("3i", creds)[1] == os.getuid())
-
-
-def fork_warm(name: str, args: list[str], env: dict[str, str], cwd: str,
-              passed: dict[str, int]) -> Forked | str:
-    """Have the warm server on the abstract socket ``name`` fork the bootstrap with ``args``
-    (its log: this agent's standard output; ``passed``: descriptors by the variable that will
-    name each); the task, or why not."""
-    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        request = wire.fork_message(wire.Fork.TASK, argv=args, env=env, cwd=cwd,
-                                    **{"pass": list(passed)})
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
-            conn.settimeout(FORK_TIMEOUT)
-            conn.connect("\0" + name)
-            if not _same_user(conn):  # (its name was taken by another user's process)
-                raise OSError(f"the socket {name} belongs to another user")
-            socket.send_fds(conn, [request], [theirs.fileno(), 1, *passed.values()])
-        theirs.close()
-        mine.settimeout(FORK_TIMEOUT)
-        data = mine.recv(1 << 16)
-        if not data:
-            why = "the warm server ended"
-        else:
-            kind, reply = wire.read_fork_message(data)
-            if kind is wire.Fork.PID:
-                mine.settimeout(None)
-                return Forked(int(reply["pid"]), mine)
-            why = reply.get("error") or f"it answered {kind.value} where a pid was expected"
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        why = f"{type(e).__name__}: {e}"
-    theirs.close()
-    mine.close()
-    return why
-
-
 class Agent:
     def __init__(self, header: dict[str, Any]) -> None:
         self.header = header
         # how it ends the task by itself (the kernel gone or silent): the kernel's escalation
         self.lost_steps = wire.parse_steps(header["escalation"])
-        self.child: subprocess.Popen[bytes] | Forked | None = None
+        self.child: subprocess.Popen[bytes] | agentwarm.Forked | None = None
         self.guard_fd: int | None = None  # a forked task's guard pipe (its end: this agent's)
         self.folder: str | None = None  # its private folder (a spare's: made before its header)
         self.lock = threading.Lock()  # one ending at a time; the exit report waits for it
         self.exited = threading.Event()
         self.heard = time.monotonic()  # when the kernel last said anything
         self.record: str | None = None  # where the task writes its exit record (exit_record)
+        self.own: agentwarm.OwnServer | None = None  # a spare's own warm server, if any
 
     def start(self) -> int | None:
         h = self.header
@@ -280,35 +190,46 @@ class Agent:
         os.set_blocking(self.dump_fd, False)
         env[wire.Env.DUMP_FD] = str(dump_read)
         fds = (*fds, dump_read)
-        if h.get("warm") and not h.get("standby"):
-            self.child = self.fork(h["warm"], argv[3:], env, cwd, dump_read)
+        warm = h.get("warm") if not h.get("standby") else None
+        if self.own is not None and warm != wire.OWN_SERVER:
+            self.own.drop()  # (its import is not this task's)
+        if warm == wire.OWN_SERVER:
+            ctl = self.own.take() if self.own is not None else None
+            if ctl is None:
+                report(wire.Report.COLD, self.own.why if self.own is not None
+                       else "this agent started no warm server of its own")
+            else:
+                self.child = self.fork(ctl, argv[3:], env, cwd, dump_read)
+        elif warm:
+            self.child = self.fork(warm, argv[3:], env, cwd, dump_read)
         if self.child is None:
             self.child = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                                           stderr=subprocess.STDOUT, start_new_session=True,
-                                          preexec_fn=_die_with_parent, pass_fds=fds)
+                                          preexec_fn=die_with_parent, pass_fds=fds)
         for fd in fds:
             os.close(fd)
         report(wire.Report.STARTED, self.child.pid, socket.gethostname())
         return None
 
-    def fork(self, name: str, args: list[str], env: dict[str, str], cwd: str,
-             dump_read: int) -> Forked | None:
-        """The task forked by the warm server ``name`` (``args``: the bootstrap's), or None
-        (said in a ``cold`` report): start it afresh."""
+    def fork(self, server: str | socket.socket, args: list[str], env: dict[str, str], cwd: str,
+             dump_read: int) -> agentwarm.Forked | None:
+        """The task forked by a warm server (the host's, by name, or this spare's own: see
+        :func:`fork_warm`; ``args``: the bootstrap's), or None (said in a ``cold`` report):
+        start it afresh."""
         guard_read, guard = os.pipe()
         os.set_inheritable(guard, False)
         env = {k: v for k, v in env.items() if k != wire.Env.DUMP_FD}
-        forked = fork_warm(name, args, env, cwd,
+        forked = agentwarm.fork_warm(server, args, env, cwd,
                            {wire.Env.DUMP_FD: dump_read, wire.Env.GUARD_FD: guard_read})
         os.close(guard_read)
-        if isinstance(forked, Forked):
+        if isinstance(forked, agentwarm.Forked):
             self.guard_fd = guard
             return forked
         os.close(guard)
         report(wire.Report.COLD, forked)
         return None
 
-    def dump(self, child: subprocess.Popen[bytes] | Forked, by_signal: bool) -> None:
+    def dump(self, child: subprocess.Popen[bytes] | agentwarm.Forked, by_signal: bool) -> None:
         """Have the task write its stacks: through its dump thread, or by SIGUSR1."""
         if not by_signal:
             try:
@@ -415,131 +336,37 @@ class Agent:
         report(wire.Report.RECORD, json.dumps(record))
 
 
-def write_files(folder: str, files: dict[str, str]) -> None:
-    for name, text in files.items():
-        with open(os.path.join(folder, name), "w") as f:
-            f.write(text)
-
-
-def await_ready(ctl: socket.socket) -> dict[str, Any] | str:
-    """The warm-start server's ``ready`` fields, or why there are none."""
-    ready = ctl.recv(1 << 16) if select.select([ctl], [], [], READY_TIMEOUT)[0] else None
-    if ready is None:
-        return f"it did not import within {READY_TIMEOUT:g} s"
-    if not ready:
-        return "it ended before it was ready"
-    kind, reply = wire.read_fork_message(ready)
-    if kind is not wire.Fork.READY:
-        return str(reply.get("error") or f"it answered {kind.value}")
-    return reply
-
-
-def serve(h: dict[str, Any]) -> int:
-    """Be the host's warm server (``serve`` in the header: see the module's text)."""
-    folder = tempfile.mkdtemp(prefix="mwhelpers-warm-")
-    zygote: subprocess.Popen[bytes] | None = None
-    ctl = listener = None
-    served = False
-    try:
-        write_files(folder, h.get("files", {}))
-        python = sys.executable if h["argv"][0] == wire.THIS_PYTHON else h["argv"][0]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MWHELPERS_")}
-        env.update(h.get("env", {}))
-        ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # The blank argument leaves room to show each task's own command line.
-        zygote = subprocess.Popen(
-            [python, "-u", os.path.join(folder, "_bootstrap.py"), "--zygote",
-             str(theirs.fileno()), h.get("first") or "tensorflow", " " * 4096],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=env, cwd=h.get("cwd") or None, start_new_session=True,
-            preexec_fn=_die_with_parent, pass_fds=(theirs.fileno(),))
-        theirs.close()
-        ready = await_ready(ctl)
-        if isinstance(ready, str):
-            report(wire.Report.COLD, ready)
-            return 1
-        served = True
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        listener.bind("\0" + h["serve"])
-        listener.listen(64)
-        report(wire.Report.WARM, json.dumps(ready))
-        relay(listener, ctl, h.get("heartbeat"))
-        return 0
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        report(wire.Report.COLD, f"{type(e).__name__}: {e}")
-        return 1
-    finally:
-        # No more tasks: the server leaves once its tasks have ended (one that never said
-        # ready, at once).  A signal meanwhile (KeyboardInterrupt) leaves it to its PDEATHSIG.
-        for sock in (listener, ctl):
-            if sock is not None:
-                sock.close()
-        if zygote is not None:
-            if not served:
-                zygote.kill()
-            zygote.wait()
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def relay(listener: socket.socket, ctl: socket.socket, heartbeat: float | None) -> None:
-    """Pass each request that arrives on ``listener`` on to the server at ``ctl`` until this
-    agent's input ends, the kernel has been silent for ``heartbeat`` seconds, or the server
-    ends."""
-    heard = time.monotonic()
-    while True:
-        wait = heartbeat / 4 if heartbeat else None
-        readable = select.select([listener.fileno(), ctl.fileno(), 0], [], [], wait)[0]
-        if 0 in readable:
-            if not os.read(0, 65536):
-                return
-            heard = time.monotonic()
-        if heartbeat and time.monotonic() - heard > heartbeat:
-            return
-        if ctl.fileno() in readable:  # the server said something unasked, or ended
-            return
-        if listener.fileno() in readable:
-            conn, _ = listener.accept()
-            with conn:
-                if not _same_user(conn):  # only this agent's own user has tasks forked
-                    continue
-                conn.settimeout(5)
-                try:
-                    data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 8)
-                except OSError:
-                    continue
-                try:
-                    if data and fds:
-                        socket.send_fds(ctl, [data], fds)
-                finally:
-                    for fd in fds:
-                        os.close(fd)
-
-
 def main() -> int:
     # Until its task starts, a signal ends this agent through its clean-up (a spare's files)
     for s in (signal.SIGHUP, signal.SIGTERM):
         signal.signal(s, signal.default_int_handler)
     folder = None
+    own: agentwarm.OwnServer | None = None
     try:
         line = sys.stdin.readline()
         if line.startswith(wire.PRELOAD):  # a spare: the start-up's files, ahead of its task
             folder = tempfile.mkdtemp(prefix="mwhelpers-task-")
-            write_files(folder, wire.read_preload(line))
+            files, how = wire.read_preload(line)
+            write_files(folder, files)
+            if how is not None:
+                own = agentwarm.OwnServer(folder, how)
             line = sys.stdin.readline()
         if not line:  # a spare whose kernel never used it
             return 0
         header = wire.read_header(line)
         if header.get("serve"):
-            return serve(header)
+            return agentwarm.serve(header)
         agent = Agent(header)
-        agent.folder = folder
-        folder = None  # (the agent's to remove)
+        agent.folder, agent.own = folder, own
+        folder = own = None  # (the agent's to remove)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         report(wire.Report.BAD_HEADER, f"{e}: {line[:200]!r}")
         return 2
     except KeyboardInterrupt:  # a signal before its task started
         return 1
     finally:
+        if own is not None:
+            own.drop()
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -555,6 +382,8 @@ def main() -> int:
     try:
         code = agent.run()
     finally:
+        if agent.own is not None:
+            agent.own.drop()
         if agent.folder:
             shutil.rmtree(agent.folder, ignore_errors=True)
     report(wire.Report.EXIT, code)

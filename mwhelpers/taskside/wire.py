@@ -180,7 +180,7 @@ def parse_steps(text: str) -> list[tuple[int, float]]:
 # heartbeat (seconds, or null), escalation (steps_text: how the agent ends the task by
 # itself), exit_record (the variable that tells the start-up where to write its record, or
 # null), script (the program's path, checked to exist, or null), standby, warm (the name of the
-# host's warm server to fork the task from, or null).
+# host's warm server to fork the task from, OWN_SERVER for a spare's own, or null).
 # A header with "serve" (an abstract socket's name) starts no task: the agent becomes its host's
 # warm server for one cluster, a warm-start server (_forkserver.py) importing "first" with env,
 # in cwd, from the files, that forks the tasks whose agents connect to that socket.
@@ -195,22 +195,30 @@ def header(**fields: Any) -> str:
 
 
 # A spare agent's first line, before its header: the start-up's files, which the agent writes
-# into its folder while it waits (the header then needs only a cell's code).
+# into its folder while it waits (the header then needs only a cell's code), and optionally
+# "serve" ({"env", "cwd", "first"}): a warm-start server of its own to start meanwhile, as a
+# host's is (it reports warm or cold), for a task that must stay in the spare's own unit (a
+# Slurm job step).  A header whose "warm" is OWN_SERVER forks its task there.
 PRELOAD = '{"preload": '
+OWN_SERVER = "{own}"
 
 
-def preload(files: dict[str, str]) -> str:
-    """A spare's first line (:data:`PRELOAD`): ``files`` (name -> text), with the version."""
-    return json.dumps({"preload": files, "version": VERSION})
+def preload(files: dict[str, str], serve: dict[str, Any] | None = None) -> str:
+    """A spare's first line (:data:`PRELOAD`): ``files`` (name -> text), with the version, and
+    what its own warm-start server imports (``serve``: env, cwd, first), if it starts one."""
+    return json.dumps({"preload": files, "version": VERSION,
+                       **({"serve": serve} if serve else {})})
 
 
-def read_preload(line: str) -> dict[str, str]:
-    """The files of a :func:`preload` line; ValueError as :func:`read_header`'s."""
+def read_preload(line: str) -> tuple[dict[str, str], dict[str, Any] | None]:
+    """The files of a :func:`preload` line and its ``serve`` (or None); ValueError as
+    :func:`read_header`'s."""
     data = json.loads(line)
     if not isinstance(data, dict) or data.get("version") != VERSION:
         raise ValueError(f"a preload of protocol version {data.get('version')!r}; this agent "
                          f"speaks {VERSION}")
-    return dict(data["preload"])
+    serve = data.get("serve")
+    return dict(data["preload"]), (dict(serve) if serve else None)
 
 
 def read_header(line: str) -> dict[str, Any]:
@@ -261,7 +269,7 @@ class Report(str, enum.Enum):
     RECORD = "record"  # record JSON: the task's ExitRecord, before its exit
     EXIT = "exit"  # exit CODE (negative: killed by that signal, as subprocess says)
     BAD_HEADER = "bad-header"  # bad-header WHY
-    WARM = "warm"  # warm JSON: a host's warm server is ready (its Fork.READY fields)
+    WARM = "warm"  # warm JSON: a warm server (a host's, a spare's own) is ready (Fork.READY fields)
     COLD = "cold"  # cold WHY: a warm server failed, or a task agent could not fork from it
 
 

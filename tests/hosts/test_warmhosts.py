@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import gone_within, task_pids
 from test_backends import allocation  # noqa: F401  (fixture)
@@ -179,16 +180,41 @@ def test_only_the_clusters_own_user_has_tasks_forked(warm, hosts, tmp_path):
     assert marker.read_text() == "ran"
 
 
-def test_slurm_tasks_start_afresh_in_steps_of_their_own_from_spares(warm, hosts, allocation):  # noqa: F811
-    """Under Slurm a forked task would live in its server's job step: no servers there, only
-    spares (an agent in a step of its own, waiting), and each task imports by itself."""
+def test_slurm_tasks_fork_from_their_spares_own_servers_each_in_its_own_step(warm, hosts, allocation):  # noqa: F811
+    """Under Slurm a task forked by a host's server would live in that server's job step, so
+    each spare starts a warm server of its own and its task is forked there: the task's
+    ancestors are its own step's slurmstepd, not another task's (three tasks on two nodes: with
+    a server per node, two would share one)."""
     rt, program = warm
-    rt.define_cluster(2, backend="slurm", job=allocation)
-    servers = rt.launcher.warm
-    assert not servers.servers and all(servers.spares.values())
-    run = rt.launch("worker:1", script=program, args=["3"], background=True, ready="start")
+    rt.define_cluster(3, backend="slurm", job=allocation)
+    warmhosts = rt.launcher.warm
+    assert not warmhosts.servers and all(warmhosts.spares.values())
+    runs, steps = {}, {}
+    for task in ("worker:0", "worker:1", "worker:2"):
+        run = runs[task] = rt.launch(task, script=program, args=["sleep"], background=True,
+                                     ready="start")
+        deadline = time.monotonic() + 60
+        while not any(line.startswith(NOTICE) for line in run.lines()):
+            assert time.monotonic() < deadline and run.running, run.lines()
+            time.sleep(0.1)
+        assert warmhosts.last_cold_reason is None
+        chain = psutil.Process(run.process.remote_pid).parents()
+        stepd = [p for p in chain if p.name() == "slurmstepd"]
+        assert stepd, [(p.pid, p.name()) for p in chain]
+        steps[task] = stepd[0].pid
+    assert len(set(steps.values())) == 3, steps  # a step each
+    rt.kill("worker:0")
+    assert runs["worker:0"].wait(15) is not None and runs["worker:1"].running
+    # a task the spare's server cannot fork (an environment of its own) starts afresh, saying why
+    host = rt.cluster.host_of(runs["worker:0"].task)
+    deadline = time.monotonic() + 15  # (the spare taken is replaced a second after its launch)
+    while not warmhosts.spares.get(host):
+        assert time.monotonic() < deadline, warmhosts.spares
+        time.sleep(0.1)
+    run = rt.launch("worker:0", script=program, args=["3"], env={"EXTRA": "1"},
+                    background=True, ready="start")
     assert run.wait(60) == 3
-    assert "a Slurm job step" in (servers.last_cold_reason or "")
+    assert "environment differs" in (warmhosts.last_cold_reason or "")
     assert not any(line.startswith(NOTICE) for line in run.lines())
     assert any(line.startswith("RAN True") for line in run.lines())
 

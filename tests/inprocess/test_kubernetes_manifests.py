@@ -97,7 +97,7 @@ def test_every_pod_gets_its_name_from_the_headless_service_and_its_index(program
     assert (env["MWHELPERS_KERAS_FIX"], env["MWHELPERS_STALL_FIX"]) == ("1", "1")
     # The files, exactly: the start-up of this installation and the program with its module.
     assert found["ConfigMap/mnist-mwhelpers"]["data"] == start_up_files()
-    assert "_podstart.py" in start_up_files() and "_agent.py" not in start_up_files()
+    assert "_podstart.py" in start_up_files() and not {"_agent.py", "agentwarm.py"} & set(start_up_files())
     assert found["ConfigMap/mnist-program"]["data"] == {
         "main.py": (program / "main.py").read_text(), "helper.py": (program / "helper.py").read_text()}
     volumes = {v["name"]: v["configMap"]["name"] for v in pod["volumes"]}
