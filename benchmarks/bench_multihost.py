@@ -11,7 +11,8 @@ rounds starts the same cluster of real MultiWorkerMirroredStrategy workers
 the background, and times from the first launch until every worker's gRPC port accepts
 connections.  Defining the cluster (the probe of each host; on Ray, the placement group too; and
 until each host's warm server has imported TensorFlow, ``mwhelpers/backends/warmhosts.py``) is
-timed apart.  Goal: remote / local ratio of medians <= 1.3."""
+timed apart (under Slurm: until each spare's own warm server has).  Goal: remote / local ratio
+of medians <= 1.3."""
 
 import argparse
 import os
@@ -35,8 +36,10 @@ def one_round(rt, workers, **where):
     t0 = time.perf_counter()
     rt.define_cluster(workers, **where)
     warm = getattr(rt.launcher, "warm", None)  # its hosts' warm servers (backends/warmhosts.py)
-    for server in (getattr(warm, "servers", {}).values() if rt.launcher.remote else ()):
-        server.ready(180)
+    if rt.launcher.remote and warm is not None:  # (Slurm: each spare's own)
+        spares = [s.server for ss in warm.spares.values() for s in ss if s.server is not None]
+        for server in [*warm.servers.values(), *spares]:
+            server.ready(180)
     t1 = time.perf_counter()
     for i in range(workers):
         rt.launch(f"worker:{i}", script=str(TRAIN), background=True, timeout=120)

@@ -1,6 +1,6 @@
 """Warm servers and spare agents on other hosts (``mwhelpers/backends/warmhosts.py``), on the
-session's test hosts: over SSH, Slurm and Ray, a task whose program imports TensorFlow is
-forked from its host's server, keeps what a fresh start gives (its output, exit code, exit
+session's test hosts: over SSH and Ray, a task whose program imports TensorFlow is forked
+from its host's server (under Slurm, from its spare's own, in the spare's job step), keeps what a fresh start gives (its output, exit code, exit
 record, end), and a task that cannot be forked starts afresh and says why.  (Its arguments
 vary here, not its environment: a variable the server was not started with sends a task to a
 fresh start, as it would give a local task a server of its own.)
