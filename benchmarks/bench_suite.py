@@ -211,11 +211,14 @@ def record_usual(out):
     """Write each notebook's seconds in the run in ``out`` into its metadata in notebooks/
     (``metadata.mwhelpers.usual_seconds``): a fresh checkout's first suite run starts the
     longest first by them."""
+    import datetime
+
     import nbformat
 
-    from mwhelpers.workshop.suite import USUAL_SECONDS
+    from mwhelpers.workshop.suite import SETUP_TAG, TAKES_ROW, USUAL_SECONDS, takes_row
 
     section, key = USUAL_SECONDS
+    today = datetime.date.today().isoformat()
     for done in sorted(out.glob("*.ipynb")):
         source = ROOT / "notebooks" / done.name
         seconds = nbformat.read(done, as_version=4).metadata.get("papermill", {}).get("duration")
@@ -223,6 +226,10 @@ def record_usual(out):
             continue
         nb = nbformat.read(source, as_version=4)
         nb.metadata.setdefault(section, {})[key] = round(seconds)
+        for cell in nb.cells:  # its "Before you start" box says the same
+            if SETUP_TAG in cell.metadata.get("tags", []):
+                cell.source = TAKES_ROW.sub(takes_row(seconds, os.cpu_count() or 1, today),
+                                            cell.source)
         nbformat.write(nb, source)
         print(f"  {done.name}: usual_seconds = {round(seconds)}")
 

@@ -234,6 +234,8 @@ class WarmHosts:
         self.last_cold_reason: str | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._closing = threading.Event()  # (the spares' pings stop)
+        self._pinging = False
         self._id = uuid.uuid4().hex[:16]
         self._preloads: dict[str, str] = {}  # each host's spares' first line (made once)
         self._own: dict[str, dict[str, Any]] = {}  # what a host's spares' own servers import
@@ -266,6 +268,20 @@ class WarmHosts:
                     first, launcher.heartbeat or None, self.transport_env())
             for _ in task_envs:
                 self._add_spare(host)
+        if launcher.heartbeat and not self._pinging:
+            self._pinging = True
+            threading.Thread(target=self._ping_spares, args=(launcher.heartbeat / 4,),
+                             daemon=True, name="mwhelpers-spare-pings").start()
+
+    def _ping_spares(self, every: float) -> None:
+        """Ping every waiting spare, whose agent ends itself after the heartbeat's silence (a
+        spare that was taken meanwhile may get one more: its agent answers it)."""
+        while not self._closing.wait(every):
+            with self._lock:
+                spares = [spare for ss in self.spares.values() for spare in ss]
+            for spare in spares:
+                if spare.sent and not spare.writer.is_alive():
+                    _send_line(spare.popen, wire.command(wire.Command.PING))
 
     def _add_spare(self, host: str) -> None:
         with self._lock:
@@ -273,29 +289,28 @@ class WarmHosts:
                 return
             own = self._own.get(host)
             if host not in self._preloads:
-                self._preloads[host] = wire.preload(self.files(), serve=own)
+                self._preloads[host] = wire.preload(self.files(), serve=own,
+                                                    heartbeat=self.launcher.heartbeat or None)
             spare = Spare(self.launcher.transport(host, self.command), self._preloads[host],
                           self.transport_env(), serve=own)
             self.spares.setdefault(host, []).append(spare)
 
     def take(self, host: str) -> Spare | None:
         """A spare on ``host``, its agent waiting for a header (another spare replaces it);
-        None: there is none to use."""
+        None: there is none to use.  The others stay in the pool, pinged, meanwhile."""
         with self._lock:
-            spares, self.spares[host] = self.spares.get(host, []), []
-        env, found, kept = self.transport_env(), None, []
-        for spare in spares:
-            if found is not None:
-                kept.append(spare)
-            elif spare.usable(env, self.SPARE_WAIT if spare.server is None else self.READY_WAIT):
+            candidates = list(self.spares.get(host, []))
+        env, found = self.transport_env(), None
+        for spare in candidates:
+            usable = spare.usable(env, self.SPARE_WAIT if spare.server is None else self.READY_WAIT)
+            with self._lock:
+                pool = self.spares.get(host, [])
+                if spare not in pool:  # (another launch took it, or the launcher closed)
+                    continue
+                pool.remove(spare)
+            if usable:
                 found = spare
-            else:
-                close_spare(spare.popen)
-        with self._lock:
-            closed = self._closed
-            if not closed:
-                self.spares.setdefault(host, [])[:0] = kept
-        for spare in kept if closed else ():
+                break
             close_spare(spare.popen)
         # Its successor starts once this launch's task is under way: a new transport (ssh's key
         # exchange, an sshd, a Ray driver) and its agent's Python start would take CPU from the
@@ -327,7 +342,8 @@ class WarmHosts:
         except OSError as e:
             return f"its program could not be read here ({e})"
         if not server.ready(self.READY_WAIT):
-            return "its host's warm server is not ready (" + (
+            whose = "its host's" if isinstance(server, HostServer) else "its spare's own"
+            return f"{whose} warm server is not ready (" + (
                 server.error or ("it ended" if server.popen.poll() is not None
                                  else f"still importing after {self.READY_WAIT:g} s")) + ")"
         gpu_build = bool((server.fields or {}).get("gpu_build", True))
@@ -345,6 +361,7 @@ class WarmHosts:
 
     def close(self) -> None:
         """End every spare and server (the tasks are the launcher's to end, before)."""
+        self._closing.set()
         with self._lock:
             self._closed = True
             spares = [spare for ss in self.spares.values() for spare in ss]

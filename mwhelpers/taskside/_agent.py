@@ -196,8 +196,8 @@ class Agent:
         if warm == wire.OWN_SERVER:
             ctl = self.own.take() if self.own is not None else None
             if ctl is None:
-                report(wire.Report.COLD, self.own.why if self.own is not None
-                       else "this agent started no warm server of its own")
+                report(wire.Report.COLD, f"its own warm server: {self.own.why}"
+                       if self.own is not None else "this agent started no warm server of its own")
             else:
                 self.child = self.fork(ctl, argv[3:], env, cwd, dump_read)
         elif warm:
@@ -336,6 +336,35 @@ class Agent:
         report(wire.Report.RECORD, json.dumps(record))
 
 
+def await_header(heartbeat: float | None, folder: str,
+                 own: agentwarm.OwnServer | None) -> str:
+    """A spare's next line that is not a ``ping`` ('' at the end of its input).  With a
+    ``heartbeat``, a spare that has heard nothing for that long (its kernel, or the network to
+    it, gone silent) removes its folder, ends its own server and exits."""
+    heard = time.monotonic()
+    got = threading.Event()
+
+    def watch(limit: float) -> None:
+        while not got.wait(limit / 4):
+            if time.monotonic() - heard > limit:
+                if own is not None:
+                    own.drop()
+                shutil.rmtree(folder, ignore_errors=True)
+                os._exit(0)
+
+    if heartbeat:
+        threading.Thread(target=watch, args=(heartbeat,), daemon=True).start()
+    try:
+        while True:
+            line = sys.stdin.readline()
+            heard = time.monotonic()
+            parsed = wire.parse_command(line) if line else None
+            if parsed is None or parsed[0] is not wire.Command.PING:
+                return line
+    finally:
+        got.set()
+
+
 def main() -> int:
     # Until its task starts, a signal ends this agent through its clean-up (a spare's files)
     for s in (signal.SIGHUP, signal.SIGTERM):
@@ -346,11 +375,11 @@ def main() -> int:
         line = sys.stdin.readline()
         if line.startswith(wire.PRELOAD):  # a spare: the start-up's files, ahead of its task
             folder = tempfile.mkdtemp(prefix="mwhelpers-task-")
-            files, how = wire.read_preload(line)
-            write_files(folder, files)
-            if how is not None:
-                own = agentwarm.OwnServer(folder, how)
-            line = sys.stdin.readline()
+            spare = wire.read_preload(line)
+            write_files(folder, spare["files"])
+            if spare["serve"] is not None:
+                own = agentwarm.OwnServer(folder, spare["serve"])
+            line = await_header(spare["heartbeat"], folder, own)
         if not line:  # a spare whose kernel never used it
             return 0
         header = wire.read_header(line)

@@ -177,7 +177,7 @@ class OwnServer:
     def __init__(self, folder: str, how: dict[str, Any]) -> None:
         # Started from the main thread: its PDEATHSIG fires when the thread that forked it ends.
         self.zygote, self.ctl = start_server(sys.executable, folder, how)
-        self.why = "its own warm server was not ready"
+        self.why = "it was not ready"
         self.lock = threading.Lock()
         self.dropped = False
         self.thread = threading.Thread(target=self._await, daemon=True)
@@ -189,8 +189,8 @@ class OwnServer:
             if self.dropped:
                 return
             if isinstance(ready, str):
-                self.why = f"its own warm server: {ready}"
-                report(wire.Report.COLD, self.why)
+                self.why = ready
+                report(wire.Report.COLD, ready)
                 self.zygote.kill()
             else:
                 self.why = ""

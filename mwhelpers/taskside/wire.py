@@ -195,30 +195,35 @@ def header(**fields: Any) -> str:
 
 
 # A spare agent's first line, before its header: the start-up's files, which the agent writes
-# into its folder while it waits (the header then needs only a cell's code), and optionally
-# "serve" ({"env", "cwd", "first"}): a warm-start server of its own to start meanwhile, as a
-# host's is (it reports warm or cold), for a task that must stay in the spare's own unit (a
-# Slurm job step).  A header whose "warm" is OWN_SERVER forks its task there.
+# into its folder while it waits (the header then needs only a cell's code); "heartbeat"
+# (seconds, or null): the kernel pings the spare, which ends itself once it has heard nothing
+# for that long; and optionally "serve" ({"env", "cwd", "first"}): a warm-start server of its
+# own to start meanwhile, as a host's is (it reports warm or cold), for a task that must stay in
+# the spare's own unit (a Slurm job step).  A header whose "warm" is OWN_SERVER forks its task
+# there.
 PRELOAD = '{"preload": '
 OWN_SERVER = "{own}"
 
 
-def preload(files: dict[str, str], serve: dict[str, Any] | None = None) -> str:
-    """A spare's first line (:data:`PRELOAD`): ``files`` (name -> text), with the version, and
-    what its own warm-start server imports (``serve``: env, cwd, first), if it starts one."""
-    return json.dumps({"preload": files, "version": VERSION,
+def preload(files: dict[str, str], serve: dict[str, Any] | None = None,
+            heartbeat: float | None = None) -> str:
+    """A spare's first line (:data:`PRELOAD`): ``files`` (name -> text), with the version, its
+    ``heartbeat``, and what its own warm-start server imports (``serve``: env, cwd, first), if
+    it starts one."""
+    return json.dumps({"preload": files, "version": VERSION, "heartbeat": heartbeat,
                        **({"serve": serve} if serve else {})})
 
 
-def read_preload(line: str) -> tuple[dict[str, str], dict[str, Any] | None]:
-    """The files of a :func:`preload` line and its ``serve`` (or None); ValueError as
-    :func:`read_header`'s."""
+def read_preload(line: str) -> dict[str, Any]:
+    """A :func:`preload` line's ``files``, ``heartbeat`` and ``serve`` (None where it has
+    none); ValueError as :func:`read_header`'s."""
     data = json.loads(line)
     if not isinstance(data, dict) or data.get("version") != VERSION:
         raise ValueError(f"a preload of protocol version {data.get('version')!r}; this agent "
                          f"speaks {VERSION}")
-    serve = data.get("serve")
-    return dict(data["preload"]), (dict(serve) if serve else None)
+    serve, heartbeat = data.get("serve"), data.get("heartbeat")
+    return {"files": dict(data["preload"]), "serve": dict(serve) if serve else None,
+            "heartbeat": float(heartbeat) if heartbeat else None}
 
 
 def read_header(line: str) -> dict[str, Any]:

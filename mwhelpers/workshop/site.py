@@ -32,7 +32,8 @@ TITLE = "TensorFlow distributed training from a notebook"
 COPYRIGHT = "2026, the mwhelpers authors"
 GUIDE = ROOT / "docs" / "guide"
 # The guide's pages in the order a reader wants them; a page not named here comes after them.
-GUIDE_ORDER = ("extension", "keras3", "more-machines", "diagnosis", "layout", "contributing")
+GUIDE_ORDER = ("install", "extension", "keras3", "more-machines", "diagnosis", "performance", "layout",
+               "contributing")
 
 CONF = f'''project = {TITLE!r}
 html_title = {TITLE!r}

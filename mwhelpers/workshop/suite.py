@@ -30,6 +30,7 @@ import argparse
 import ast
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -384,6 +385,21 @@ def usual_seconds(path: Path) -> float:
         return float(meta[USUAL_SECONDS[0]][USUAL_SECONDS[1]])
     except (OSError, ValueError, KeyError, TypeError):
         return float("inf")
+
+
+# A notebook's "Before you start" box: the markdown cell tagged SETUP_TAG after its title, a
+# table of what it needs and how long it takes; bench_suite.py --record-usual rewrites the
+# second with usual_seconds (tests/inprocess/test_tutorial_shape.py checks that they agree).
+SETUP_TAG = "setup"
+TAKES_ROW = re.compile(r"^\| It takes \| about (\d+) s on (\d+) CPU cores? at the default sizes "
+                       r"\(measured (\d{4}-\d\d-\d\d)\) \|$", re.M)
+
+
+def takes_row(seconds: float, cores: int, measured: str) -> str:
+    """The box's row for a notebook that took ``seconds`` on ``cores`` CPU cores in the suite
+    run of the day ``measured`` (YYYY-MM-DD), rounded to 5 s."""
+    return (f"| It takes | about {max(5, 5 * round(seconds / 5))} s on {cores} CPU "
+            f"core{'s' if cores != 1 else ''} at the default sizes (measured {measured}) |")
 
 
 def default_jobs() -> int:

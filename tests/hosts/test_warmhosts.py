@@ -1,9 +1,10 @@
 """Warm servers and spare agents on other hosts (``mwhelpers/backends/warmhosts.py``), on the
 session's test hosts: over SSH and Ray, a task whose program imports TensorFlow is forked
-from its host's server (under Slurm, from its spare's own, in the spare's job step), keeps what a fresh start gives (its output, exit code, exit
-record, end), and a task that cannot be forked starts afresh and says why.  (Its arguments
-vary here, not its environment: a variable the server was not started with sends a task to a
-fresh start, as it would give a local task a server of its own.)
+from its host's server (under Slurm, from its spare's own, in the spare's job step), keeps
+what a fresh start gives (its output, exit code, exit record, end), and a task that cannot be
+forked starts afresh and says why.  (Its arguments vary here, not its environment: a variable
+the server was not started with sends a task to a fresh start, as it would give a local task a
+server of its own.)
 """
 
 import os
@@ -16,6 +17,7 @@ import psutil
 import pytest
 from conftest import gone_within, task_pids
 from test_backends import allocation  # noqa: F401  (fixture)
+from test_multihost import link_down
 
 from mwhelpers.backends.warmhosts import WarmHosts
 from mwhelpers.failures import WorkerFailed
@@ -152,6 +154,32 @@ print(json.loads(answer)["kind"] if answer else "none", flush=True)
 """
 
 
+def test_a_partition_ends_a_hosts_waiting_spare_and_server_and_launches_go_on(warm, hosts,
+                                                                           monkeypatch):
+    """A spare hears the kernel's pings while it waits: cut off for longer than the heartbeat,
+    it ends itself (as its host's server does), so nothing waits there for a TCP timeout;
+    once the link is back a launch starts its task afresh, saying why."""
+    rt, program = warm
+    monkeypatch.setenv("MWHELPERS_HEARTBEAT", "2")
+    host = hosts.names[0]
+    rt.define_cluster(1, backend="ssh", hosts=[host])
+    servers = ready_servers(rt)
+    (spare,) = servers.spares[host]
+    assert spare.usable(spare.env, 30)
+    time.sleep(3)  # past the heartbeat: the pings keep it
+    assert spare.popen.poll() is None and servers.servers[host].popen.poll() is None
+    with link_down(hosts, host):
+        time.sleep(5)
+    deadline = time.monotonic() + 20
+    while spare.popen.poll() is None or servers.servers[host].popen.poll() is None:
+        assert time.monotonic() < deadline, task_pids(hosts)
+        time.sleep(0.2)
+    assert not task_pids(hosts)
+    run = rt.launch("worker:0", script=program, args=["3"], background=True, ready="start")
+    assert run.wait(60) == 3
+    assert "its host's warm server is not ready" in (servers.last_cold_reason or "")
+
+
 def test_only_the_clusters_own_user_has_tasks_forked(warm, hosts, tmp_path):
     """The warm server's socket is abstract: no file permissions guard it, and its name is
     listed in /proc/net/unix.  Another user who connects has nothing forked; the same
@@ -217,6 +245,29 @@ def test_slurm_tasks_fork_from_their_spares_own_servers_each_in_its_own_step(war
     assert "environment differs" in (warmhosts.last_cold_reason or "")
     assert not any(line.startswith(NOTICE) for line in run.lines())
     assert any(line.startswith("RAN True") for line in run.lines())
+
+
+def test_a_slurm_spare_whose_own_server_fails_has_its_task_start_afresh(warm, hosts, allocation,  # noqa: F811
+                                                                         tmp_path, monkeypatch):
+    """A spare's own server that cannot import (here a broken ``tensorflow`` first on the
+    path, which srun passes on) says so; its task starts afresh in the same spare, and the
+    reason names the spare's server."""
+    rt, _ = warm
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "tensorflow.py").write_text("raise ImportError('not this TensorFlow')\n")
+    monkeypatch.setenv("PYTHONPATH", str(broken))
+    plain = tmp_path / "plain.py"
+    plain.write_text("print('PLAIN RAN', flush=True)\n")
+    rt.define_cluster(1, backend="slurm", job=allocation)
+    (spare,) = [s for ss in rt.launcher.warm.spares.values() for s in ss]
+    assert not spare.server.ready(120)
+    assert spare.server.error, "no reason was given"
+    run = rt.launch("worker:0", script=plain, background=True, ready="start")
+    assert run.wait(60) == 0
+    why = rt.launcher.warm.last_cold_reason or ""
+    assert why.startswith("its spare's own warm server is not ready"), why
+    assert any(line.startswith("PLAIN RAN") for line in run.lines()), run.lines()
 
 
 def test_ray_tasks_fork_from_their_nodes_warm_servers(warm, hosts, ray):

@@ -73,6 +73,24 @@ def test_a_previous_and_next_line_at_the_top_and_the_bottom(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_box_after_the_title_says_what_it_needs_and_how_long_it_took(path):
+    """As tutorial sites do: what a learner must have, and the time the notebook took in the
+    suite (its usual_seconds, which bench_suite.py --record-usual writes into both)."""
+    from mwhelpers.workshop.suite import SETUP_TAG, TAKES_ROW, takes_row, usual_seconds
+
+    box = cells(path)[2]
+    assert box["cell_type"] == "markdown" and SETUP_TAG in tags(box), source(box)
+    text = source(box)
+    assert text.startswith("| Before you start | |\n|---|---|\n| You need | "), text
+    assert "%pip install" in text and "restart the kernel" in text, text
+    row = TAKES_ROW.search(text)
+    assert row, f"no 'It takes' row in: {text}"
+    seconds, cores, day = float(row.group(1)), int(row.group(2)), row.group(3)
+    assert row.group(0) == takes_row(usual_seconds(path), cores, day), (
+        f"the box says {seconds:g} s, but its usual_seconds is {usual_seconds(path):g}")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_lessons_hold_no_assert_and_each_check_cell_says_what_it_checks(path):
     checks = 0
     for cell in cells(path):
@@ -103,13 +121,29 @@ def test_no_drawing_code_and_no_long_cell(path):
         assert len(text.splitlines()) <= MAX_CODE_LINES, text[:300]
 
 
-def test_the_prose_goals_hold():
+def _prose():
     spec = importlib.util.spec_from_file_location("prose", ROOT / "benchmarks" / "prose.py")
     prose = importlib.util.module_from_spec(spec)
     sys.modules["prose"] = prose  # its dataclass looks its module up there
     spec.loader.exec_module(prose)
+    return prose
+
+
+def test_the_prose_goals_hold():
+    prose = _prose()
     results = [prose.measure(p) for p in NOTEBOOKS]
     words = sum(r.words for r in results)
     assert words <= prose.MAX_WORDS, words
     assert [(r.name, round(r.mean, 1)) for r in results if r.mean > prose.MAX_MEAN] == []
     assert [(r.name, s) for r in results for s in r.long] == []
+
+
+def test_the_guide_the_cheat_sheet_and_the_readme_read_as_the_notebooks_do():
+    """The same sentence goals for what a reader reads beside the notebooks (no word cap)."""
+    prose = _prose()
+    results = [prose.measure(p) for p in prose.docs(ROOT)]
+    assert {r.name for r in results} >= {"extension.md", "more-machines.md", "README.md"}
+    assert [(r.name, round(r.mean, 1)) for r in results if r.mean > prose.MAX_MEAN] == []
+    assert [(r.name, s) for r in results for s in r.long] == []
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 120, "the README is for a newcomer's two-minute read"
