@@ -18,8 +18,9 @@
    time and then with the default ``--jobs`` (or the ``--jobs`` given), with the CPU seconds
    it used. Goal: <= 150 s on the machines it was set on, where one ``import tensorflow`` took
    3.0 CPU s; the wall time is also given scaled by that import, measured in the same run.
-   ``--record-usual`` writes each notebook's seconds into its metadata, which orders a fresh
-   checkout's first run (longest first).
+   ``--record-usual`` writes each notebook's seconds in the run of one notebook at a time into
+   its metadata and its "Before you start" box; they also order a fresh checkout's first run
+   (longest first).
 """
 
 import argparse
@@ -252,6 +253,9 @@ def bench_suite(job_counts, record=False):
               f"CPU {cpu:.0f} s, {cpu / seconds / cores:.0%} of {cores} cores busy")
         for ln in table:
             print("  " + ln)
+        if record and jobs == 1:  # each notebook alone: what a learner waits, and the order
+            print("recorded in notebooks/ (their boxes, and a fresh checkout's first order):")
+            record_usual(out)
     imports.append(import_cpu())
     speed = statistics.mean(imports) / REFERENCE_IMPORT_CPU
     print(f"one `import tensorflow` after: {imports[1]:.2f} CPU s; this machine is "
@@ -261,9 +265,6 @@ def bench_suite(job_counts, record=False):
         print(f"--jobs {jobs}: {seconds:.1f} s here = {seconds / statistics.mean(imports):.0f} "
               f"imports' time = {scaled:.0f} s scaled to the reference; goal <= 150 s there: "
               f"{'met' if scaled <= 150 else 'NOT met'}")
-    if record:
-        print("recorded in notebooks/ (the order of a fresh checkout's first run):")
-        record_usual(out)
     if 1 in runs and len(runs) > 1:
         many = max(runs)
         print(f"--jobs {many} / --jobs 1: {runs[many] / runs[1]:.2f}")
@@ -280,9 +281,12 @@ def main():
     p.add_argument("--jobs", type=int, nargs="+", default=None,
                    help="the suite's --jobs values to run (default: 1, then the suite's default)")
     p.add_argument("--record-usual", action="store_true",
-                   help="write each notebook's seconds in the last suite run into its metadata, "
-                        "which orders a fresh checkout's first run")
+                   help="write each notebook's seconds in the run of one notebook at a time "
+                        "into its metadata and its 'Before you start' box (the time also orders "
+                        "a fresh checkout's first run)")
     a = p.parse_args()
+    if a.record_usual and a.jobs is not None and 1 not in a.jobs:
+        p.error("--record-usual records the run of one notebook at a time: add 1 to --jobs")
     if not a.suite_only:
         bench_ratio(a.rounds, a.sizes)
         if a.stall_runs:

@@ -159,9 +159,10 @@ WARM_START: Setting[bool] = Setting(
     "TensorFlow once (less CPU per task: benchmarks/bench_warmstart.py)", "1 or 0")
 WARM_HOSTS: Setting[bool] = Setting(
     "MWHELPERS_WARM_HOSTS", switch, True, "on",
-    "`0` starts nothing ahead on other hosts; by default a cluster of the ssh, slurm or ray "
-    "backend starts a warm server on each host and a spare agent for each task when it is "
-    "defined, so that a launch there forks like a local one (benchmarks/bench_multihost.py)",
+    "`0` starts nothing ahead on other hosts; by default a cluster of the ssh or ray backend "
+    "starts a warm server on each host and a spare agent for each task when it is defined (the "
+    "slurm backend: a spare with a warm server of its own, in its own job step), so that a "
+    "launch there forks like a local one (benchmarks/bench_multihost.py)",
     "1 or 0")
 RECONNECT_MS: Setting[int] = Setting(
     "MWHELPERS_RECONNECT_MS", milliseconds, 50, "50",

@@ -512,7 +512,7 @@ class AgentLauncher(Launcher):
         if host is None:
             raise ValueError(f"{self.name or type(self).__name__} starts tasks on other hosts: "
                              "the launch spec names none")
-        spare = self.warm.take(host) if self.warm else None
+        spare = self.warm.take(host, standby=spec.standby) if self.warm else None
         try:
             header = self._header(spec, spare)
             logf = open_log(spec.log_path)

@@ -194,11 +194,14 @@ class Spare:
         """Its own server's report, and no further (the task's agent process reads on)."""
         assert self.popen.stderr is not None and self.server is not None
         last: list[str] = []
-        for raw in self.popen.stderr:
-            line = raw.decode(errors="replace").rstrip("\n")
-            if self.server.note(line):
-                return
-            last = [*last[-4:], line]
+        try:
+            for raw in self.popen.stderr:
+                line = raw.decode(errors="replace").rstrip("\n")
+                if self.server.note(line):
+                    return
+                last = [*last[-4:], line]
+        except (OSError, ValueError):  # (closed by the launcher's close)
+            pass
         self.server.gone(last)
 
     def usable(self, env: dict[str, str], wait: float) -> bool:
@@ -295,29 +298,39 @@ class WarmHosts:
                           self.transport_env(), serve=own)
             self.spares.setdefault(host, []).append(spare)
 
-    def take(self, host: str) -> Spare | None:
-        """A spare on ``host``, its agent waiting for a header (another spare replaces it);
-        None: there is none to use.  The others stay in the pool, pinged, meanwhile."""
+    def take(self, host: str, standby: bool = False) -> Spare | None:
+        """A spare on ``host``, its agent waiting for a header; None: there is none to use.
+        The host's server (or the spare's own) is waited for here, while the spares are still
+        in the pool and pinged, so that the launch then decides at once; a ``standby``, which
+        imports by itself, waits for no import and leaves the spares still importing.  Each
+        spare taken or given up is replaced."""
+        server = self.servers.get(self.launcher.machine_of(host))
+        if server is not None and not standby:
+            server.ready(self.READY_WAIT)
         with self._lock:
             candidates = list(self.spares.get(host, []))
-        env, found = self.transport_env(), None
+        env, found, removed = self.transport_env(), None, 0
         for spare in candidates:
+            if standby and spare.reader is not None and spare.reader.is_alive():
+                continue  # (its own server still imports: left for a task it can fork)
             usable = spare.usable(env, self.SPARE_WAIT if spare.server is None else self.READY_WAIT)
             with self._lock:
                 pool = self.spares.get(host, [])
                 if spare not in pool:  # (another launch took it, or the launcher closed)
                     continue
                 pool.remove(spare)
+            removed += 1
             if usable:
                 found = spare
                 break
             close_spare(spare.popen)
-        # Its successor starts once this launch's task is under way: a new transport (ssh's key
+        # Successors start once this launch's task is under way: a new transport (ssh's key
         # exchange, an sshd, a Ray driver) and its agent's Python start would take CPU from the
         # task's own start (ssh: 80 ms to ready for the second of two tasks, 40 ms with this).
-        later = threading.Timer(self.SPARE_AFTER, self._add_spare, args=(host,))
-        later.daemon, later.name = True, "mwhelpers-new-spare"
-        later.start()
+        for _ in range(removed if candidates else 1):
+            later = threading.Timer(self.SPARE_AFTER, self._add_spare, args=(host,))
+            later.daemon, later.name = True, "mwhelpers-new-spare"
+            later.start()
         return found
 
     def warm_name(self, spec: LaunchSpec, spare: Spare | None) -> str | None:
@@ -373,6 +386,8 @@ class WarmHosts:
             server.closed.set()
         end_transports([*(s.popen for s in spares), *(s.popen for s in self.servers.values())])
         for spare in spares:  # (a server's is read to its end by its own thread)
+            if spare.reader is not None:
+                spare.reader.join(5)
             if spare.popen.stderr is not None:
                 spare.popen.stderr.close()
 

@@ -202,6 +202,8 @@ class Agent:
                 self.child = self.fork(ctl, argv[3:], env, cwd, dump_read)
         elif warm:
             self.child = self.fork(warm, argv[3:], env, cwd, dump_read)
+        if self.child is None and self.own is not None:
+            self.own.drop()  # (a fresh start imports by itself)
         if self.child is None:
             self.child = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                                           stderr=subprocess.STDOUT, start_new_session=True,
@@ -340,29 +342,36 @@ def await_header(heartbeat: float | None, folder: str,
                  own: agentwarm.OwnServer | None) -> str:
     """A spare's next line that is not a ``ping`` ('' at the end of its input).  With a
     ``heartbeat``, a spare that has heard nothing for that long (its kernel, or the network to
-    it, gone silent) removes its folder, ends its own server and exits."""
-    heard = time.monotonic()
-    got = threading.Event()
+    it, gone silent) says so, removes its folder, ends its own server and exits; a line read
+    once it has decided that counts as the end of its input."""
+    state = {"heard": time.monotonic(), "done": False}
+    lock = threading.Lock()
 
     def watch(limit: float) -> None:
-        while not got.wait(limit / 4):
-            if time.monotonic() - heard > limit:
-                if own is not None:
-                    own.drop()
-                shutil.rmtree(folder, ignore_errors=True)
-                os._exit(0)
+        while True:
+            time.sleep(limit / 4)
+            with lock:
+                if state["done"]:
+                    return
+                silent = time.monotonic() - state["heard"]
+                if silent > limit:
+                    report(wire.Report.COLD, f"a spare that heard nothing for {silent:.0f} s "
+                           "ends itself")
+                    if own is not None:
+                        own.drop()
+                    shutil.rmtree(folder, ignore_errors=True)
+                    os._exit(0)  # (under the lock: no line is taken meanwhile)
 
     if heartbeat:
         threading.Thread(target=watch, args=(heartbeat,), daemon=True).start()
-    try:
-        while True:
-            line = sys.stdin.readline()
-            heard = time.monotonic()
+    while True:
+        line = sys.stdin.readline()
+        with lock:
+            state["heard"] = time.monotonic()
             parsed = wire.parse_command(line) if line else None
             if parsed is None or parsed[0] is not wire.Command.PING:
+                state["done"] = True
                 return line
-    finally:
-        got.set()
 
 
 def main() -> int:

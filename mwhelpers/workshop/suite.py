@@ -371,8 +371,9 @@ def longest_first(paths: Iterable[Path], out_dir: Path) -> list[Path]:
     return sorted(paths, key=lambda p: (-seconds(p), not _takes_hosts(p), p.name))
 
 
-# metadata.mwhelpers.usual_seconds: what a notebook took in a whole suite run at its default
-# sizes, two at a time on 2 cores; only the order of a first run depends on it.
+# metadata.mwhelpers.usual_seconds: what a notebook took alone in a whole suite run at its default
+# sizes (bench_suite.py --record-usual, one notebook at a time); the order of a first run and
+# the notebook's "Before you start" box depend on it.
 USUAL_SECONDS = ("mwhelpers", "usual_seconds")
 
 

@@ -10,6 +10,9 @@ server of its own.)
 import os
 import signal
 import subprocess
+import sys
+import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -105,6 +108,19 @@ def test_ssh_tasks_fork_from_their_hosts_warm_servers_and_end_as_fresh_ones(warm
     assert pid not in task_pids(hosts)
 
 
+def test_a_launch_right_after_the_cluster_waits_for_the_import_with_its_spare_alive(
+        warm, hosts, monkeypatch):
+    """Launched before its host's server has imported TensorFlow, with a heartbeat shorter
+    than that import: the spare it will take is still pinged while the launch waits, so the
+    task is forked there, not lost with a spare that ended itself."""
+    rt, program = warm
+    monkeypatch.setenv("MWHELPERS_HEARTBEAT", "1")
+    rt.define_cluster(1, backend="ssh", hosts=[hosts.names[0]])
+    server = next(iter(rt.launcher.warm.servers.values()))
+    assert not server.done.is_set()  # (its import has only begun)
+    check_forked(rt, rt.launcher.warm, program)
+
+
 def test_a_task_that_cannot_fork_starts_afresh_and_says_why(warm, hosts):
     rt, program = warm
     rt.define_cluster(1, backend="ssh", hosts=[hosts.names[0]])
@@ -152,6 +168,51 @@ mine.settimeout(20)
 answer = mine.recv(65536)
 print(json.loads(answer)["kind"] if answer else "none", flush=True)
 """
+
+
+def test_a_killed_kernel_leaves_no_server_spare_or_forked_task_behind(warm, hosts, tmp_path):
+    """SIGKILL of the kernel (none of its clean-up runs) while both hosts hold a warm server, a
+    spare and a task forked there: the transports' input ends, so every agent ends its task,
+    the servers then leave, and the spares too.  The heartbeat is off, so that nothing else
+    could explain it."""
+    _, program = warm
+    kernel = textwrap.dedent(f"""
+        import sys, time
+        from mwhelpers import Runtime
+        rt = Runtime(log_dir={str(tmp_path / "logs")!r}, echo=lambda line: None)
+        rt.define_cluster(2, backend="ssh", hosts={list(hosts.names)!r})
+        for server in rt.launcher.warm.servers.values():
+            assert server.ready(180), server.error
+        runs = [rt.launch(t, script={str(program)!r}, args=["sleep"], background=True,
+                          ready="start") for t in ("worker:0", "worker:1")]
+        deadline = time.monotonic() + 60
+        while not all(any(l.startswith({NOTICE!r}) for l in r.lines()) for r in runs):
+            assert time.monotonic() < deadline, [r.lines() for r in runs]
+            time.sleep(0.1)
+        print("forked", flush=True)
+        time.sleep(300)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", kernel], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "MWHELPERS_HEARTBEAT": "0"})
+    try:
+        said: list[str] = []
+        reader = threading.Thread(target=lambda: said.extend(iter(proc.stdout.readline, "")),
+                                  daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 240
+        while not any(line.strip() == "forked" for line in said):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(said)
+            time.sleep(0.1)
+        # on each host: the server's agent and its zygote, the forked task and its agent
+        assert len(task_pids(hosts)) >= 8, task_pids(hosts)
+        proc.kill()  # SIGKILL: no clean-up code of the kernel runs
+        proc.wait()
+        assert gone_within(hosts, 20), f"left behind on the test hosts: {task_pids(hosts)}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_a_partition_ends_a_hosts_waiting_spare_and_server_and_launches_go_on(warm, hosts,
@@ -222,7 +283,8 @@ def test_slurm_tasks_fork_from_their_spares_own_servers_each_in_its_own_step(war
         run = runs[task] = rt.launch(task, script=program, args=["sleep"], background=True,
                                      ready="start")
         deadline = time.monotonic() + 60
-        while not any(line.startswith(NOTICE) for line in run.lines()):
+        while not any(line.startswith(NOTICE) for line in run.lines()) or (
+                run.process.remote_pid is None):  # (its agent reports the pid after the fork)
             assert time.monotonic() < deadline and run.running, run.lines()
             time.sleep(0.1)
         assert warmhosts.last_cold_reason is None
