@@ -55,7 +55,7 @@ Environments:
   gloo listened (``mwhelpers/taskside/jaxgloo.py``).
 * ``bare``: Python 3.12 with ipykernel alone, no mwhelpers: a notebook's first code cell,
   ``%load_ext mwhelpers``, fails naming mwhelpers; installed with ``%pip`` from the checkout as
-  the notebook's introduction says, then in a new kernel, the first cell and the magics work.
+  the notebook's box says, then in a new kernel, the first cell and the magics work.
 * ``conda``: Python 3.11; environment.yml's pip packages installed the way conda's pip step
   does (a resolving ``pip install -r``), then the one ``--no-deps`` line its header gives; the
   result must be exactly the lock, with one TensorFlow.
@@ -629,8 +629,9 @@ def first_code_cell(notebook):
 
 def check_bare(work):
     """A notebook's first cell where mwhelpers is not installed: it fails naming mwhelpers, the
-    notebook's introduction says how to install it, and once installed so (a new kernel, as after
-    a restart) the first cell loads the extension and the magics work."""
+    notebook's "Before you start" box says how to install it, and once installed so (a new
+    kernel, as the box says to restart it) the first cell loads the extension and the magics
+    work."""
     t0 = time.monotonic()
     py, log = fresh_venv("bare", "3.12", work)
     run([py, "-m", "pip", "install", "--disable-pip-version-check", "-q", "ipykernel==7.4.0"], log)
@@ -638,20 +639,21 @@ def check_bare(work):
     checkout = work / "bare-checkout"
     copy_package(checkout, "notebooks")
     notebook = ROOT / "notebooks" / "03_multi_worker_keras.ipynb"
-    intro = "".join(next(c for c in json.loads(notebook.read_text())["cells"]
-                         if "nav" not in c.get("metadata", {}).get("tags", []))["source"])
+    box = "".join(next(c for c in json.loads(notebook.read_text())["cells"]
+                       if "setup" in c.get("metadata", {}).get("tags", []))["source"])
     cell = first_code_cell(notebook)
-    check(cell == "%load_ext mwhelpers" and "pip install PATH_OF_THIS_CHECKOUT" in intro,
-          f"the first cell should load mwhelpers and the introduction say how to install it:\n{intro}")
+    check(cell == "%load_ext mwhelpers" and "%pip install PATH_OF_THIS_CHECKOUT" in box
+          and "restart the kernel" in box,
+          f"the first cell should load mwhelpers and the box say how to install it:\n{box}")
     k = Kernel(py, checkout / "notebooks", kernel_env(py, legacy_keras=False))
     try:
         status, out = k.run(cell)
         check(status == "error" and "No module named 'mwhelpers'" in out,
               f"without mwhelpers the first cell should fail naming it:\n{out}")
-        k.ok(f"%pip install --quiet {checkout}", timeout=300)  # as the introduction says
+        k.ok(f"%pip install --quiet {checkout}", timeout=300)  # as the box says
     finally:
         k.close()
-    say("bare: without mwhelpers the first cell fails naming it; the introduction says how to install")
+    say("bare: without mwhelpers the first cell fails naming it; the box says how to install")
     k = Kernel(py, checkout / "notebooks", kernel_env(py, legacy_keras=False))
     try:
         k.ok(cell, timeout=300)
@@ -660,7 +662,7 @@ def check_bare(work):
         check(str(py.parent.parent) in out and "workers 2" in out, out)
     finally:
         k.close()
-    say("bare: installed as the introduction says, the first cell loads the extension and the "
+    say("bare: installed as the box says, the first cell loads the extension and the "
         "magics work (c = %cluster 2 returns the cluster)")
     return time.monotonic() - t0
 
