@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import gone_within, task_pids
-from test_backends import allocation  # noqa: F401  (fixture)
+from test_backends import allocation, ray_helpers  # noqa: F401  (a fixture)
 from test_multihost import link_down
 
 from mwhelpers.backends.warmhosts import WarmHosts
@@ -170,17 +170,21 @@ print(json.loads(answer)["kind"] if answer else "none", flush=True)
 """
 
 
-def test_a_killed_kernel_leaves_no_server_spare_or_forked_task_behind(warm, hosts, tmp_path):
+@pytest.mark.parametrize("backend", ["ssh", "ray"])
+def test_a_killed_kernel_leaves_no_server_spare_or_forked_task_behind(warm, hosts, tmp_path,
+                                                                      request, backend):
     """SIGKILL of the kernel (none of its clean-up runs) while both hosts hold a warm server, a
-    spare and a task forked there: the transports' input ends, so every agent ends its task,
-    the servers then leave, and the spares too.  The heartbeat is off, so that nothing else
-    could explain it."""
+    spare and a task forked there: the transports' input ends (ssh's, or the Ray relays', which
+    are the kernel's children), so every agent ends its task, the servers then leave, and the
+    spares too.  The heartbeat is off, so that nothing else could explain it."""
     _, program = warm
+    where = ({"backend": "ssh", "hosts": list(hosts.names)} if backend == "ssh" else
+             {"backend": "ray", "address": request.getfixturevalue("ray").address})
     kernel = textwrap.dedent(f"""
         import sys, time
         from mwhelpers import Runtime
         rt = Runtime(log_dir={str(tmp_path / "logs")!r}, echo=lambda line: None)
-        rt.define_cluster(2, backend="ssh", hosts={list(hosts.names)!r})
+        rt.define_cluster(2, **{where!r})
         for server in rt.launcher.warm.servers.values():
             assert server.ready(180), server.error
         runs = [rt.launch(t, script={str(program)!r}, args=["sleep"], background=True,
@@ -204,11 +208,13 @@ def test_a_killed_kernel_leaves_no_server_spare_or_forked_task_behind(warm, host
         while not any(line.strip() == "forked" for line in said):
             assert time.monotonic() < deadline and proc.poll() is None, "".join(said)
             time.sleep(0.1)
-        # on each host: the server's agent and its zygote, the forked task and its agent
+        # on each host (Ray: each node): the server's agent and zygote, the task and its agent
         assert len(task_pids(hosts)) >= 8, task_pids(hosts)
         proc.kill()  # SIGKILL: no clean-up code of the kernel runs
         proc.wait()
         assert gone_within(hosts, 20), f"left behind on the test hosts: {task_pids(hosts)}"
+        # here: the kernel's relays (its tasks', servers' and spares'), orphaned
+        assert gone_within(hosts, 20, find=lambda _: ray_helpers()), ray_helpers()
     finally:
         if proc.poll() is None:
             proc.kill()
