@@ -387,7 +387,10 @@ def main() -> int:
             spare = wire.read_preload(line)
             write_files(folder, spare["files"])
             if spare["serve"] is not None:
-                own = agentwarm.OwnServer(folder, spare["serve"])
+                try:
+                    own = agentwarm.OwnServer(folder, spare["serve"])
+                except OSError as e:  # (its task then starts afresh, in this spare)
+                    report(wire.Report.COLD, f"{type(e).__name__}: {e}")
             line = await_header(spare["heartbeat"], folder, own)
         if not line:  # a spare whose kernel never used it
             return 0

@@ -133,13 +133,14 @@ def test_pings_keep_the_task_alive_and_are_answered(tmp_path):
     assert sent >= 8 and err.count("@mwhelpers pong") >= sent - 1
 
 
-def spare(tmp_path, heartbeat):
-    """An agent given a spare's preload (a file, and ``heartbeat``), its private folders
-    made under ``tmp_path``."""
+def spare(tmp_path, heartbeat, serve=None):
+    """An agent given a spare's preload (a file, ``heartbeat`` and ``serve``), its private
+    folders made under ``tmp_path``."""
     proc = subprocess.Popen([sys.executable, "-c", AGENT_CODE], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "TMPDIR": str(tmp_path)})
-    proc.stdin.write(wire.preload({"note.txt": "preloaded"}, heartbeat=heartbeat) + "\n")
+    proc.stdin.write(wire.preload({"note.txt": "preloaded"}, serve=serve,
+                                  heartbeat=heartbeat) + "\n")
     proc.stdin.flush()
     return proc
 
@@ -181,6 +182,27 @@ def test_pings_keep_a_spare_waiting_and_its_task_then_runs_with_its_files(tmp_pa
             proc.wait()
     assert out == "preloaded\n" and err.splitlines()[-1] == "@mwhelpers exit 0", (out, err)
     assert "pong" not in err  # (a spare waiting for its header answers no ping)
+
+
+def test_a_spare_whose_own_server_cannot_start_says_so_and_runs_its_task_afresh(tmp_path):
+    """A Slurm spare's own warm server that cannot even start (here its folder is missing):
+    the spare reports ``cold`` with the reason, as its kernel's reader expects, and stays."""
+    proc = spare(tmp_path, None, serve={"env": {}, "cwd": str(tmp_path / "missing"),
+                                        "first": "tensorflow"})
+    try:
+        said = proc.stderr.readline()
+        assert said.startswith("@mwhelpers cold FileNotFoundError"), said
+        task = "import sys; print(open(sys.argv[1]).read(), flush=True)"
+        proc.stdin.write(wire.header(argv=[sys.executable, "-c", task, "{dir}/note.txt"],
+                                     cwd=str(tmp_path), escalation=LOST) + "\n")
+        proc.stdin.flush()
+        proc.wait(15)
+        out, err = proc.stdout.read(), proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert out == "preloaded\n" and err.splitlines()[-1] == "@mwhelpers exit 0", (out, err)
 
 
 def test_a_bad_heartbeat_setting_is_refused_with_what_to_give(monkeypatch):
