@@ -145,6 +145,17 @@ def spare(tmp_path, heartbeat, serve=None):
     return proc
 
 
+def print_the_preloaded_note(proc, tmp_path):
+    """Give a spare the header of a task that prints its preloaded file; (output, reports)
+    once it has exited (its input, the lifeline, stays open meanwhile)."""
+    task = "import sys; print(open(sys.argv[1]).read(), flush=True)"
+    proc.stdin.write(wire.header(argv=[sys.executable, "-c", task, "{dir}/note.txt"],
+                                 cwd=str(tmp_path), escalation=LOST) + "\n")
+    proc.stdin.flush()
+    proc.wait(15)
+    return proc.stdout.read(), proc.stderr.read()
+
+
 def test_a_spare_that_hears_nothing_for_its_heartbeat_ends_itself_and_its_folder(tmp_path):
     proc = spare(tmp_path, 1.0)
     try:
@@ -170,12 +181,7 @@ def test_pings_keep_a_spare_waiting_and_its_task_then_runs_with_its_files(tmp_pa
             proc.stdin.flush()
             time.sleep(0.25)
         assert proc.poll() is None
-        task = "import sys; print(open(sys.argv[1]).read(), flush=True)"
-        proc.stdin.write(wire.header(argv=[sys.executable, "-c", task, "{dir}/note.txt"],
-                                     cwd=str(tmp_path), escalation=LOST) + "\n")
-        proc.stdin.flush()
-        proc.wait(15)  # (its input, the lifeline, stays open)
-        out, err = proc.stdout.read(), proc.stderr.read()
+        out, err = print_the_preloaded_note(proc, tmp_path)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -192,12 +198,7 @@ def test_a_spare_whose_own_server_cannot_start_says_so_and_runs_its_task_afresh(
     try:
         said = proc.stderr.readline()
         assert said.startswith("@mwhelpers cold FileNotFoundError"), said
-        task = "import sys; print(open(sys.argv[1]).read(), flush=True)"
-        proc.stdin.write(wire.header(argv=[sys.executable, "-c", task, "{dir}/note.txt"],
-                                     cwd=str(tmp_path), escalation=LOST) + "\n")
-        proc.stdin.flush()
-        proc.wait(15)
-        out, err = proc.stdout.read(), proc.stderr.read()
+        out, err = print_the_preloaded_note(proc, tmp_path)
     finally:
         if proc.poll() is None:
             proc.kill()
