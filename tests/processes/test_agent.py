@@ -1,5 +1,6 @@
 """The task agent on its own, as ssh or srun would run it: header in, reports out."""
 
+import contextlib
 import os
 import re
 import socket
@@ -133,77 +134,68 @@ def test_pings_keep_the_task_alive_and_are_answered(tmp_path):
     assert sent >= 8 and err.count("@mwhelpers pong") >= sent - 1
 
 
+@contextlib.contextmanager
 def spare(tmp_path, heartbeat, serve=None):
     """An agent given a spare's preload (a file, ``heartbeat`` and ``serve``), its private
-    folders made under ``tmp_path``."""
+    folders made under ``tmp_path``; killed afterwards if it still runs."""
     proc = subprocess.Popen([sys.executable, "-c", AGENT_CODE], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "TMPDIR": str(tmp_path)})
-    proc.stdin.write(wire.preload({"note.txt": "preloaded"}, serve=serve,
-                                  heartbeat=heartbeat) + "\n")
-    proc.stdin.flush()
-    return proc
+    try:
+        proc.stdin.write(wire.preload({"note.txt": "preloaded"}, serve=serve,
+                                      heartbeat=heartbeat) + "\n")
+        proc.stdin.flush()
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def print_the_preloaded_note(proc, tmp_path):
-    """Give a spare the header of a task that prints its preloaded file; (output, reports)
-    once it has exited (its input, the lifeline, stays open meanwhile)."""
+    """Give a spare the header of a task that prints its preloaded file, and check that it
+    did; (output, reports) once it has exited (its input, the lifeline, stays open)."""
     task = "import sys; print(open(sys.argv[1]).read(), flush=True)"
     proc.stdin.write(wire.header(argv=[sys.executable, "-c", task, "{dir}/note.txt"],
                                  cwd=str(tmp_path), escalation=LOST) + "\n")
     proc.stdin.flush()
     proc.wait(15)
-    return proc.stdout.read(), proc.stderr.read()
+    out, err = proc.stdout.read(), proc.stderr.read()
+    assert out == "preloaded\n" and err.splitlines()[-1] == "@mwhelpers exit 0", (out, err)
+    return out, err
 
 
 def test_a_spare_that_hears_nothing_for_its_heartbeat_ends_itself_and_its_folder(tmp_path):
-    proc = spare(tmp_path, 1.0)
-    try:
+    with spare(tmp_path, 1.0) as proc:
         deadline = time.monotonic() + 10
         while not list(tmp_path.glob("mwhelpers-task-*/note.txt")):  # its files, written
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.05)
         proc.wait(10)  # (its input stays open: only silence)
         err = proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0 and "a spare that heard nothing for 1 s ends itself" in err, err
     assert not list(tmp_path.glob("mwhelpers-task-*"))
 
 
 def test_pings_keep_a_spare_waiting_and_its_task_then_runs_with_its_files(tmp_path):
-    proc = spare(tmp_path, 1.0)
-    try:
+    with spare(tmp_path, 1.0) as proc:
         for _ in range(12):  # 3 s, past its 1 s heartbeat
             proc.stdin.write("ping\n")
             proc.stdin.flush()
             time.sleep(0.25)
         assert proc.poll() is None
         out, err = print_the_preloaded_note(proc, tmp_path)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert out == "preloaded\n" and err.splitlines()[-1] == "@mwhelpers exit 0", (out, err)
     assert "pong" not in err  # (a spare waiting for its header answers no ping)
 
 
 def test_a_spare_whose_own_server_cannot_start_says_so_and_runs_its_task_afresh(tmp_path):
     """A Slurm spare's own warm server that cannot even start (here its folder is missing):
     the spare reports ``cold`` with the reason, as its kernel's reader expects, and stays."""
-    proc = spare(tmp_path, None, serve={"env": {}, "cwd": str(tmp_path / "missing"),
-                                        "first": "tensorflow"})
-    try:
+    with spare(tmp_path, None, serve={"env": {}, "cwd": str(tmp_path / "missing"),
+                                      "first": "tensorflow"}) as proc:
         said = proc.stderr.readline()
         assert said.startswith("@mwhelpers cold FileNotFoundError"), said
-        out, err = print_the_preloaded_note(proc, tmp_path)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert out == "preloaded\n" and err.splitlines()[-1] == "@mwhelpers exit 0", (out, err)
+        print_the_preloaded_note(proc, tmp_path)
 
 
 def test_a_bad_heartbeat_setting_is_refused_with_what_to_give(monkeypatch):
