@@ -296,7 +296,7 @@ def test_killing_one_task_ends_its_whole_tree_and_only_it(brt, backend):
 def test_ending_everything_escalates_and_says_what_ended(brt, backend):
     """end_all's default escalation (SIGINT, SIGTERM 1 s later, SIGKILL 1 s after that): a
     task that quits on SIGINT ends with it, two that ignore SIGINT and SIGTERM with SIGKILL,
-    all three at once: both stubborn tasks hear SIGINT before either hears SIGTERM."""
+    all three at once: each stubborn task hears SIGINT long before the other gets SIGKILL."""
     name, kwargs, hosts = backend
     cluster = brt.define_cluster(3, **kwargs)
     runs = [launch(brt, t, code, ready="start")
@@ -318,9 +318,11 @@ def test_ending_everything_escalates_and_says_what_ended(brt, backend):
         got = [ln.split() for ln in run.lines() if ln.startswith("got ")]
         assert [g[1] for g in got] == ["SIGINT", "SIGTERM"], run.lines()
         heard[run.task] = {g[1]: float(g[2]) for g in got}
-    # One after the other, the second task would hear SIGINT only after the first was killed.
-    first_term = min(h["SIGTERM"] for h in heard.values())
-    assert all(h["SIGINT"] < first_term for h in heard.values()), \
+    # At once, each hears SIGINT about 1 s before the other hears SIGTERM. One after the other,
+    # the second would hear SIGINT only after the first's SIGKILL, 1 s after its SIGTERM and
+    # later. Half-way between is the line (a loaded machine's delivery varies).
+    a, b = heard.values()
+    assert b["SIGINT"] < a["SIGTERM"] + 0.5 and a["SIGINT"] < b["SIGTERM"] + 0.5, \
         f"the tasks were ended one after the other: {heard}"
     assert nothing_left(hosts, 5), described(leftovers(hosts))
     with pytest.raises(WorkerFailed, match="worker:0 failed: killed by SIGINT"):
