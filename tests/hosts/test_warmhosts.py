@@ -114,7 +114,7 @@ def test_a_launch_right_after_the_cluster_waits_for_the_import_with_its_spare_al
     than that import: the spare it will take is still pinged while the launch waits, so the
     task is forked there, not lost with a spare that ended itself."""
     rt, program = warm
-    monkeypatch.setenv("MWHELPERS_HEARTBEAT", "1")
+    monkeypatch.setenv("MWHELPERS_HEARTBEAT", "2")  # (an import takes 3 CPU-s at least)
     rt.define_cluster(1, backend="ssh", hosts=[hosts.names[0]])
     server = next(iter(rt.launcher.warm.servers.values()))
     assert not server.done.is_set()  # (its import has only begun)
