@@ -37,6 +37,7 @@ from ..errors import UsageError
 from ..taskside import wire
 from ..taskside.kerasbase import KERAS_FIX_ENV
 from ..taskside.tfdata import STALL_FIX_ENV
+from .agent import AGENT_FILES
 from .base import BOOTSTRAP
 
 TASKSIDE = Path(BOOTSTRAP).parent
@@ -54,7 +55,7 @@ def start_up_files() -> dict[str, str]:
     """{name: text} of what a pod's start-up runs: ``_podstart.py``, ``_bootstrap.py`` and the
     modules they load beside them (not the agent of the SSH and Slurm backends)."""
     return {p.name: p.read_text(encoding="utf-8") for p in sorted(TASKSIDE.glob("*.py"))
-            if p.name not in ("_agent.py", "agentwarm.py")}
+            if p.name not in AGENT_FILES}
 
 
 def _name(job_name: str, tasks: int) -> str:
