@@ -110,6 +110,23 @@ class ServerReports:
                 ": " + " / ".join(last) if last else "")
             self.done.set()
 
+    def read(self, stderr: IO[bytes], until_answer: bool) -> None:
+        """Read its agent's reports from ``stderr``: to their end, or (``until_answer``) only up
+        to its ``warm`` or ``cold``, leaving the rest to another reader; the last other lines
+        explain an agent that ended before it answered."""
+        last: list[str] = []
+        try:
+            for raw in stderr:
+                line = raw.decode(errors="replace").rstrip("\n")
+                if self.note(line):
+                    if until_answer:
+                        return
+                elif wire.parse_report(line) is None:
+                    last = [*last[-4:], line]
+        except (OSError, ValueError):  # (closed by the launcher's close)
+            pass
+        self.gone(last)
+
     def ready(self, timeout: float) -> bool:
         """Whether it is ready, waiting for its import up to ``timeout`` seconds."""
         self.done.wait(timeout)
@@ -139,21 +156,14 @@ class HostServer(ServerReports):
         # input only once connected).
         threading.Thread(target=self._talk, args=(header, heartbeat), daemon=True,
                          name="mwhelpers-warm-host").start()
-        threading.Thread(target=self._read, daemon=True, name="mwhelpers-warm-reports").start()
+        assert popen.stderr is not None
+        threading.Thread(target=self.read, args=(popen.stderr, False), daemon=True,
+                         name="mwhelpers-warm-reports").start()
 
     def _talk(self, header: str, heartbeat: float | None) -> None:
         _send_line(self.popen, header)
         while heartbeat and not self.closed.wait(heartbeat / 4):
             _send_line(self.popen, wire.command(wire.Command.PING))
-
-    def _read(self) -> None:
-        last: list[str] = []
-        assert self.popen.stderr is not None
-        for raw in self.popen.stderr:
-            line = raw.decode(errors="replace").rstrip("\n")
-            if not self.note(line) and wire.parse_report(line) is None:
-                last = [*last[-4:], line]
-        self.gone(last)
 
     def close(self) -> None:
         """End its input (its server stops forking and leaves after its tasks), then its
@@ -183,26 +193,14 @@ class Spare:
         if serve is not None:
             self.server = ServerReports(self.popen, wire.OWN_SERVER, serve["env"], serve["cwd"],
                                         serve["first"])
-            self.reader = threading.Thread(target=self._read, daemon=True,
+            assert self.popen.stderr is not None  # (the task's agent process reads on)
+            self.reader = threading.Thread(target=self.server.read,
+                                           args=(self.popen.stderr, True), daemon=True,
                                            name=f"mwhelpers-spare-reports-{self.popen.pid}")
             self.reader.start()
 
     def _send(self, line: str) -> None:
         self.sent = _send_line(self.popen, line)
-
-    def _read(self) -> None:
-        """Its own server's report, and no further (the task's agent process reads on)."""
-        assert self.popen.stderr is not None and self.server is not None
-        last: list[str] = []
-        try:
-            for raw in self.popen.stderr:
-                line = raw.decode(errors="replace").rstrip("\n")
-                if self.server.note(line):
-                    return
-                last = [*last[-4:], line]
-        except (OSError, ValueError):  # (closed by the launcher's close)
-            pass
-        self.server.gone(last)
 
     def usable(self, env: dict[str, str], wait: float) -> bool:
         """Whether its files went and its agent waits, in the environment a transport started
