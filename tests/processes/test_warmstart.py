@@ -96,7 +96,9 @@ def test_a_server_that_cannot_import_tensorflow_leaves_the_task_to_say_so(rt, tm
     ("import os\nos.environ[name] = '1'\nimport tensorflow\n", "(some)"),
     ("import os\nos.environ.update(A='1')\nimport tensorflow\n", "(some)"),
     ("import os\nos.environ |= {'TF_CPP_MIN_LOG_LEVEL': '3'}\nimport tensorflow\n", "(some)"),
-    ("import os\nos.environ['XLA_FLAGS'] += ' --x'\nimport tensorflow\n", "(XLA_FLAGS)"),
+    ("import os\nos.environ['LD_PRELOAD'] += ' x.so'\nimport tensorflow\n", "(LD_PRELOAD)"),
+    # XLA_FLAGS: read when XLA first compiles (test_xla_flags_given_to_one_task_...)
+    ("import os\nos.environ['XLA_FLAGS'] += ' --x'\nimport tensorflow\n", None),
     ("import os\ndel os.environ['TF_ENABLE_ONEDNN_OPTS']\nimport tensorflow\n",
      "(TF_ENABLE_ONEDNN_OPTS)"),
     ("import os\nos.environ.__setitem__('A', '1')\nimport tensorflow\n", "(A)"),
@@ -176,7 +178,8 @@ def test_a_task_differing_only_in_what_the_servers_import_did_imports_the_same()
     assert not same(server, effects._replace(jax=True),  # JAX read it while it loaded
                     {**server, "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"})
     assert not same(server, effects, {**server, "PATH": "/usr/bin"})
-    assert not same(server, effects, {**server, "XLA_FLAGS": "--xla_dump_to=d"})
+    assert same(server, effects, {**server, "XLA_FLAGS": "--xla_dump_to=d"})  # read later
+    assert not same(server, effects, {**server, "TF_ENABLE_ONEDNN_OPTS": "0"})  # at import
 
 
 def test_the_key_has_the_installed_tensorflow_and_start_up_files():

