@@ -10,6 +10,9 @@
   (it fails: keras-team/keras#20585);
 * a TF_CONFIG that the program sets itself, which replaces the one the
   cluster gives the task;
+* top-level code that the file holds twice, or a function or class defined
+  again: the mark of a ``%%writefile -a`` cell that ran again (its part is
+  then in the file twice, and runs twice);
 * Keras 3 on JAX across processes (``keras.distribution.initialize`` or
   ``jax.distributed.initialize``): addresses, a process count or a process id
   written into the program that differ from the cluster's (they replace the
@@ -427,6 +430,47 @@ def check(source: str, path: str | os.PathLike[str], env: Mapping[str, str],
             "task from the cluster (%cluster), so the tasks would not be the cluster you "
             "defined. Delete that line, or set it only when TF_CONFIG is not already set.")
     warnings += _jax_warnings(program, processes or {})
+    warnings += _twice(program, source)
+    return warnings
+
+
+def _twice(program: _Program, source: str) -> list[str]:
+    """Warnings about top-level code that a file holds twice: the same statements again
+    (spanning 3 lines or more besides imports), or a ``def`` or ``class`` given again."""
+    if program.cell:
+        return []
+    body = program.tree.body
+    texts = [ast.get_source_segment(source, node) for node in body]
+    name = program.path.name
+    fix = ("Run the program's cells again from its first one (%%writefile without -a writes "
+           "the file anew).")
+    warnings: list[str] = []
+    repeated: set[int] = set()
+    earlier: dict[str | None, list[int]] = {}
+    for j in range(len(body)):
+        for i in earlier.setdefault(texts[j], []):
+            k = 0
+            while i + k < j and j + k < len(body) and texts[i + k] == texts[j + k]:
+                k += 1
+            lines = sum((n.end_lineno or n.lineno) - n.lineno + 1 for n in body[j:j + k]
+                        if not isinstance(n, (ast.Import, ast.ImportFrom)))
+            if lines >= 3 and j not in repeated:
+                repeated.update(range(j, j + k))
+                warnings.append(
+                    f"{name} has its lines {body[i].lineno}-{body[i + k - 1].end_lineno} again "
+                    f"at lines {body[j].lineno}-{body[j + k - 1].end_lineno}: a %%writefile -a cell "
+                    f"that ran again appends its part once more, and that part runs twice. {fix}")
+        earlier[texts[j]].append(j)
+    defined: dict[str, ast.stmt] = {}
+    for j, node in enumerate(body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            first = defined.setdefault(node.name, node)
+            decorated = node.decorator_list or getattr(first, "decorator_list", None)
+            if first is not node and j not in repeated and not decorated:  # (@overload...)
+                warnings.append(
+                    f"{name} defines {node.name} at line {first.lineno} and again, differently, "
+                    f"at line {node.lineno}: the second replaces the first. A %%writefile -a "
+                    f"cell run again after an edit does that. {fix}")
     return warnings
 
 

@@ -170,3 +170,42 @@ def test_legacy_keras_is_selected_by_the_values_tensorflow_reads_and_no_others()
         assert legacy_selected(value)
     for value in ("yes", "TRUE", " 1", "0", "false", "", None):
         assert not legacy_selected(value)  # Keras 3, as TensorFlow itself decides
+
+
+def _programs_in_parts():
+    """Each notebook program written by a %%writefile cell and %%writefile -a cells after it:
+    (notebook, file name, its parts in order)."""
+    import json
+
+    found = []
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        programs: dict[str, list[str]] = {}
+        for cell in json.loads(notebook.read_text())["cells"]:
+            text = "".join(cell["source"])
+            if cell["cell_type"] == "code" and text.startswith("%%writefile"):
+                head, _, body = text.partition("\n")
+                name = head.split()[-1]
+                programs[name] = [*programs.get(name, []), body] if " -a " in head else [body]
+        found += [(notebook.stem, name, parts) for name, parts in programs.items()
+                  if len(parts) > 1]
+    return found
+
+
+@pytest.mark.parametrize("notebook,name,parts", _programs_in_parts(),
+                         ids=lambda v: v if isinstance(v, str) and not v.endswith(".py") else "")
+def test_a_writefile_a_part_that_ran_twice_is_named_and_the_whole_program_is_not(
+        notebook, name, parts):
+    assert check("".join(parts), name, {}) == []
+    for index, part in enumerate(parts[1:], 1):
+        # the part run again at once, or after the parts that follow it
+        for doubled in ("".join(parts[:index + 1]) + part, "".join(parts) + part):
+            said = [w for w in check(doubled, name, {}) if "%%writefile -a" in w]
+            assert len(said) == 1 and "runs twice" in said[0], (index, said)
+
+
+def test_a_function_given_again_differently_is_named_and_repeated_imports_are_not():
+    program = "import os\nimport sys\nimport json\ndef f():\n    return 1\n"
+    assert check(program + "import os\nimport sys\nimport json\n", "p.py", {}) == []
+    (said,) = check(program + "def f():\n    return 2\n", "p.py", {})
+    assert "defines f at line 4 and again, differently, at line 6" in said
+    assert check(program + "def f():\n    return 2\n", "cell.py", {}, cell=True) == []
