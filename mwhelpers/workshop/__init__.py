@@ -11,7 +11,8 @@ several machines on one laptop:
   and a one-box Slurm (``sudo python -m mwhelpers.workshop.testhosts up``);
 * :mod:`.replay`: what a cell that needs hosts printed in a recorded run,
   shown where it cannot run;
-* :mod:`.data`: :func:`load_mnist`, real MNIST digits online or offline.
+* :mod:`.data`: :func:`load_mnist`, real MNIST digits online or offline;
+* :mod:`.backupwatch`: the callback that reports notebook 06's backups.
 """
 
 from typing import Any

@@ -21,7 +21,7 @@ import html
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypedDict, final
 
@@ -239,6 +239,28 @@ class Recording:
                 stream.flush()
             else:
                 publish_display_data(out["data"])
+
+
+def stand_in(name: str, needed: bool = True,
+             start: str | os.PathLike[str] | None = None) -> Callable[[str, str], None]:
+    """``not_here(key, why)``, called instead of a cell that cannot run here: it shows what the
+    cell tagged ``replay:KEY`` printed in the notebook's recorded run (:meth:`Recording.find`
+    of ``name``, looked for once, where ``needed``), or prints ``SKIPPED: why`` where there is
+    none (said once, with the reason)."""
+    recording = None
+    if needed:
+        try:
+            recording = Recording.find(name, start)
+        except RecordingError as e:
+            print("no recorded run to show:", e)
+
+    def not_here(key: str, why: str) -> None:
+        if recording is None:
+            print(f"SKIPPED: {why}")
+        else:
+            recording.show(key, why)
+
+    return not_here
 
 
 def main(argv: Sequence[str] | None = None) -> int:

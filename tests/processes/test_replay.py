@@ -87,3 +87,21 @@ def test_notebook_10s_recording_matches_its_cells_and_shows_a_real_run():
     assert "submitted batch job" in text["sbatch"] and text["sbatch"].count("replicas=2") == 2
 
 
+
+
+def test_a_stand_in_shows_the_recorded_cell_or_says_skipped(tmp_path, capsys):
+    from mwhelpers.workshop.replay import stand_in
+
+    folder = tmp_path / "recorded"
+    folder.mkdir()
+    (folder / "nb.json").write_text(json.dumps({"format": 1, "recorded": "2026-11-29", "cells": {
+        "hosts": {"source": "", "outputs": [{"stream": "stdout", "text": "ran on node1\n"}]}}}))
+    stand_in("nb", start=tmp_path)("hosts", "no hosts here")
+    assert "ran on node1" in capsys.readouterr().out
+    stand_in("nb", needed=False, start=tmp_path)("hosts", "no hosts here")
+    assert capsys.readouterr().out == "SKIPPED: no hosts here\n"
+    not_here = stand_in("other", start=tmp_path)
+    said = capsys.readouterr().out
+    assert said.startswith("no recorded run to show: no recorded/other.json")
+    not_here("hosts", "no hosts here")
+    assert capsys.readouterr().out == "SKIPPED: no hosts here\n"
