@@ -27,11 +27,10 @@ A task is started cold (a fresh interpreter, as before) when:
 Everything in a task's environment but what differs from task to task (``TF_CONFIG`` and
 mwhelpers' own per-task variables, :data:`PER_TASK`) is part of the key, and the folder only
 where it can change the import (:func:`folder_matters`). Tasks with another key get another
-server, unless their environment differs from a server's only in what that server's own import
-set (a kernel that has imported TensorFlow since its first launch) or, where it did not load
-JAX, in ``JAX_*`` variables (:func:`same_import`).
-The local launchers of one runtime share their servers: a new cluster (``%cluster`` again)
-forks from the server the last one used.  The servers end when the runtime is closed.
+server, unless their environment differs from a server's only in what its own import set (a
+kernel that imported TensorFlow since), in ``XLA_FLAGS``, or, where it did not load JAX, in
+``JAX_*`` variables (:func:`same_import`).  The local launchers of one runtime share their
+servers: a new cluster forks from the server the last one used.  They end with the runtime.
 """
 
 from __future__ import annotations
@@ -62,9 +61,7 @@ from .taskside.wire import Env
 
 ENV = "MWHELPERS_WARM_START"
 # What differs from one task to the next and is read after TensorFlow's import, never during it.
-PER_TASK = frozenset({"TF_CONFIG", *Env.PER_TASK,
-                      # keras.distribution's place of the task, read when the program calls
-                      # initialize(), never at TensorFlow's import (as TF_CONFIG)
+PER_TASK = frozenset({"TF_CONFIG", *Env.PER_TASK,  # and keras.distribution's, read at initialize()
                       "KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
                       "KERAS_DISTRIBUTION_PROCESS_ID"})
 MAX_SERVERS = 3  # per process; the oldest is retired (it ends once its tasks have)
@@ -87,11 +84,9 @@ _ENV_WRITE_NAMED = re.compile(
     r"\benviron\s*\[\s*(['\"])(\w+)\1\s*\]\s*" + _AUG
     + r"|\bdel\s+[\w.]*\benviron\s*\[\s*(['\"])(\w+)\3\s*\]"
     + r"|\benviron\s*\.\s*(?:setdefault|pop|__setitem__|__delitem__)\(\s*(['\"])(\w+)\5")
-# Variables a program may set before its import: TensorFlow reads them later.  TF_CONFIG:
-# TFConfigClusterResolver reads it on demand (_load_tf_config), never at import.  XLA_FLAGS:
-# XLA parses it when it first compiles, and JAX when it first makes its CPU backend; set after
-# TensorFlow's, Keras's and JAX's imports (and an eager op), it still takes effect (measured on
-# TensorFlow 2.21 and JAX 0.10: a dump folder and a device count given only then are used).
+# Variables read after TensorFlow's import, never during it.  TF_CONFIG: on demand
+# (_load_tf_config).  XLA_FLAGS: at XLA's first compile and JAX's first backend (TF 2.21,
+# JAX 0.10: a dump folder and a device count set after the imports and an eager op are used).
 READ_AFTER_IMPORT = frozenset({"TF_CONFIG", "XLA_FLAGS"})
 # ... and those that only a TensorFlow built for GPUs reads: a program that hides the GPUs
 # before its import is forked where the server's TensorFlow has no GPU support (tensorflow-cpu).
@@ -305,8 +300,7 @@ def same_import(server_env: Mapping[str, str], effects: ImportEffects, env: Mapp
       imported, in the task, from the task's environment (``JAX_CPU_COLLECTIVES_IMPLEMENTATION``
       is set for the tasks of a cluster of workers only);
     * in :data:`GPU_BUILD_ONLY`, where the server's TensorFlow has no GPU support (``gpu_build``);
-    * in :data:`READ_AFTER_IMPORT`: a task with ``--env XLA_FLAGS=...`` forks from the server
-      the others use."""
+    * in :data:`READ_AFTER_IMPORT` (``--env XLA_FLAGS=...``)."""
     for name in (set(server_env) | set(env)) - PER_TASK - READ_AFTER_IMPORT:
         theirs, mine = env.get(name), server_env.get(name)
         if theirs == mine:
