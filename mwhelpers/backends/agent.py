@@ -81,7 +81,7 @@ def heartbeat_seconds(environ: Mapping[str, str] | None = None) -> float:
     return settings.HEARTBEAT.read(environ)
 
 
-FORWARD_PREFIXES = ("TF_", "KERAS_", "PYTHON", "CUDA_", "OMP_", "MKL_", "XLA_", "MWHELPERS_")
+FORWARD_PREFIXES = ("TF_", "KERAS_", "JAX_", "PYTHON", "CUDA_", "OMP_", "MKL_", "XLA_", "MWHELPERS_")
 # Not these: this machine's paths and mwhelpers' own bookkeeping (the session mark
 # finds escaped orphans on this machine only).
 FORWARD_NEVER = ("PYTHONHOME", "PYTHONEXECUTABLE", wire.Env.GUARD_FD, settings.SSH.name,

@@ -53,6 +53,7 @@ WHERE = textwrap.dedent("""
     print("WHERE " + json.dumps({"bound": me, "task": os.environ["MWHELPERS_TASK"],
           "cfg": cfg, "cwd": os.getcwd(), "python": sys.executable,
           "legacy": os.environ.get("TF_USE_LEGACY_KERAS"), "extra": os.environ.get("EXTRA"),
+          "jax": os.environ.get("JAX_COMPILATION_CACHE_DIR"),
           "local_only": os.environ.get("MWH_LOCAL_ONLY"),
           "attempt": os.environ.get("MWHELPERS_ATTEMPT")}), flush=True)
     time.sleep(float(os.environ.get("LINGER", "0")))
@@ -219,7 +220,8 @@ def test_every_backend_is_found_by_name():
 
 def test_placement_and_environment(brt, backend, monkeypatch, tmp_path):
     name, kwargs, hosts = backend
-    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")  # a variable that matters, forwarded
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")  # variables that matter, forwarded
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "jax_cache")
     monkeypatch.setenv("MWH_LOCAL_ONLY", "this machine's")  # one that does not matter
     cluster = brt.define_cluster(2, chief=True, **kwargs)
     assert cluster.kind == name and cluster.remote == (name != "local")
@@ -247,6 +249,7 @@ def test_placement_and_environment(brt, backend, monkeypatch, tmp_path):
         else:
             assert w["python"] == sys.executable
         assert w["legacy"] == "1" and w["extra"] == "given at launch" and w["attempt"] == "1"
+        assert w["jax"] == "jax_cache"
         if name == "ssh":  # sshd starts a clean environment: only the forwarded variables arrive
             assert w["local_only"] is None
     label = rf"\d+@{re.escape(cluster.host_of('chief:0'))}" if hosts else r"\d+"
