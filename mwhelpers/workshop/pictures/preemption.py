@@ -23,8 +23,9 @@ def handshake(*, signalled_after: int, agreed: int, exit_codes: Sequence[int],
     """The preemption handshake as a sequence diagram, time running down.
 
     Four lanes: the supervisor, worker 0 (the chief), the coordination service's key-value
-    store, worker 1. The supervisor sends worker 1 SIGTERM after it logged step
-    ``signalled_after``. Worker 1's signal handler claims the preemption in the store; at its
+    store, worker 1. The supervisor sends worker 1 SIGTERM once it has read step
+    ``signalled_after`` in worker 1's log (worker 1 trains on meanwhile, a few steps at small
+    sizes). Worker 1's signal handler claims the preemption in the store; at its
     next ``handler.run`` it sets the step to save at, ``agreed``, and waits until every worker
     has acknowledged it. Each worker trains up to that step, saves (the chief into
     ``checkpoint_dir``, worker 1 into ``workertemp_1``, deleted then) and exits with its code in
@@ -46,8 +47,8 @@ def handshake(*, signalled_after: int, agreed: int, exit_codes: Sequence[int],
         ax.text(x, y, text, ha="center", va="center", fontsize=7.5, color=color,
                 bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": color})
 
-    arrow(ax, (sup, 6.9), (w1 - 0.1, 6.9), f"SIGTERM, after worker 1 logged step {signalled_after}",
-          color=CHIEF)
+    arrow(ax, (sup, 6.9), (w1 - 0.1, 6.9),
+          f"SIGTERM, once worker 1's log shows step {signalled_after} (it trains on)", color=CHIEF)
     arrow(ax, (w1, 6.4), (kv + 0.1, 6.4), "signal handler: TERMINATED_WORKER = 1")
     arrow(ax, (w1, 5.7), (kv + 0.1, 5.7), f"next handler.run: RUN_TO_CHECKPOINT = {agreed}")
     note(w1 + 0.2, 5.25, "waits for every\nworker's ack")
