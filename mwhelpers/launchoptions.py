@@ -74,8 +74,9 @@ LAUNCH_OPTIONS = (
            repeat=True),
     LaunchOption("stall_fix", "--no-stall-fix", None, "keep tf.data autotuning in MWMS workers "
            "(see mwhelpers.taskside.tfdata)", value=False),
-    LaunchOption("keras_fix", "--no-keras-fix", None, "run Keras 3 unmended in MWMS workers "
-           "(see mwhelpers.taskside.kerasfix, keras-team/keras#20585)", value=False),
+    LaunchOption("keras_fix", "--no-keras-fix", None, "run Keras 3 unmended: no mend of fit, "
+           "evaluate and the callbacks under MWMS, nor of optimizer.iterations under a "
+           "ParameterServerStrategy (see mwhelpers.taskside.kerasfix)", value=False),
     LaunchOption("verbose", "--verbose", None, "stream every line, TensorFlow's informational "
            "C++ lines too"),
 )

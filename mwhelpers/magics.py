@@ -247,7 +247,8 @@ class WorkerMagics(Magics):
         --no-stall-fix keeps tf.data autotuning in a MultiWorkerMirroredStrategy
         worker (by default it is switched off so that fit ends when training ends).
         --no-keras-fix runs Keras 3 unmended (by default its fit, evaluate, BackupAndRestore
-        and ModelCheckpoint are mended for multi-worker MWMS: keras-team/keras#20585).
+        and ModelCheckpoint are mended for multi-worker MWMS, keras-team/keras#20585, and
+        optimizer.iterations counts every step under a ParameterServerStrategy).
         --verbose streams every line, TensorFlow's informational C++ start-up lines
         included; by default the cell leaves those out (the log keeps them all).
         """
