@@ -34,10 +34,8 @@ def notebook_files(notebook):
 def test_a_notebook_program_trains_when_started_by_hand(tmp_path, notebook, program, args, said):
     for name, text in notebook_files(notebook).items():
         (tmp_path / name).write_text(text)
-    held = reserve_ports(2)
+    held = reserve_ports(2)  # a file lock each, kept until the workers end: no other test takes them
     workers = [f"localhost:{r.port}" for r in held]
-    for r in held:
-        r.release()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MWHELPERS_")}
     env.update(PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
     procs, logs = [], []
@@ -57,6 +55,8 @@ def test_a_notebook_program_trains_when_started_by_hand(tmp_path, notebook, prog
                 p.wait()
         for log in logs:
             log.close()
+        for r in held:
+            r.release()
     texts = [(tmp_path / f"worker_{i}.log").read_text() for i in (0, 1)]
     assert codes == [0, 0], texts
     for text in texts:
