@@ -407,3 +407,16 @@ def module_from_source(folder, name, source):
     sys.modules[name] = module
     exec(compile(source, str(path), "exec"), module.__dict__)
     return module
+
+
+def notebook_programs(notebook):
+    """{file name: its parts in order} of what ``notebook``'s %%writefile cells write (a part
+    per cell: the first, then each %%writefile -a one); ``"".join(parts)`` is the file."""
+    programs: dict[str, list[str]] = {}
+    for cell in json.loads(Path(notebook).read_text())["cells"]:
+        text = "".join(cell["source"])
+        if cell["cell_type"] == "code" and text.startswith("%%writefile"):
+            head, _, body = text.partition("\n")
+            name = head.split()[-1]
+            programs[name] = [*programs.get(name, []), body] if " -a " in head else [body]
+    return programs

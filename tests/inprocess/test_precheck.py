@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, notebook_programs
 
 from mwhelpers.precheck import check
 
@@ -175,20 +175,9 @@ def test_legacy_keras_is_selected_by_the_values_tensorflow_reads_and_no_others()
 def _programs_in_parts():
     """Each notebook program written by a %%writefile cell and %%writefile -a cells after it:
     (notebook, file name, its parts in order)."""
-    import json
-
-    found = []
-    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        programs: dict[str, list[str]] = {}
-        for cell in json.loads(notebook.read_text())["cells"]:
-            text = "".join(cell["source"])
-            if cell["cell_type"] == "code" and text.startswith("%%writefile"):
-                head, _, body = text.partition("\n")
-                name = head.split()[-1]
-                programs[name] = [*programs.get(name, []), body] if " -a " in head else [body]
-        found += [(notebook.stem, name, parts) for name, parts in programs.items()
-                  if len(parts) > 1]
-    return found
+    return [(notebook.stem, name, parts)
+            for notebook in sorted((ROOT / "notebooks").glob("*.ipynb"))
+            for name, parts in notebook_programs(notebook).items() if len(parts) > 1]
 
 
 @pytest.mark.parametrize("notebook,name,parts", _programs_in_parts(),

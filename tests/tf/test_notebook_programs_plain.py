@@ -9,21 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, notebook_programs
 
 from mwhelpers.ports import reserve_ports
-
-
-def notebook_files(notebook):
-    """Every file the notebook's %%writefile cells write, as they write it."""
-    files: dict[str, str] = {}
-    for cell in json.loads((ROOT / "notebooks" / notebook).read_text())["cells"]:
-        text = "".join(cell["source"])
-        if cell["cell_type"] == "code" and text.startswith("%%writefile"):
-            head, _, body = text.partition("\n")
-            name = head.split()[-1]
-            files[name] = files.get(name, "") + body if " -a " in head else body
-    return files
 
 
 @pytest.mark.parametrize("notebook,program,args,said", [
@@ -32,8 +20,8 @@ def notebook_files(notebook):
     ("08_evaluator_tensorboard.ipynb", "train.py", ["2", "4"], "Epoch 2/2"),
 ])
 def test_a_notebook_program_trains_when_started_by_hand(tmp_path, notebook, program, args, said):
-    for name, text in notebook_files(notebook).items():
-        (tmp_path / name).write_text(text)
+    for name, parts in notebook_programs(ROOT / "notebooks" / notebook).items():
+        (tmp_path / name).write_text("".join(parts))
     held = reserve_ports(2)  # a file lock each, kept until the workers end: no other test takes them
     workers = [f"localhost:{r.port}" for r in held]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MWHELPERS_")}
