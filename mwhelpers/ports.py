@@ -150,8 +150,11 @@ def holder_of(port: int) -> str:
             if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
                 if conn.pid:
                     try:
-                        p = psutil.Process(conn.pid)
-                        return f"pid {conn.pid} ({' '.join(p.cmdline())[:80]})"
+                        words = " ".join(psutil.Process(conn.pid).cmdline()).split()
+                        command = " ".join(words)  # a -c program's lines on one line
+                        if len(command) > 80:
+                            command = command[:77] + "..."
+                        return f"pid {conn.pid} ({command})"
                     except psutil.Error:
                         return f"pid {conn.pid}"
                 return "another process"

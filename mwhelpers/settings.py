@@ -115,8 +115,8 @@ SSH: Setting[list[str]] = Setting(
 HEARTBEAT: Setting[float] = Setting(
     "MWHELPERS_HEARTBEAT", seconds_or_off, 10.0, "10",
     "seconds of silence after which a task on another host counts as lost and its "
-    "agent ends it; 0 turns the heartbeat off (the ssh and slurm backends' `heartbeat` "
-    "option wins)",
+    "agent ends it; 0 turns the heartbeat off (the ssh, slurm and ray backends' "
+    "`heartbeat` option wins)",
     "the seconds of silence after which a remote task counts as lost (1 or more; 0 "
     "turns the heartbeat off)")
 STALL_FIX: Setting[bool] = Setting(

@@ -323,6 +323,27 @@ def test_port_already_taken_is_explained(rt):
     assert rt.history == []
 
 
+def test_a_port_holder_started_with_a_program_of_several_lines_is_named_on_one_line():
+    # (notebook 11's holder is `python -c` with a program of several lines)
+    import subprocess
+    import sys
+
+    from mwhelpers.ports import holder_of
+
+    program = ("import socket, sys, time\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\n"
+               "s.listen()\nprint(s.getsockname()[1], flush=True)\n"
+               + "# padding that makes the command line long\n" * 3 + "time.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(holder.stdout.readline())
+        said = holder_of(port)
+        assert said.startswith(f"pid {holder.pid} ({sys.executable} -c import socket, sys, time s = ")
+        assert "\n" not in said and said.endswith("...)") and len(said) <= len(f"pid {holder.pid} ()") + 80
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_second_launch_of_a_running_task_is_refused(rt):
     run = rt.launch("worker:0", code=LISTENER, background=True)
     with pytest.raises(UsageError, match=rf"worker:0 is already running \(pid {run.pid}"):
