@@ -145,7 +145,7 @@ def test_under_the_hood_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert "reported after each step of epoch 1: [" in text and "fit's history, epoch 1:" in text
     assert "each step's own loss, epoch 1: [" in text
     assert "custom step sending float16: all-reduces of ['float16', 'float32']" in text  # + the loss
-    assert re.search(r"train_step, optimizer LossScaleOptimizer: all-reduces of \['float32'", text)
+    assert "train_step, mended, optimizer LossScaleOptimizer: all-reduces of ['float32', 'float32']" in text
     assert "worker:0: the late collective ended with DeadlineExceededError" in text
     assert re.search(r"1 worker +input +[\d.]+ ms \| compute +[\d.]+ ms \| all-reduce", text)  # phases
     assert re.search(r"2 workers: worker 1 +input +[\d.]+ ms", text)
@@ -285,8 +285,10 @@ def test_parameter_server_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert re.search(r"tf\.Variable\.assign_add: +\['AssignAddVariableOp'", text), text
     assert re.search(r"60 steps scheduled \| counted by our tf\.Variable: 60 \| by the "
                      r"keras\.Variable: \d+ \| Keras's optimizer\.iterations: 60", text), text
-    assert re.search(r"worker 1 killed [\d.]+ s before round 2 ended; 240 steps scheduled, "
-                     r"steps run 24\d ", text)  # training went on without it
+    # Training went on without worker 1; a step it ran when killed may have run twice.
+    drill = re.search(r"worker 1 killed [\d.]+ s before round 2 ended; (\d+) steps scheduled, "
+                      r"steps run (\d+) ", text)
+    assert drill and 0 <= int(drill[2]) - int(drill[1]) <= 1, text
 
 
 def test_troubleshooting_notebook_runs_under_nbclient(tmp_path, pythonpath):
