@@ -4,7 +4,8 @@ A task's log is the one record of its output.  What the kernel learns from it
 while the task runs comes from one :class:`LogFeed` per run (``run.feed``).  A
 feed reads the bytes written since its last read, whoever asks for them (its runtime's
 :class:`Follower` thread, every :data:`BACKGROUND` seconds while the run runs,
-every :data:`INTERVAL` while a cell streams it, and once more after it ended; a
+every :data:`INTERVAL` while a cell streams it, every :data:`URGENT` while a fault waits
+for one of its lines, and once more after it ended; a
 watch that wants the last lines at once), splits
 them into lines as a terminal shows them (:func:`mwhelpers.logs.shown`) and
 hands them on, in order, to its subscribers, with the events it parsed from
@@ -46,6 +47,8 @@ from .logs import LogFollower, head_lines
 from .taskside import taskfacts
 
 INTERVAL = 0.05  # seconds between reads of a running task's log that a cell streams
+URGENT = 0.005  # ... that a fault waits on (supervise's inject, %killworker --when): a kill
+# lands within a step or two of its line even where a step takes a few milliseconds
 BACKGROUND = 0.1  # seconds between reads of the others (the timeline's marks, live views)
 RECENT = 200  # lines a feed keeps of its log's end (a live view's last line)
 
@@ -125,6 +128,7 @@ class LogFeed:
         self.facts: dict[str, str] | None = None
         self.stack_dumps = 0
         self.hurried = 0  # subscribers that want lines every INTERVAL, not every BACKGROUND
+        self.urgent = 0  # ... every URGENT
 
     def read(self, final: bool = False) -> int:
         """Read what was written since the last read and hand it on; ``final``: the
@@ -147,12 +151,13 @@ class LogFeed:
 
     def subscribe(self, on_lines: LinesListener | None = None,
                   on_event: EventListener | None = None,
-                  replay: bool = False, hurry: bool = False) -> Callable[[], None]:
+                  replay: bool = False, hurry: bool = False, urgent: bool = False
+                  ) -> Callable[[], None]:
         """Have ``on_lines(lines)`` called with every batch of new lines and ``on_event(event)``
         with every event from now on; ``replay``: ``on_lines`` first gets the lines read
         before (read again from the file, once); ``hurry``: the follower reads the log every
-        :data:`INTERVAL` while this subscription lasts (a cell streams it).  Returns the
-        function that unsubscribes."""
+        :data:`INTERVAL` while this subscription lasts (a cell streams it); ``urgent``: every
+        :data:`URGENT` (a fault waits for a line).  Returns the function that unsubscribes."""
         entry = (on_lines, on_event)
         with self._lock:
             if replay and on_lines is not None and self._reader.complete:
@@ -160,13 +165,15 @@ class LogFeed:
                 if earlier:
                     on_lines(earlier)
             self._subscribers.append(entry)
-            self.hurried += hurry
+            self.hurried += hurry or urgent
+            self.urgent += urgent
 
         def unsubscribe() -> None:
             with self._lock:
                 if entry in self._subscribers:
                     self._subscribers.remove(entry)
-                    self.hurried -= hurry
+                    self.hurried -= hurry or urgent
+                    self.urgent -= urgent
         return unsubscribe
 
     def progress(self) -> str:
@@ -220,15 +227,18 @@ class LogFeed:
 
 
 class Follower:
-    """One daemon thread that reads every followed feed while its run runs, every
-    ``interval`` seconds if a subscriber hurries it, else every ``background`` seconds, and
+    """One daemon thread that reads every followed feed while its run runs, every ``urgent``
+    seconds while a subscriber is urgent, every ``interval`` seconds if one hurries it, else
+    every ``background`` seconds, and
     once more (to its end) after the run ended; it stops by itself when nothing is left to
     follow, and :meth:`follow` starts it again.  Each runtime owns one
     (:class:`mwhelpers.services.Services`), which :meth:`close` ends with it."""
 
-    def __init__(self, interval: float = INTERVAL, background: float = BACKGROUND) -> None:
+    def __init__(self, interval: float = INTERVAL, background: float = BACKGROUND,
+                 urgent: float = URGENT) -> None:
         self.interval = interval
         self.background = background
+        self.urgent = urgent
         self._feeds: dict[LogFeed, tuple[Callable[[], bool], list[float]]] = {}  # [next read]
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -263,10 +273,11 @@ class Follower:
             with self._lock:
                 feeds = list(self._feeds.items())
             now = time.monotonic()
-            hurried = False
+            hurried = urgent = False
             for feed, (running, next_read) in feeds:
                 ended = not running()  # decided before the read: the last read follows the exit
                 hurried = hurried or (feed.hurried > 0 and not ended)
+                urgent = urgent or (feed.urgent > 0 and not ended)
                 if not (ended or feed.hurried or now >= next_read[0]):
                     continue
                 next_read[0] = now + self.background - self.interval / 2
@@ -281,5 +292,5 @@ class Follower:
                 if not self._feeds:
                     self._thread = None  # decided under the lock: a new follow() starts one
                     return
-            time.sleep(self.interval if hurried else self.background)
+            time.sleep(self.urgent if urgent else self.interval if hurried else self.background)
 

@@ -124,7 +124,7 @@ class Job:
               stream: bool = False, quiet: bool | None = None,
               on_line: Callable[[TaskRun, str], None] | None = None,
               until: Callable[[], bool] | None = None, what: str = "did not finish",
-              end_on_interrupt: bool = True) -> WatchEnd:
+              end_on_interrupt: bool = True, urgent: bool = False) -> WatchEnd:
         """Follow ``runs`` (default: the latest of each task) until all have ended
         (``"ended"``) or ``until()`` is true (``"until"``), with a
         :class:`~mwhelpers.watcher.Watcher`.  ``stream``: echo their new lines with a task
@@ -133,9 +133,10 @@ class Job:
         called for each line.  After ``timeout`` seconds the runs still running have their
         stacks dumped, are ended, and WorkerTimeout is raised (saying they ``what`` within
         it).  On an interrupt (Ctrl-C) the runs are ended, unless ``end_on_interrupt`` is
-        False, and the interrupt is raised again."""
+        False, and the interrupt is raised again.  ``urgent``: a fault waits for a line, so
+        the logs are read every :data:`mwhelpers.follow.URGENT`."""
         runs = self.latest() if runs is None else list(runs)
-        watcher = Watcher(runs, probe=self.spawner.probe)
+        watcher = Watcher(runs, probe=self.spawner.probe, urgent=urgent)
         if stream:
             watcher.on_line(echo_lines(self.console.echo,
                                        not self.console.verbose if quiet is None else quiet,
@@ -161,10 +162,11 @@ class Job:
         return "ended" if how == "ended" else "until"
 
     def wait_for_line(self, run: TaskRun, regex: re.Pattern[str],
-                      timeout: float | None) -> str:
+                      timeout: float | None, urgent: bool = False) -> str:
         """The first line of ``run``'s log that ``regex`` matches (one there already counts),
         once it is written; the run goes on.  UsageError when it ended without one;
-        WorkerTimeout (the run ended) when none came within ``timeout`` s."""
+        WorkerTimeout (the run ended) when none came within ``timeout`` s.  ``urgent``: as
+        :meth:`watch`'s."""
         found = [ln for ln in run.lines() if regex.search(ln)][:1]
         if not found and run.running:
             def on_line(r: TaskRun, line: str) -> None:
@@ -172,7 +174,7 @@ class Job:
                     found.append(line)
 
             self.watch([run], timeout, on_line=on_line, until=lambda: bool(found),
-                       what=f"never logged {regex.pattern!r}")
+                       what=f"never logged {regex.pattern!r}", urgent=urgent)
         if not found:
             raise UsageError(f"{run.task} ended ({run.outcome()}) without logging "
                              f"{regex.pattern!r}")

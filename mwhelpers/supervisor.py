@@ -309,8 +309,9 @@ class Supervision:
                 _explain(rt, *self._explain_later)
                 self._explain_later = None
         events: list[str] = []
-        job.watch(runs, self.timeout, stream=self.stream,
-                  on_line=self._on_line(job, attempt, events), until=_attempt_over(runs))
+        job.watch(runs, self.timeout, stream=self.stream,  # faults to inject: read urgently
+                  on_line=self._on_line(job, attempt, events), until=_attempt_over(runs),
+                  urgent=attempt == 1 and bool(self.faults))
         _let_peers_finish(runs, self.policy.restartable_exit_codes, self.policy.peer_grace)
         ended = job.end(runs, "ended by the supervisor")
         failed = job.failures(runs, self.policy.restartable_exit_codes, diagnose=False)

@@ -192,7 +192,8 @@ class Watcher:
     feeds when it is made and unsubscribes when its watch ends (or at :meth:`close`):
     one watcher, one watch."""
 
-    def __init__(self, runs: Iterable[TaskRun], probe: Probe | None = None) -> None:
+    def __init__(self, runs: Iterable[TaskRun], probe: Probe | None = None,
+                 urgent: bool = False) -> None:
         self.runs = list(runs)
         self.probe = probe
         self._listeners: list[LineListener] = []
@@ -204,7 +205,9 @@ class Watcher:
         for r in self.runs:
             r.process.on_exit(lambda _process: self._wake.set())
         # From each log's start: what was read before this watch is read again, once.
-        self._unsubscribe = [r.feed.subscribe(partial(self._lines, r), replay=True, hurry=True)
+        # ``urgent``: a fault waits for a line (the feeds are read every follow.URGENT).
+        self._unsubscribe = [r.feed.subscribe(partial(self._lines, r), replay=True, hurry=True,
+                                              urgent=urgent)
                              for r in self.runs]
 
     def _lines(self, run: TaskRun, lines: list[str]) -> None:

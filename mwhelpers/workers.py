@@ -326,11 +326,7 @@ class Runtime:
         (saying how it ended), and WorkerTimeout after ``timeout`` seconds, which ends the
         task, as any watch that times out does.  Instead of polling ``run.lines()`` in a loop.
         """
-        try:
-            regex = re.compile(pattern)
-        except re.error as e:
-            raise UsageError(f"{pattern!r} is not a valid regular expression: {e}") from None
-        return self.jobs.current().wait_for_line(self.get_run(task), regex,
+        return self.jobs.current().wait_for_line(self.get_run(task), _regex(pattern),
                                                  parse_timeout(timeout))
 
     def kill_when(self, task: TaskSpec, pattern: str, sig: int | str = signal.SIGKILL,
@@ -342,7 +338,9 @@ class Runtime:
         run = self.get_run(task)
         if not run.running:
             raise UsageError(f"{run.task} is not running; launch it with --bg first")
-        line = self.wait_for_line(task, pattern, timeout)
+        # (its log read every follow.URGENT meanwhile: the kill lands within a step or two)
+        line = self.jobs.current().wait_for_line(run, _regex(pattern), parse_timeout(timeout),
+                                                 urgent=True)
         self.kill(run.task, sig, why=f"{sig.name} sent when its log matched {pattern!r}")
         return line
 
@@ -469,3 +467,11 @@ def set_runtime(rt: Runtime | None) -> Runtime | None:
 
 
 __all__ = ["Runtime", "runtime", "set_runtime", "TaskRun", "StatusTable", "LogFollower", "port_accepts"]
+
+
+def _regex(pattern: str) -> re.Pattern[str]:
+    """``pattern`` compiled; UsageError (what was wrong) when it is not a regular expression."""
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise UsageError(f"{pattern!r} is not a valid regular expression: {e}") from None

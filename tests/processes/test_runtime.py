@@ -442,6 +442,33 @@ def test_supervise_injects_a_sigterm_preemption_and_restarts_on_its_exit_code(rt
     assert attempts[0].restarted and attempts[1].failed == []
 
 
+def test_supervise_reads_the_logs_urgently_only_while_a_fault_waits(rt, monkeypatch):
+    """While a fault waits for its line, the attempt's logs are read every follow.URGENT (a kill
+    lands within a step or two of its line, also where a step takes milliseconds); the restart,
+    with no fault to inject, is read as any watch is."""
+    from mwhelpers import follow
+
+    asked = []
+    real = follow.LogFeed.subscribe
+
+    def spy(self, *args, **kwargs):
+        asked.append((self.path.name, kwargs.get("urgent", False)))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(follow.LogFeed, "subscribe", spy)
+    code = ("import os, time\n"
+            "for i in range(200 if os.environ['MWHELPERS_ATTEMPT'] == '1' else 2):\n"
+            "    print('step', i, flush=True)\n    time.sleep(0.02)\n")
+    attempts = rt.supervise(code=code, max_restarts=1, inject=[("worker:1", r"step 3\b")],
+                            timeout=60, stream=False)
+    assert attempts[0].restarted and attempts[1].failed == []
+    first = {r.log_path.name for r in attempts[0].runs}
+    second = {r.log_path.name for r in attempts[1].runs}
+    assert {name for name, urgent in asked if urgent} == first, asked
+    assert second and second.isdisjoint(first)
+    assert {name for name, urgent in asked if not urgent} >= second
+
+
 def test_supervise_lets_the_peers_of_a_preempted_task_finish_their_save(rt):
     """PreemptionCheckpointHandler makes every worker save and exit 42, not only the one
     that got SIGTERM. Here worker 0 learns of the preemption from a file worker 1 writes and
