@@ -140,7 +140,7 @@ def test_the_loss_scale_keras_tests_fail_without_the_patch(tmp_path_factory, tmp
 
 
 def test_steps_per_execution_above_one_fails_under_mirrored_strategy_too():
-    """docs/guide/keras3.md: steps_per_execution > 1 fails under any multi-replica strategy.
+    """docs/guide/keras3.md: steps_per_execution > 1 fails where collective ops all-reduce.
     The kept program (docs/keras-versions/run.py) shows it in one process, MirroredStrategy on
     two logical CPUs; the matrix runs it with two MWMS workers too."""
     done = subprocess.run([sys.executable, str(ROOT / "docs" / "keras-versions" / "run.py"),
