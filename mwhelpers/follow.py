@@ -229,9 +229,8 @@ class LogFeed:
 class Follower:
     """One daemon thread that reads every followed feed while its run runs, every ``urgent``
     seconds while a subscriber is urgent, every ``interval`` seconds if one hurries it, else
-    every ``background`` seconds, and
-    once more (to its end) after the run ended; it stops by itself when nothing is left to
-    follow, and :meth:`follow` starts it again.  Each runtime owns one
+    every ``background`` seconds, and once more (to its end) after the run ended; it stops by
+    itself when nothing is left to follow, and :meth:`follow` starts it again.  Each runtime owns one
     (:class:`mwhelpers.services.Services`), which :meth:`close` ends with it."""
 
     def __init__(self, interval: float = INTERVAL, background: float = BACKGROUND,
