@@ -89,12 +89,12 @@ class RayCluster:
         self._start("head", ["--head", f"--node-ip-address={gateway}", f"--port={port}",
                              "--num-cpus=0", f"--ray-client-server-port={client}",
                              "--include-dashboard=false", "--no-monitor"])
-        self._wait_nodes(["head"], 60)
+        self._wait_nodes(["head"], 180)  # a head on a slow, loaded 2-core machine: over 60 s
         for name in self.hosts.names:  # type: ignore[attr-defined]
             addr = self.hosts.addresses[name]  # type: ignore[attr-defined]
             self._start(name, [f"--address={self.address}", f"--node-ip-address={addr}",
                                f"--num-cpus={self.cpus}"], netns=name)
-        self._wait_nodes(list(self.hosts.names), 90)  # type: ignore[attr-defined]
+        self._wait_nodes(list(self.hosts.names), 180)  # type: ignore[attr-defined]
         return self
 
     def _wait_nodes(self, names: list[str], timeout: float, retries: int = 1) -> None:

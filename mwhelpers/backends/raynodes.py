@@ -114,6 +114,11 @@ LIFELINE = ("import ctypes, shutil, signal, subprocess, sys\n"
             "shutil.rmtree(sys.argv[1], ignore_errors=True)\n")
 
 
+# Seconds a private head may take to start: on a slow 2-core machine busy with other work,
+# one had not started after 60 s (2026-11-30).
+HEAD_START_TIMEOUT = 180.0
+
+
 class PrivateHead:
     """A Ray head on this machine for one cluster (``address="local"``): every service on
     loopback (``--node-ip-address=127.0.0.1``, kept by ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
@@ -150,16 +155,19 @@ class PrivateHead:
                  *([f"--num-cpus={cpus}"] if cpus else [])],
                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, env={**without_ray_settings(os.environ), **self.env})
-        self._wait_ready(60)
+        self._wait_ready(HEAD_START_TIMEOUT)
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while "Ray runtime started" not in self.log.read_text(errors="replace"):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            code = self.proc.poll()
+            if code is not None or time.monotonic() > deadline:
                 said = self.log.read_text(errors="replace").strip().splitlines()[-5:]
                 self.close()
-                raise InfrastructureError("a private Ray head could not be started here: "
-                                          + " / ".join(said))
+                how = (f"`ray start` ended with exit code {code}" if code is not None else
+                       f"`ray start` had not started it after {timeout:g} s (ended)")
+                raise InfrastructureError(f"a private Ray head could not be started here: {how}; "
+                                          "its log's last lines: " + " / ".join(said))
             time.sleep(0.2)
 
     def close(self) -> None:
