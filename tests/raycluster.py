@@ -89,12 +89,13 @@ class RayCluster:
         self._start("head", ["--head", f"--node-ip-address={gateway}", f"--port={port}",
                              "--num-cpus=0", f"--ray-client-server-port={client}",
                              "--include-dashboard=false", "--no-monitor"])
-        self._wait_nodes(["head"], 180)  # a head on a slow, loaded 2-core machine: over 60 s
+        # A head on a slow, loaded 2-core machine: over 60 s, and Ray's 30 s missed twice running.
+        self._wait_nodes(["head"], 180, retries=2)
         for name in self.hosts.names:  # type: ignore[attr-defined]
             addr = self.hosts.addresses[name]  # type: ignore[attr-defined]
             self._start(name, [f"--address={self.address}", f"--node-ip-address={addr}",
                                f"--num-cpus={self.cpus}"], netns=name)
-        self._wait_nodes(list(self.hosts.names), 180)  # type: ignore[attr-defined]
+        self._wait_nodes(list(self.hosts.names), 180, retries=2)  # type: ignore[attr-defined]
         return self
 
     def _wait_nodes(self, names: list[str], timeout: float, retries: int = 1) -> None:

@@ -117,6 +117,9 @@ LIFELINE = ("import ctypes, shutil, signal, subprocess, sys\n"
 # Seconds a private head may take to start: on a slow 2-core machine busy with other work,
 # one had not started after 60 s (2026-11-30).
 HEAD_START_TIMEOUT = 180.0
+# What ``ray start`` says when its raylet missed the fixed 30 s that Ray gives it to register
+# (``ray/_private/node.py``); the head is then started once more.
+STARTUP_TIMED_OUT = "timed out during startup"
 
 
 class PrivateHead:
@@ -128,6 +131,19 @@ class PrivateHead:
     removes its folder."""
 
     def __init__(self, cpus: int | None = None) -> None:
+        for attempt in (1, 2):
+            self._start(cpus)
+            why = self._wait_ready(HEAD_START_TIMEOUT)
+            if why is None:
+                return
+            said = self.log.read_text(errors="replace").strip().splitlines()[-3:]
+            self.close()
+            if attempt == 1 and any(STARTUP_TIMED_OUT in line for line in said):
+                continue  # Ray's fixed window for its raylet, missed once on a loaded machine
+            raise InfrastructureError(f"a private Ray head could not be started here: {why}; "
+                                      "its log's last lines: " + " / ".join(said))
+
+    def _start(self, cpus: int | None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="mwray"))  # short: Ray's socket paths are
         token = self.dir / "token"
         token.write_text(secrets.token_hex(32) + "\n")
@@ -155,20 +171,28 @@ class PrivateHead:
                  *([f"--num-cpus={cpus}"] if cpus else [])],
                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, env={**without_ray_settings(os.environ), **self.env})
-        self._wait_ready(HEAD_START_TIMEOUT)
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _wait_ready(self, timeout: float) -> str | None:
+        """None once the head has started; otherwise why it has not."""
         deadline = time.monotonic() + timeout
         while "Ray runtime started" not in self.log.read_text(errors="replace"):
             code = self.proc.poll()
-            if code is not None or time.monotonic() > deadline:
-                said = self.log.read_text(errors="replace").strip().splitlines()[-5:]
-                self.close()
-                how = (f"`ray start` ended with exit code {code}" if code is not None else
-                       f"`ray start` had not started it after {timeout:g} s (ended)")
-                raise InfrastructureError(f"a private Ray head could not be started here: {how}; "
-                                          "its log's last lines: " + " / ".join(said))
+            if code is not None:
+                return f"its lifeline ended (exit code {code})"
+            if self._ray_start_ended():
+                return "`ray start` ended"
+            if time.monotonic() > deadline:
+                return f"`ray start` had not started it after {timeout:g} s"
             time.sleep(0.2)
+        return None
+
+    def _ray_start_ended(self) -> bool:
+        """Whether ``ray start`` has ended (the lifeline reaps it only at its own end)."""
+        try:
+            started = psutil.Process(self.proc.pid).children()
+            return bool(started) and all(p.status() == psutil.STATUS_ZOMBIE for p in started)
+        except psutil.Error:
+            return False
 
     def close(self) -> None:
         """End the lifeline (ray start then ends the head), then whatever of its group is left."""
