@@ -257,27 +257,6 @@ def test_custom_loop_keras3_notebook_runs_under_nbclient(tmp_path, pythonpath):
     assert sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", [])) >= 2
 
 
-def test_custom_loop_keras3_notebook_runs_twice_in_one_kernel(tmp_path, pythonpath):
-    """Run All, then Run All again in the same kernel (a learner's usual re-run): the second
-    pass trains from empty checkpoint folders again, so every check passes again."""
-    from nbclient import NotebookClient
-
-    nb = nbformat.read(ROOT / "notebooks" / "07_custom_loop_keras3.ipynb", as_version=4)
-    index = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
-    nb.cells.insert(index + 1, nbformat.v4.new_code_cell(f"workdir = {str(tmp_path)!r}"))
-    client = NotebookClient(nb, timeout=300, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}})
-    with client.setup_kernel():
-        for _ in range(2):
-            for i, cell in enumerate(nb.cells):
-                if cell.cell_type == "code":
-                    client.execute_cell(cell, i)  # CellExecutionError on a failed check
-    text = outputs_text(nb)  # the second pass's outputs
-    assert "attempt 1: worker:1 killed by SIGKILL (fault injected by the supervisor)" in text
-    assert re.search(r"attempt 2: both workers restored step (\d+) from ckpt/ckpt-\1;", text)
-    assert re.search(r"attempt 2 restored step (\d+): nothing done twice", text)
-
-
 def test_evaluator_notebook_runs_under_nbclient(tmp_path, pythonpath):
     text = outputs_text(execute("08_evaluator_tensorboard.ipynb", tmp_path))
     assert "Cluster(2 worker, 1 evaluator)" in text
