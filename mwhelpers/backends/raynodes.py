@@ -46,7 +46,7 @@ from ..cluster import Task
 from ..ending import end
 from ..errors import InfrastructureError, UsageError
 from ..ports import reserve_ports
-from ..proctree import Policy, group
+from ..proctree import Policy, alive, group
 from ..taskside import wire
 from .agent import AgentLauncher, Probe, RemoteOptions
 from .base import Placement
@@ -190,17 +190,17 @@ class PrivateHead:
         """Whether ``ray start`` has ended (the lifeline reaps it only at its own end)."""
         try:
             started = psutil.Process(self.proc.pid).children()
-            return bool(started) and all(p.status() == psutil.STATUS_ZOMBIE for p in started)
         except psutil.Error:
             return False
+        return bool(started) and not any(alive(p) for p in started)
 
     def close(self) -> None:
         """End the lifeline (ray start then ends the head), then whatever of its group is left."""
         members = group(self.proc.pid, self.proc.poll() is None)
         if self.proc.stdin is not None:
             self.proc.stdin.close()
-        _, alive = psutil.wait_procs(members, timeout=15)  # ray start ends them (about 1 s)
-        end(local=alive, policy=Policy.INTERRUPT)
+        _, left = psutil.wait_procs(members, timeout=15)  # ray start ends them (about 1 s)
+        end(local=left, policy=Policy.INTERRUPT)
         self.proc.wait(5)
         for held in self._ports:
             held.release()
