@@ -329,8 +329,11 @@ def ray_cluster(hosts):
 
 
 @pytest.fixture
-def ray(ray_cluster, monkeypatch):
+def ray(request, ray_cluster, monkeypatch):
     """``ray_cluster``, with what a driver needs to connect (its token) in this environment."""
+    if request.node.get_closest_marker("ray") is None:
+        pytest.fail(f"{request.node.nodeid} uses the Ray cluster but has no ray marker: mark it "
+                    "@pytest.mark.ray, so that dev.py test runs it with the other Ray tests")
     for k, v in ray_cluster.client_env().items():
         monkeypatch.setenv(k, v)
     return ray_cluster

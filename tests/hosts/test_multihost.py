@@ -669,6 +669,7 @@ def test_scancel_ends_a_batch_job_whose_workers_ignore_sigterm(env, tmp_path):
 # -- the notebook ------------------------------------------------------------------------------
 
 @OWN_HOSTS
+@pytest.mark.ray
 def test_more_machines_notebook_runs_on_ssh_hosts_slurm_and_ray(env, tmp_path, monkeypatch):
     import nbformat
     from nbclient import NotebookClient

@@ -26,7 +26,8 @@ from mwhelpers.workshop.testhosts import missing
 REASON = missing(slurm=True)  # (the session's test hosts come with Slurm)
 if REASON and os.environ.get("CI") == "true":
     raise RuntimeError(f"CI must run the multi-host tests, but: {REASON}")
-pytestmark = [pytest.mark.skipif(bool(REASON), reason=REASON), pytest.mark.xdist_group("testhosts")]
+pytestmark = [pytest.mark.skipif(bool(REASON), reason=REASON), pytest.mark.xdist_group("testhosts"),
+              pytest.mark.ray]
 
 KERAS3_TRAIN = ROOT / "tests" / "programs" / "keras3_train.py"
 

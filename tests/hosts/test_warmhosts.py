@@ -170,7 +170,7 @@ print(json.loads(answer)["kind"] if answer else "none", flush=True)
 """
 
 
-@pytest.mark.parametrize("backend", ["ssh", "ray"])
+@pytest.mark.parametrize("backend", ["ssh", pytest.param("ray", marks=pytest.mark.ray)])
 def test_a_killed_kernel_leaves_no_server_spare_or_forked_task_behind(warm, hosts, tmp_path,
                                                                       request, backend):
     """SIGKILL of the kernel (none of its clean-up runs) while both hosts hold a warm server, a

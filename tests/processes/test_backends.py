@@ -132,7 +132,8 @@ def allocation(hosts):
 ON_HOSTS = (pytest.mark.hosts, pytest.mark.xdist_group("testhosts"))
 
 
-@pytest.fixture(params=["local", *(pytest.param(name, marks=ON_HOSTS) for name in REMOTE)])
+@pytest.fixture(params=["local", *(pytest.param(name, marks=ON_HOSTS + (pytest.mark.ray,) * (name == "ray"))
+                                    for name in REMOTE)])
 def backend(request, monkeypatch, tmp_path):
     """(name, define_cluster keyword arguments, test hosts or None) for each backend."""
     name = request.param

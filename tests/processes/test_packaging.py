@@ -110,6 +110,32 @@ def test_readme_commands_are_the_ones_ci_runs():
     assert "python3 dev.py test" in ci and "python3 dev.py matrix" in ci
 
 
+def _collected(*args):
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
+                          "-p", "no:cacheprovider", *args], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return {line for line in out.stdout.splitlines() if "::" in line}
+
+
+def test_dev_test_runs_every_ray_test_in_a_round_of_their_own():
+    import dev
+
+    assert dev.test_rounds(["-x"]) == [["-m", "not ray", "-x"], ["-m", "ray", "-x"]]
+    assert dev.test_rounds(["-m", "tf"]) == [["-m", "tf"]]  # the caller's markers: one round
+    assert dev.test_rounds(dev.fast_selection(["--fast"])) == [["-m", dev.FAST]]
+    # What starts Ray nodes is in the Ray round: the module of the cluster's tests, the warm
+    # servers' and the backends' Ray cases, notebook 10 (a private head); nothing else is.
+    ray = _collected("-m", "ray", "tests/hosts", "tests/processes/test_backends.py")
+    assert all(t.startswith("tests/hosts/test_ray.py::") or "[ray]" in t
+               or t.endswith("test_more_machines_notebook_runs_on_ssh_hosts_slurm_and_ray")
+               for t in ray), sorted(ray)
+    module = (ROOT / "tests" / "hosts" / "test_ray.py").read_text()
+    assert len({t for t in ray if "test_ray.py" in t}) == module.count("\ndef test_")
+    assert {t.split("::")[0] for t in ray if "[ray]" in t} == {
+        "tests/hosts/test_warmhosts.py", "tests/processes/test_backends.py"}
+    assert any("more_machines_notebook" in t for t in ray)
+
 PUBLIC_METHODS = {
     "Runtime": ["__init__", "define_cluster", "launch", "launch_all", "wait", "status", "log",
                 "get_run", "kill", "kill_when", "wait_for_line", "end_all", "supervise",
