@@ -179,6 +179,22 @@ TREE = textwrap.dedent('''
 
 
 @contextlib.contextmanager
+def run_notebook(nb, **kwargs):
+    """``NotebookClient(nb, kernel_name="python3", **kwargs).execute()``; a cell that raises
+    fails the test with the error's name, value and cell first, on the line that pytest's
+    summary shows (nbclient's own message starts with the cell's source)."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    try:
+        NotebookClient(nb, kernel_name="python3", **kwargs).execute()
+    except CellExecutionError as e:
+        cell = next((i for i, c in enumerate(nb.cells) if c.get("cell_type") == "code"
+                     and any(o.get("output_type") == "error" for o in c.get("outputs", []))), "?")
+        first = " ".join(f"cell {cell}: {e.ename}: {e.evalue}".split())[:400]
+        raise AssertionError(f"{first}\n{e}") from None
+
+
 def squatting(port):
     """Another process's listener on ``port`` (here: this test process)."""
     sock = socket.socket()

@@ -27,6 +27,7 @@ from conftest import (
     json_line,
     pid_alive,
     results,
+    run_notebook,
     task_pids,
 )
 
@@ -672,14 +673,13 @@ def test_scancel_ends_a_batch_job_whose_workers_ignore_sigterm(env, tmp_path):
 @pytest.mark.ray
 def test_more_machines_notebook_runs_on_ssh_hosts_slurm_and_ray(env, tmp_path, monkeypatch):
     import nbformat
-    from nbclient import NotebookClient
 
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     nb = nbformat.read(ROOT / "notebooks" / "10_more_machines.ipynb", as_version=4)
     index = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
     nb.cells.insert(index + 1, nbformat.v4.new_code_cell(
         f"workdir = {str(tmp_path)!r}; ssh_hosts = {','.join(env.names)!r}; use_slurm = True"))
-    NotebookClient(nb, timeout=300, kernel_name="python3").execute()
+    run_notebook(nb, timeout=300)
     # One cell's stream outputs joined as they are: a print can reach the notebook in pieces
     # (ipykernel sends what it has every 0.2 s), so no separator goes between them.
     text = "\n".join("".join(o.get("text", "") for o in c.get("outputs", [])) for c in nb.cells)

@@ -8,7 +8,7 @@ import sys
 
 import nbformat
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_notebook
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # A run of a tutorial is marked tf and notebook (TensorFlow trains in its kernel and workers);
@@ -27,13 +27,10 @@ def pythonpath(monkeypatch):
 
 def execute(name, tmp_path):
     """Run notebooks/NAME in a fresh kernel with workdir=tmp_path, as papermill would."""
-    from nbclient import NotebookClient
-
     nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
     index = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
     nb.cells.insert(index + 1, nbformat.v4.new_code_cell(f"workdir = {str(tmp_path)!r}"))
-    NotebookClient(nb, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    run_notebook(nb, timeout=300, resources={"metadata": {"path": str(tmp_path)}})
     return nb
 
 
