@@ -24,6 +24,7 @@ used here.
 
 import hashlib
 import os
+import shlex
 import subprocess
 import sys
 import venv
@@ -174,7 +175,7 @@ def run_tests(rest, env):
     codes = []
     for args in test_rounds(rest):
         cmd = [str(PY), "-m", "pytest", *test_processes(args), *args]
-        print(f"[dev] {' '.join(cmd[1:])}", flush=True)
+        print(f"[dev] {shlex.join(cmd[1:])}", flush=True)
         codes.append(subprocess.call(cmd, cwd=ROOT, env=env))
     if all(c == 5 for c in codes):
         return 5

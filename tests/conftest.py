@@ -116,6 +116,7 @@ def pytest_runtest_protocol(item, nextitem):
         return (yield)
     finally:
         own, children = (b - a for a, b in zip(before, _cpu_seconds(), strict=True))
+        Path(folder).mkdir(parents=True, exist_ok=True)
         with open(Path(folder) / f"cpu-{os.getpid()}.tsv", "a") as f:
             f.write(f"{own:.2f}\t{children:.2f}\t{item.nodeid}\n")
 
