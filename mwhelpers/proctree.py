@@ -106,6 +106,37 @@ def group(leader: int, leader_running: bool = True) -> list[psutil.Process]:
     return [p for p in procs if p.pid != os.getpid()]
 
 
+def signal_group(leader: int, sig: int, leader_running: bool = True) -> list[psutil.Process]:
+    """Send ``sig`` to :func:`group` of ``leader``: to the process group first, in one call
+    (``os.killpg``; every member gets it before anything is scanned), then to each other
+    process of it (a descendant with a session of its own).  Returns what was signalled.
+
+    A fault injected at a step must land there: scanning every process first took 53 ms on
+    a loaded 2-core machine, as long as some 17 training steps.  Only while ``leader`` runs
+    (unreaped, its pid is still its group's id) and leads its group; else the scan alone."""
+    first = False
+    if leader_running and leader != os.getpid():
+        try:
+            if os.getpgid(leader) == leader:
+                os.killpg(leader, sig)
+                first = True
+        except OSError:
+            pass
+    procs = group(leader, leader_running)
+    if not first:
+        send(procs, sig)
+        return procs
+    others = []
+    for p in procs:
+        try:
+            if os.getpgid(p.pid) != leader:
+                others.append(p)
+        except OSError:
+            pass
+    send(others, sig)
+    return procs
+
+
 def carrying(key: str, value: str, exclude: Container[int] = (),
              where: Callable[[dict[str, str]], bool] | None = None) -> list[psutil.Process]:
     """Live processes whose environment has ``key=value`` (and, with ``where``, for which

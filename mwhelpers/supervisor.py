@@ -309,9 +309,14 @@ class Supervision:
                 _explain(rt, *self._explain_later)
                 self._explain_later = None
         events: list[str] = []
+        pending = list(self.faults) if attempt == 1 else []
         job.watch(runs, self.timeout, stream=self.stream,  # faults to inject: read urgently
-                  on_line=self._on_line(job, attempt, events), until=_attempt_over(runs),
-                  urgent=attempt == 1 and bool(self.faults))
+                  on_line=self._on_line(job, attempt, events, pending), until=_attempt_over(runs),
+                  urgent=bool(pending))
+        for task, pattern, _ in pending:  # the task ended (or the attempt) before its line
+            events.append(f"fault not injected: {task} never logged a line matching "
+                          f"{pattern.pattern!r} while it ran")
+            rt.echo(f"[mwhelpers] {events[-1]}")
         _let_peers_finish(runs, self.policy.restartable_exit_codes, self.policy.peer_grace)
         ended = job.end(runs, "ended by the supervisor")
         failed = job.failures(runs, self.policy.restartable_exit_codes, diagnose=False)
@@ -345,13 +350,12 @@ class Supervision:
         self._explain_later = (record, failed, runs)
         return record
 
-    def _on_line(self, job: Job, attempt: int, events: list[str]
+    def _on_line(self, job: Job, attempt: int, events: list[str], pending: list[_Checked]
                  ) -> Callable[[TaskRun, str], None]:
         """What attempt ``attempt`` does with each line of its tasks: inject the faults due
         (the first attempt only, noted in ``events``), and start the next attempt's standbys
         once every task has imported TensorFlow (its facts line, which its log feed has
         parsed: started earlier, their import would slow this attempt's own)."""
-        pending = list(self.faults) if attempt == 1 else []
         importing = ({r.task for r in job.runs}
                      if self.standby and attempt <= self.policy.max_restarts else set())
 

@@ -66,6 +66,10 @@ class LocalProcess(Process):
         # Descendants that outlived it stay in its process group.
         return proctree.group(self.pid, self.running)
 
+    def send(self, sig: int) -> list[psutil.Process]:
+        """``sig`` to its process group at once, then to what left the group."""
+        return proctree.signal_group(self.pid, sig, self.running)
+
     def end(self, escalation: Escalation = proctree.DEFAULT_ESCALATION, who: str = "") -> list[str]:
         lines, ended = end_local(self.processes(), escalation, who)
         self.wait(2)

@@ -234,6 +234,42 @@ def test_kill_with_another_signal_reaches_the_task(rt):
     assert run.outcome().startswith("killed by SIGTERM")
 
 
+# Counts the SIGUSR1s it gets, and starts two children that count theirs: one in its process
+# group, one in a session of its own (out of the group, still in its tree).
+COUNTS_USR1 = """
+import os, signal, subprocess, sys, time
+got = []
+signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
+if len(sys.argv) < 2:
+    kids = [subprocess.Popen([sys.executable, __file__, name], start_new_session=name == "own")
+            for name in ("group", "own")]
+print("ready", os.getpid(), flush=True)
+deadline = time.time() + 60
+while not got and time.time() < deadline:
+    time.sleep(0.01)
+time.sleep(0.5)  # a second signal would come now
+print("USR1", sys.argv[1] if len(sys.argv) > 1 else "task", len(got), flush=True)
+if len(sys.argv) < 2:
+    for k in kids:
+        k.wait()
+"""
+
+
+def test_a_signal_reaches_the_group_at_once_and_each_process_once(rt, tmp_path):
+    script = tmp_path / "counts.py"
+    script.write_text(COUNTS_USR1)
+    run = rt.launch("worker:0", script=str(script), background=True, ready="start")
+    wait_for_line(run, "ready", timeout=30)
+    deadline = time.monotonic() + 30
+    while len([ln for ln in run.lines() if ln.startswith("ready")]) < 3:
+        assert time.monotonic() < deadline, run.lines()
+        time.sleep(0.05)
+    rt.kill("worker:0", "usr1")
+    assert run.wait(60) == 0, run.lines()
+    counts = sorted(ln for ln in run.lines() if ln.startswith("USR1"))
+    assert counts == ["USR1 group 1", "USR1 own 1", "USR1 task 1"]  # all, and no one twice
+
+
 def test_kill_when_waits_for_the_log_line(rt):
     code = "import time\nfor i in range(100):\n    print('step', i, flush=True)\n    time.sleep(0.05)\n"
     rt.launch("worker:0", code=code, background=True, ready="start")
@@ -422,6 +458,16 @@ def test_supervise_injects_faults_and_gives_up_after_max_restarts(rt, tmp_path):
     assert any("fault injected: killed worker:1 after it logged 'step 3'" in ln
                for ln in rt.echo_lines)
     assert sum("restarting all 2 tasks" in ln for ln in rt.echo_lines) == 1
+
+
+def test_a_fault_whose_line_never_came_is_said_and_recorded(rt):
+    # worker 1 finishes before it logs 'step 9': the job ends in one attempt, and says why
+    code = "for i in range(3):\n    print('step', i, flush=True)\n"
+    attempts = rt.supervise(code=code, max_restarts=1, inject=[("worker:1", r"step 9\b")],
+                            timeout=60, stream=False)
+    said = "fault not injected: worker:1 never logged a line matching 'step 9\\\\b' while it ran"
+    assert len(attempts) == 1 and attempts[0].events == [said]
+    assert f"[mwhelpers] {said}" in rt.echo_lines
 
 
 def test_supervise_injects_a_sigterm_preemption_and_restarts_on_its_exit_code(rt, tmp_path):
