@@ -7,6 +7,7 @@ The tests described here that need more than this folder gives are in tf/test_wa
 
 import json
 import os
+import sys
 import textwrap
 
 import pytest
@@ -69,6 +70,21 @@ def test_a_server_that_cannot_import_tensorflow_leaves_the_task_to_say_so(rt, tm
     assert "could not import TensorFlow" in rt.launcher.warm.last_cold_reason
     with pytest.raises(WorkerFailed):  # the key is remembered: no second try at a server
         rt.launch("worker:0", code="import tensorflow\n", env=env)
+
+
+def test_a_server_with_no_task_left_leaves_at_once_without_pythons_teardown(tmp_path):
+    """The server's first import leaves a minute of work for Python's teardown (as TensorFlow
+    leaves seconds of it on a loaded machine): closed, the server is gone all the same."""
+    (tmp_path / "slow_teardown.py").write_text("import atexit, time\natexit.register(time.sleep, 60)\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    bootstrap = str(ROOT / "mwhelpers" / "taskside" / "_bootstrap.py")
+    server = warmstart._Server(sys.executable, bootstrap, env, str(tmp_path), first="slow_teardown")
+    try:
+        assert server.ready, server.error
+        server.close()
+        assert server.popen.wait(10) == 0
+    finally:
+        server.close(kill=True)
 
 
 @pytest.mark.parametrize("source, reason", [
