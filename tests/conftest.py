@@ -82,6 +82,11 @@ def pytest_collection_modifyitems(config, items):
                                     f"{', '.join(FOLDER_MARKS)} of tests/ (by what it needs)")
         for mark in FOLDER_MARKS[rel.parts[0]]:
             item.add_marker(mark)
+        uses_ray = {"ray", "ray_cluster"} & set(getattr(item, "fixturenames", ()))
+        if uses_ray and item.get_closest_marker("ray") is None:
+            raise pytest.UsageError(f"{item.nodeid} uses the Ray cluster but has no ray marker: "
+                                    "mark it @pytest.mark.ray, so that dev.py test runs it "
+                                    "with the other Ray tests")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -179,7 +184,6 @@ TREE = textwrap.dedent('''
 ''')
 
 
-@contextlib.contextmanager
 def run_notebook(nb, **kwargs):
     """``NotebookClient(nb, kernel_name="python3", **kwargs).execute()``; a cell that raises
     fails the test with the error's name, value and cell first, on the line that pytest's
@@ -196,6 +200,7 @@ def run_notebook(nb, **kwargs):
         raise AssertionError(f"{first}\n{e}") from None
 
 
+@contextlib.contextmanager
 def squatting(port):
     """Another process's listener on ``port`` (here: this test process)."""
     sock = socket.socket()

@@ -338,6 +338,7 @@ def test_a_slurm_spare_whose_own_server_fails_has_its_task_start_afresh(warm, ho
     assert any(line.startswith("PLAIN RAN") for line in run.lines()), run.lines()
 
 
+@pytest.mark.ray
 def test_ray_tasks_fork_from_their_nodes_warm_servers(warm, hosts, ray):
     rt, program = warm
     rt.define_cluster(2, backend="ray", address=ray.address)
