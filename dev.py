@@ -171,12 +171,15 @@ def test_rounds(args):
 
 def run_tests(rest, env):
     """Each round of ``test_rounds``; a round that selects no test (pytest's exit code 5) is
-    fine when another one ran tests.  The first failing round's code, or 0."""
+    fine when another one ran tests.  The first failing round's code, or 0.  An interrupted
+    run, a usage or an internal error (codes 2 to 4) runs no further round."""
     codes = []
     for args in test_rounds(rest):
         cmd = [str(PY), "-m", "pytest", *test_processes(args), *args]
         print(f"[dev] {shlex.join(cmd[1:])}", flush=True)
         codes.append(subprocess.call(cmd, cwd=ROOT, env=env))
+        if codes[-1] in (2, 3, 4):
+            break
     if all(c == 5 for c in codes):
         return 5
     return next((c for c in codes if c not in (0, 5)), 0)
