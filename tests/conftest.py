@@ -71,6 +71,11 @@ def pytest_configure(config):
             "pip install --no-deps -r requirements/test.txt")
 
 
+# A test that starts Ray nodes without the ray marker would run beside the notebooks.
+RAY_UNMARKED = ("{} uses the Ray cluster but has no ray marker: mark it @pytest.mark.ray, so "
+                "that dev.py test runs it with the other Ray tests")
+
+
 def pytest_collection_modifyitems(config, items):
     """Each test gets its folder's markers (see FOLDER_MARKS above); a test module outside
     those folders is refused, as it would run in no lane."""
@@ -84,9 +89,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(mark)
         uses_ray = {"ray", "ray_cluster"} & set(getattr(item, "fixturenames", ()))
         if uses_ray and item.get_closest_marker("ray") is None:
-            raise pytest.UsageError(f"{item.nodeid} uses the Ray cluster but has no ray marker: "
-                                    "mark it @pytest.mark.ray, so that dev.py test runs it "
-                                    "with the other Ray tests")
+            raise pytest.UsageError(RAY_UNMARKED.format(item.nodeid))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -353,9 +356,8 @@ def ray_cluster(hosts):
 @pytest.fixture
 def ray(request, ray_cluster, monkeypatch):
     """``ray_cluster``, with what a driver needs to connect (its token) in this environment."""
-    if request.node.get_closest_marker("ray") is None:
-        pytest.fail(f"{request.node.nodeid} uses the Ray cluster but has no ray marker: mark it "
-                    "@pytest.mark.ray, so that dev.py test runs it with the other Ray tests")
+    if request.node.get_closest_marker("ray") is None:  # reached through getfixturevalue
+        pytest.fail(RAY_UNMARKED.format(request.node.nodeid))
     for k, v in ray_cluster.client_env().items():
         monkeypatch.setenv(k, v)
     return ray_cluster

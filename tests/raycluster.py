@@ -26,9 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from mwhelpers.backends.raynodes import RAY_STARTED, STARTUP_TIMED_OUT
+
 RAY = str(Path(sys.executable).with_name("ray"))
-STARTED = "Ray runtime started."
-TIMED_OUT = "timed out during startup"
 COMMON = ["--disable-usage-stats", "--include-log-monitor=false", "--block"]
 
 
@@ -110,10 +110,10 @@ class RayCluster:
         while waiting and time.monotonic() < deadline:
             for name in list(waiting):
                 log = (self.dir / f"{name}.log").read_text(errors="replace")
-                if STARTED in log:
+                if RAY_STARTED in log:
                     waiting.remove(name)
                 elif self.procs[name].poll() is not None:
-                    if TIMED_OUT in log and retries > 0:
+                    if STARTUP_TIMED_OUT in log and retries > 0:
                         retries -= 1
                         self._end(name)
                         (self.dir / f"{name}.log").rename(self.dir / f"{name}.failed.log")

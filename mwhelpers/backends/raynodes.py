@@ -117,8 +117,10 @@ LIFELINE = ("import ctypes, shutil, signal, subprocess, sys\n"
 # Seconds a private head may take to start: on a slow 2-core machine busy with other work,
 # one had not started after 60 s (2026-11-30).
 HEAD_START_TIMEOUT = 180.0
-# What ``ray start`` says when its raylet missed the fixed 30 s that Ray gives it to register
-# (``ray/_private/node.py``); the head is then started once more.
+# What ``ray start`` says once its raylet has registered with the GCS, and when its raylet
+# missed the fixed 30 s that Ray gives it for that (``ray/_private/node.py``; the head is then
+# started once more).
+RAY_STARTED = "Ray runtime started."
 STARTUP_TIMED_OUT = "timed out during startup"
 
 
@@ -175,7 +177,7 @@ class PrivateHead:
     def _wait_ready(self, timeout: float) -> str | None:
         """None once the head has started; otherwise why it has not."""
         deadline = time.monotonic() + timeout
-        while "Ray runtime started" not in self.log.read_text(errors="replace"):
+        while RAY_STARTED not in self.log.read_text(errors="replace"):
             code = self.proc.poll()
             if code is not None:
                 return f"its lifeline ended (exit code {code})"
