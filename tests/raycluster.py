@@ -91,11 +91,14 @@ class RayCluster:
                              "--include-dashboard=false", "--no-monitor"])
         # A head on a slow, loaded 2-core machine: over 60 s, and Ray's 30 s missed twice running.
         self._wait_nodes(["head"], 180, retries=2)
+        # One node after the other: a raylet registers only once its node's Python agents have
+        # started (7 s idle here), and two nodes starting at once missed Ray's 30 s twice each
+        # on CI beside a notebook.
         for name in self.hosts.names:  # type: ignore[attr-defined]
             addr = self.hosts.addresses[name]  # type: ignore[attr-defined]
             self._start(name, [f"--address={self.address}", f"--node-ip-address={addr}",
                                f"--num-cpus={self.cpus}"], netns=name)
-        self._wait_nodes(list(self.hosts.names), 180, retries=2)  # type: ignore[attr-defined]
+            self._wait_nodes([name], 180, retries=2)
         return self
 
     def _wait_nodes(self, names: list[str], timeout: float, retries: int = 1) -> None:
@@ -127,10 +130,15 @@ class RayCluster:
                                + self.log_tails())
 
     def log_tails(self, lines: int = 20) -> str:
+        """The end of each ``ray start``'s output and of each node's raylet log (where a raylet
+        says what it waited for)."""
         out = []
-        for log in sorted(self.dir.glob("*.log")):
-            text = log.read_text(errors="replace").splitlines()[-lines:]
-            out.append(f"--- {log.name} ---\n" + "\n".join(text))
+        logs = [*sorted(self.dir.glob("*.log")),
+                *sorted(self.dir.glob("*/session_latest/logs/raylet.out"))]
+        for log in logs:
+            text = [ln for ln in log.read_text(errors="replace").splitlines()
+                    if "[state-dump]" not in ln][-lines:]  # the raylet's periodic dumps
+            out.append(f"--- {log.relative_to(self.dir)} ---\n" + "\n".join(text))
         return "\n".join(out)
 
     def _end(self, name: str) -> None:

@@ -121,7 +121,9 @@ def _collected(*args):
 def test_dev_test_runs_every_ray_test_in_a_round_of_their_own():
     import dev
 
-    assert dev.test_rounds(["-x"]) == [["-m", "not ray", "-x"], ["-m", "ray", "-x"]]
+    assert dev.test_rounds(["-x"]) == [["-m", "not ray", "-x"],
+                                       ["-m", "ray", "-n", "1", "--dist", "loadgroup", "-x"]]
+    assert dev.test_processes(dev.test_rounds([])[1]) == []  # one test process: nothing added
     assert dev.test_rounds(["-m", "tf"]) == [["-m", "tf"]]  # the caller's markers: one round
     assert dev.test_rounds(dev.fast_selection(["--fast"])) == [["-m", dev.FAST]]
     # What starts Ray nodes is in the Ray round: the module of the cluster's tests, the warm
