@@ -8,6 +8,7 @@ few.  For other machines the probe runs :func:`visible_gpus` there (its source i
 probe), so the lists are the hosts' own.
 """
 
+import os
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeVar
 
@@ -72,8 +73,11 @@ def assign(hosts_of: Mapping[K, str | None], gpus_of: Mapping[str | None, Sequen
         if len(ids) < need:
             where = "this machine" if host is None else host
             found = f"GPUs {', '.join(ids)}" if ids else "no GPU"
+            source = "from CUDA_VISIBLE_DEVICES, else nvidia-smi -L"
+            if host is None and "CUDA_VISIBLE_DEVICES" in os.environ:  # set here: it decided
+                source = f"this process's CUDA_VISIBLE_DEVICES is {os.environ['CUDA_VISIBLE_DEVICES']!r}"
             raise UsageError(
-                f"{where} has {found} (from CUDA_VISIBLE_DEVICES, else nvidia-smi -L) but its "
+                f"{where} offers {found} ({source}) but its "
                 f"{len(tasks)} task(s) ({', '.join(map(str, tasks))}) need {per_task} each, "
                 f"{need} in all: ask for fewer GPUs per task, place fewer tasks on it, or leave "
                 "out gpus_per_task (--gpus-per-task) to let every task see every GPU")

@@ -718,12 +718,12 @@ def test_gpus_per_task_come_from_each_slurm_nodes_probe(remote_rt, env, allocati
     for t in cluster.tasks:
         run = remote_rt.launch(t, code=SEES_GPUS)
         assert f"GPUS {cluster.gpus_of(t)}" in run.lines(), run.lines()
-    with pytest.raises(UsageError, match=rf"{env.names[0]} has GPUs 0, 1, 2, 3 .* need 3 each"):
+    with pytest.raises(UsageError, match=rf"{env.names[0]} offers GPUs 0, 1, 2, 3 .* need 3 each"):
         remote_rt.define_cluster(3, backend="slurm", gpus_per_task=3)
 
 
 def test_gpus_per_task_over_ssh_are_refused_where_the_probe_finds_none(remote_rt, env):
     # sshd passes no CUDA_VISIBLE_DEVICES and the test hosts have no nvidia-smi
-    with pytest.raises(UsageError, match=rf"{env.names[0]} has no GPU .* need 1 each"):
+    with pytest.raises(UsageError, match=rf"{env.names[0]} offers no GPU .* need 1 each"):
         remote_rt.define_cluster(2, backend="ssh", hosts=env.names, gpus_per_task=1)
     assert remote_rt.cluster is None

@@ -380,7 +380,7 @@ def test_suite_runs_a_notebook_with_papermill_and_writes_outputs(tmp_path):
     assert "worker:1 logged 'STEP 3'; sent SIGKILL to its process tree" in text
     assert "worker:1 failed: killed by SIGKILL (SIGKILL sent when its log matched '^STEP 3$')" in text
     assert "attempt 2: every task finished" in text
-    assert "this machine has no GPU" in text
+    assert "this machine offers no GPU (this process's CUDA_VISIBLE_DEVICES is '')" in text
 
 
 # a cell that starts worker 0 in the background, doing nothing for 5 minutes

@@ -49,12 +49,19 @@ def test_assign_gives_each_task_its_own_slice_per_host():
     assert assign({"w0": "a", "w1": "a"}, probes, 2) == {"w0": "0,1", "w1": "2,3"}
 
 
-def test_assign_refuses_too_few_gpus_naming_the_host():
-    with pytest.raises(UsageError, match=r"b has GPUs 4, 5 .* 2 task\(s\) \(worker:1, worker:3\) "
+def test_assign_refuses_too_few_gpus_naming_the_host(monkeypatch):
+    with pytest.raises(UsageError, match=r"b offers GPUs 4, 5 .* 2 task\(s\) \(worker:1, worker:3\) "
                                          r"need 2 each, 4 in all"):
         assign({"worker:0": "a", "worker:1": "b", "worker:2": "a", "worker:3": "b"},
                {"a": ["0", "1", "2", "3"], "b": ["4", "5"]}, 2)
-    with pytest.raises(UsageError, match="this machine has no GPU"):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(UsageError, match=r"this machine offers no GPU \(from CUDA_VISIBLE_DEVICES, "
+                                         r"else nvidia-smi -L\)"):
+        assign({"worker:0": None}, {None: []}, 1)
+    # Where this process's CUDA_VISIBLE_DEVICES decided, the message says so: "" hides every GPU
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(UsageError, match=r"this machine offers no GPU \(this process's "
+                                         r"CUDA_VISIBLE_DEVICES is ''\)"):
         assign({"worker:0": None}, {None: []}, 1)
     for bad in (0, -1, 1.5, True, "1"):
         with pytest.raises(UsageError, match="gpus_per_task must be a whole number >= 1"):
@@ -80,7 +87,7 @@ def test_each_local_task_gets_its_gpus_and_the_table_shows_them(ip, rt, fake_nvi
 
 def test_too_few_gpus_is_refused_and_nothing_is_defined(ip, rt, fake_nvidia_smi):
     fake_nvidia_smi(2)
-    with pytest.raises(UsageError, match=r"this machine has GPUs 0, 1 .* 3 task\(s\)"):
+    with pytest.raises(UsageError, match=r"this machine offers GPUs 0, 1 .* 3 task\(s\)"):
         ip.run_line_magic("cluster", "3 --gpus-per-task 1")
     assert rt.cluster is None
     with pytest.raises(UsageError, match="invalid int value"):
