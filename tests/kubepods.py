@@ -40,10 +40,13 @@ from mwhelpers.taskside import wire
 
 
 class Pod:
-    """One pod: its process (the container's command), log and termination message."""
+    """One pod: its process (the container's command), log, termination message and temporary
+    folder (its ``TMPDIR``: a pod's ``/tmp`` is its own)."""
 
-    def __init__(self, index: int, proc: subprocess.Popen[bytes], log: Path, message: Path) -> None:
+    def __init__(self, index: int, proc: subprocess.Popen[bytes], log: Path, message: Path,
+                 tmp: Path) -> None:
         self.index, self.proc, self.log, self.message_file = index, proc, log, message
+        self.tmp = tmp
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout)
@@ -146,9 +149,12 @@ class Pods:
         mine = self.folder / f"pod-{i}"
         mine.mkdir(parents=True, exist_ok=True)
         message = mine / "termination-log"
+        tmp = mine / "tmp"
+        tmp.mkdir(exist_ok=True)
         hostname = f"{self.name}-{i}"
         variables = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-                     "HOME": "/root", "HOSTNAME": hostname, "JOB_COMPLETION_INDEX": str(i)}
+                     "HOME": "/root", "HOSTNAME": hostname, "JOB_COMPLETION_INDEX": str(i),
+                     "TMPDIR": str(tmp)}
         for item in self.container.get("env", []):
             variables[item["name"]] = item["value"]
         pod_shape = json.loads(variables[wire.Env.POD])
@@ -184,7 +190,7 @@ class Pods:
                  " && ".join(steps)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True)
-        self.pods[i] = Pod(i, proc, log, message)
+        self.pods[i] = Pod(i, proc, log, message, tmp)
         self.publish()  # the others see its name now, where it was published
         return self.pods[i]
 

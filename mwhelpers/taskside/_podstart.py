@@ -29,6 +29,7 @@ Like ``_bootstrap.py``, it is run by path and imports nothing of the mwhelpers p
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -167,11 +168,14 @@ def main(argv: list[str]) -> int:
     folder = tempfile.mkdtemp(prefix="mwhelpers-")
     record = os.path.join(folder, "exit.json")
     env[wire.Env.EXIT_RECORD] = record
-    proc = subprocess.Popen([sys.executable, "-u", os.path.join(HERE, "_bootstrap.py"), *argv[1:]],
-                            start_new_session=True)
-    child.append(proc.pid)
-    code = reap_until(proc.pid)
-    written = wire.ExitRecord.read(record)  # the program's, when it ended by an exception
+    try:
+        proc = subprocess.Popen([sys.executable, "-u", os.path.join(HERE, "_bootstrap.py"),
+                                 *argv[1:]], start_new_session=True)
+        child.append(proc.pid)
+        code = reap_until(proc.pid)
+        written = wire.ExitRecord.read(record)  # the program's, when it ended by an exception
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     if written is not None:
         write_message(written, log)
     return 128 - code if code < 0 else code

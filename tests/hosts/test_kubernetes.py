@@ -73,6 +73,7 @@ def test_the_pods_train_the_tutorial_job_the_first_waiting_for_the_others_name(p
         assert ("every pod's name resolves" in out) == (i == 0)  # pod 1 found both at once
         assert "Epoch 2/2" in out and "5/5" in out, out[-3000:]
         assert pod.message == ""  # a program that succeeds leaves no record
+        assert not list(pod.tmp.glob("mwhelpers-*"))  # the start-up's folder went with it
 
 
 def test_the_pods_train_keras3_on_jax_by_their_dns_names(pods, tmp_path):
@@ -117,6 +118,7 @@ def test_a_pod_whose_program_raises_puts_its_exit_record_in_the_termination_mess
     assert record.traceback.endswith('line 6, in odd\n    raise ValueError("bad input at the '
                                      'bottom")\nValueError: bad input at the bottom\n')
     assert "Traceback" not in record.traceback  # (its start is what went)
+    assert not list(pod.tmp.glob("mwhelpers-*"))  # the record's folder went once it was read
 
 
 def test_a_pod_whose_peer_never_gets_a_name_says_which_and_what_to_check(pods, tmp_path):

@@ -268,8 +268,10 @@ def test_readiness_waits_for_the_port(brt, backend):
     host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5):  # open as launch returned
         pass
-    assert run.ready_after is not None and 1.0 <= run.ready_after <= waited < 10, \
-        (run.ready_after, waited)  # not before the port opened, nor at the task's end
+    # not before the port opened, nor at the task's end (it lingers 30 s after binding; a first
+    # launch on Ray took 10.1 s on a slow 2-core machine running nothing else)
+    assert run.ready_after is not None and 1.0 <= run.ready_after <= waited < 30, \
+        (run.ready_after, waited)
     assert report(run)["bound"] == address
     assert run.running and run.state == "ready"
     assert f"[worker:0] ready after {run.ready_after:.2f} s (port {port} is open)" in brt.echo_lines
