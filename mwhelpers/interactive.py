@@ -78,8 +78,16 @@ IPEngine.launch_instance([
 """
 
 # The controller, started through the bootstrap (guarded: it dies with the kernel).
+# The controller's folder holds its keys.  close() removes it; where the kernel dies first, the
+# guard SIGKILLs the controller's process group, so a watcher in a session of its own, holding
+# the read end of a pipe that only the controller holds open, removes it at the controller's end.
 CONTROLLER_CODE = """\
-import sys
+import os, subprocess, sys
+r, w = os.pipe()  # both close-on-exec: the controller's own children do not hold w
+subprocess.Popen(["sh", "-c", 'cat >/dev/null; rm -rf -- "$0"',
+                  os.path.dirname(os.path.abspath(__file__))],
+                 stdin=r, start_new_session=True)
+os.close(r)
 from ipyparallel.controller.app import main
 sys.exit(main(sys.argv[1:]))
 """

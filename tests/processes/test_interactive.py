@@ -22,6 +22,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -276,10 +277,13 @@ def test_the_magics_in_a_kernel_and_a_killed_kernel_leaves_no_engine_and_no_cont
             "*[p.pid for p in eng.controller.process.processes()])")
         pids = [int(p) for p in out.split("PIDS", 1)[1].split()]
         assert status == "ok" and len(pids) >= 3, out
+        status, out = kernel.run("print('FOLDER', rt.engines.controller.folder)")
+        folder = Path(out.split("FOLDER ", 1)[1].split()[0])
+        assert status == "ok" and (folder / "profile" / "security").is_dir(), out  # its keys
         os.kill(kernel.pid, signal.SIGKILL)  # none of the kernel's clean-up runs
         deadline = time.monotonic() + 5
-        while any(pid_alive(p) for p in pids):
-            assert time.monotonic() < deadline, [p for p in pids if pid_alive(p)]
+        while any(pid_alive(p) for p in pids) or folder.exists():
+            assert time.monotonic() < deadline, ([p for p in pids if pid_alive(p)], folder)
             time.sleep(0.05)
     finally:
         kernel.close()
