@@ -81,13 +81,26 @@ IPEngine.launch_instance([
 # The controller's folder holds its keys.  close() removes it; where the kernel dies first, the
 # guard SIGKILLs the controller's process group, so a watcher in a session of its own, holding
 # the read end of a pipe that only the controller holds open, removes it at the controller's end.
+# The write end is close-on-exec, and a forked child (ipyparallel forks its schedulers on Linux)
+# closes its copy at once: schedulers orphaned by a SIGKILL of the controller alone must not
+# keep the folder.
 CONTROLLER_CODE = """\
 import os, subprocess, sys
-r, w = os.pipe()  # both close-on-exec: the controller's own children do not hold w
+r, w = os.pipe()
 subprocess.Popen(["sh", "-c", 'cat >/dev/null; rm -rf -- "$0"',
                   os.path.dirname(os.path.abspath(__file__))],
                  stdin=r, start_new_session=True)
 os.close(r)
+
+
+def _not_in_children():
+    global w
+    if w is not None:
+        os.close(w)
+        w = None
+
+
+os.register_at_fork(after_in_child=_not_in_children)
 from ipyparallel.controller.app import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -159,7 +172,10 @@ class Controller:
 
     def close(self) -> None:
         """End the controller and its schedulers, and remove its folder (files and key)."""
-        end([(self.process, "ipyparallel's controller")])
+        # A controller that died alone (SIGKILL, the OOM killer) left its forked schedulers in
+        # its process group: end() passes over a process that no longer runs, so name them.
+        orphans = [] if self.process.running else self.process.processes()
+        end([(self.process, "ipyparallel's controller")], local=orphans)
         self._launcher.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 

@@ -233,6 +233,28 @@ def test_the_controller_is_private_to_this_user_and_loopback(rt, tmp_path):
     assert not folder.exists()  # files and key removed with the cluster
 
 
+def test_a_controller_killed_alone_takes_its_keys_with_it(tmp_path):
+    """Its folder goes though the schedulers it forked outlive it (they hold no pipe to the
+    watcher that removes it), and closing it afterwards ends them."""
+    from mwhelpers.interactive import Controller
+
+    controller = Controller("127.0.0.1", tmp_path / "controller.log")
+    try:
+        forked = [p.pid for p in psutil.Process(controller.process.pid).children()]
+        assert forked and (controller.folder / "profile" / "security").is_dir()
+        os.kill(controller.process.pid, signal.SIGKILL)  # the controller alone: no clean-up runs
+        deadline = time.monotonic() + 5
+        while controller.folder.exists():
+            assert time.monotonic() < deadline, [p for p in forked if pid_alive(p)]
+            time.sleep(0.05)
+    finally:
+        controller.close()
+    deadline = time.monotonic() + 5
+    while any(pid_alive(p) for p in forked):
+        assert time.monotonic() < deadline, [p for p in forked if pid_alive(p)]
+        time.sleep(0.05)
+
+
 def test_the_magics_in_a_kernel_and_a_killed_kernel_leaves_no_engine_and_no_controller(tmp_path):
     kernel = Kernel(tmp_path)
     try:
