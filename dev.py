@@ -164,7 +164,7 @@ def test_rounds(args):
     caller's own ``-n`` comes later and wins).  Ray gives a new raylet a fixed 30 s to register
     with its GCS (``ray/_private/node.py``); here a raylet registered only after its node's
     Python agents had started, 7 s on an idle 2-core machine.  On CI a Ray head missed that
-    window beside round 1's notebooks; in a round of their own, the test cluster's nodes missed
+    window beside the notebook tests; in a round of their own, the test cluster's nodes missed
     it twice each beside notebook 10 in the round's other test process.  One round when the
     caller chose the markers (-m, --fast)."""
     if any(a == "-m" or a.startswith("-m") for a in args):
