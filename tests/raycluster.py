@@ -44,7 +44,6 @@ class RayCluster:
         self.cpus = cpus_per_node
         self.dir = Path(tempfile.mkdtemp(prefix="mwr", dir="/tmp"))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.argv: dict[str, tuple[list[str], str | None]] = {}
         self.address = ""
         self.token = self.dir / "token"
         self.token.write_text(secrets.token_hex(32) + "\n")
@@ -64,7 +63,6 @@ class RayCluster:
         return out
 
     def _start(self, name: str, argv: list[str], netns: str | None = None) -> None:
-        self.argv[name] = (argv, netns)
         folder = self.dir / name
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir()
@@ -86,48 +84,45 @@ class RayCluster:
         client = free_port(gateway)
         while client == port:
             client = free_port(gateway)
-        self._start("head", ["--head", f"--node-ip-address={gateway}", f"--port={port}",
-                             "--num-cpus=0", f"--ray-client-server-port={client}",
-                             "--include-dashboard=false", "--no-monitor"])
         # A head on a slow, loaded 2-core machine: over 60 s, and Ray's 30 s missed twice running.
-        self._wait_nodes(["head"], 180, retries=2)
+        self._bring_up("head", ["--head", f"--node-ip-address={gateway}", f"--port={port}",
+                                "--num-cpus=0", f"--ray-client-server-port={client}",
+                                "--include-dashboard=false", "--no-monitor"])
         # One node after the other: a raylet registers only once its node's Python agents have
         # started (7 s idle here), and two nodes starting at once missed Ray's 30 s twice each
         # on CI beside a notebook.
         for name in self.hosts.names:  # type: ignore[attr-defined]
             addr = self.hosts.addresses[name]  # type: ignore[attr-defined]
-            self._start(name, [f"--address={self.address}", f"--node-ip-address={addr}",
-                               f"--num-cpus={self.cpus}"], netns=name)
-            self._wait_nodes([name], 180, retries=2)
+            self._bring_up(name, [f"--address={self.address}", f"--node-ip-address={addr}",
+                                  f"--num-cpus={self.cpus}"], netns=name)
         return self
 
-    def _wait_nodes(self, names: list[str], timeout: float, retries: int = 1) -> None:
-        """Until each named node's ``ray start`` has said "Ray runtime started.", which it says
-        once its raylet has registered with the GCS (``ray._private.node.Node.__init__``).
+    def _bring_up(self, name: str, argv: list[str], netns: str | None = None,
+                  timeout: float = 180, retries: int = 2) -> None:
+        """Start node ``name`` and wait until its ``ray start`` has said "Ray runtime started.",
+        which it says once its raylet has registered with the GCS
+        (``ray._private.node.Node.__init__``).
 
-        A node whose raylet missed that fixed 30 s window (Ray's "timed out during startup", seen
-        on a loaded 2-core CI machine) is started again, ``retries`` times, after its process
-        group has been ended."""
+        A raylet that missed that fixed 30 s window (Ray's "timed out during startup", seen on
+        a loaded 2-core CI machine) is started again, ``retries`` times, after its process group
+        has been ended."""
+        self._start(name, argv, netns)
         deadline = time.monotonic() + timeout
-        waiting = list(names)
-        while waiting and time.monotonic() < deadline:
-            for name in list(waiting):
-                log = (self.dir / f"{name}.log").read_text(errors="replace")
-                if RAY_STARTED in log:
-                    waiting.remove(name)
-                elif self.procs[name].poll() is not None:
-                    if STARTUP_TIMED_OUT in log and retries > 0:
-                        retries -= 1
-                        self._end(name)
-                        (self.dir / f"{name}.log").rename(self.dir / f"{name}.failed.log")
-                        self._start(name, *self.argv[name])
-                        continue
+        while time.monotonic() < deadline:
+            log = (self.dir / f"{name}.log").read_text(errors="replace")
+            if RAY_STARTED in log:
+                return
+            if self.procs[name].poll() is not None:
+                if STARTUP_TIMED_OUT not in log or retries == 0:
                     raise RuntimeError(f"ray start of {name} ended "
                                        f"({self.procs[name].returncode}):\n" + self.log_tails())
+                retries -= 1
+                self._end(name)
+                (self.dir / f"{name}.log").rename(self.dir / f"{name}.failed.log")
+                self._start(name, argv, netns)
             time.sleep(0.2)
-        if waiting:
-            raise RuntimeError(f"ray start of {', '.join(waiting)} did not finish in {timeout} s:\n"
-                               + self.log_tails())
+        raise RuntimeError(f"ray start of {name} did not finish in {timeout} s:\n"
+                           + self.log_tails())
 
     def log_tails(self, lines: int = 20) -> str:
         """The end of each ``ray start``'s output and of each node's raylet log (where a raylet
