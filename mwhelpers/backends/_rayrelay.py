@@ -1,18 +1,23 @@
 """The Ray backend's helper process, run by path on the kernel's machine with the kernel's Python
 (which has Ray): ``python _rayrelay.py hold|run [OPTIONS] [-- ARGV...]``.
 
-``hold`` connects to the Ray cluster, makes the cluster's placement group (one bundle per task,
-named, spread or packed), prints one JSON line (``{"nodes": [...]}``: each bundle's node
-address, or ``{"error": ...}``) and holds the group until its standard input ends (the kernel
-closed the cluster, or died).  Ray then removes the group, and with it every actor placed in it.
+``hold`` is the cluster's one Ray driver.  It connects to the Ray cluster, makes the cluster's
+placement group (one bundle per task, named, spread or packed), listens on a Unix socket
+(``--listen``, in a folder only this user reads), prints one JSON line (``{"nodes": [...]}``: each
+bundle's node address, or ``{"error": ...}``) and holds the group until its standard input ends
+(the kernel closed the cluster, or died).  Ray then removes the group, and with it every actor
+placed in it.  Meanwhile it runs the commands that ``run`` clients bring: each on its bundle's
+node, through that bundle's one actor (made at the first command there).
 
 ``run`` is the transport of one command on one bundle's node, as ``ssh HOST`` is for the ssh
-backend: an actor placed in the bundle starts ARGV there as a process of its own, and this
-process relays its standard input to that process and the process's standard output and error
-back, until it ends; its exit code is this process's.  ``{python}`` as ARGV's first word is the
-Python that runs Ray on that node.  When this process ends (the kernel closed the connection,
-killed it, or died), Ray ends the actor, the command's standard input reaches its end, and the
-mwhelpers agent that it runs ends its task.
+backend.  It imports nothing of Ray: it connects to the holder's socket (``--via``) and relays
+its standard input to the command and the command's standard output and error back, until it
+ends; its exit code is this process's.  ``{python}`` as ARGV's first word is the Python that runs
+Ray on that node.  When this process ends (the kernel closed the connection, killed it, or
+died), the holder ends the command's waiter and closes the command's input, as Ray does when it
+ends an actor: the mwhelpers agent that the command runs then ends its task.  One driver and one
+actor a bundle, instead of one each a command, spare Ray's connections (2026-11-30: about 9 CPU-s
+a command on a 2-core machine).
 
 Run by path, never imported as part of mwhelpers: Ray sends the actor's class by value from
 ``__main__``, so the nodes need Ray and Python, not mwhelpers.
@@ -23,14 +28,13 @@ import json
 import logging
 import os
 import queue
+import socket
+import struct
 import subprocess
 import sys
 import threading
+import uuid
 from typing import IO, Any
-
-import ray
-from ray.util.placement_group import get_placement_group, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 # What the actor runs, with the command after it: the command in a session of its own, waited
 # for.  When Ray ends the actor it kills the actor's children and its process group: this waiter
@@ -50,6 +54,54 @@ WAITER = ("import signal, subprocess, sys\n"
 # Not passed on to the command: Ray's settings of its own worker processes (a program that
 # uses Ray itself would take it for one of them).
 NOT_PASSED = ("OMP_NUM_THREADS",)
+# Threads of a bundle's actor: each command holds three (its output, its errors, its end).
+ACTOR_THREADS = 128
+
+# Between a run client and the holder, frames: a kind, a length, and that many bytes.  The
+# client sends HEAD (JSON: what to run where), then IN (its input; empty: the input's end); the
+# holder sends OUT and ERR (the command's), then EXIT (its exit code, as text).
+FRAME = struct.Struct("!cI")
+HEAD, IN, OUT, ERR, EXIT = b"h", b"i", b"o", b"e", b"x"
+
+ray: Any = None  # the module, imported by the holder only (the run client does without)
+
+
+def _import_ray() -> None:
+    global ray
+    import ray as module  # here: a run client never pays for Ray's import
+    import ray.util.placement_group
+    import ray.util.scheduling_strategies
+
+    ray = module
+
+
+class Channel:
+    """One end of a run client's connection: frames out (from any thread), frames in."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.reader = sock.makefile("rb")
+
+    def send(self, kind: bytes, payload: bytes = b"") -> bool:
+        try:
+            with self.lock:
+                self.sock.sendall(FRAME.pack(kind, len(payload)) + payload)
+            return True
+        except OSError:
+            return False
+
+    def receive(self) -> tuple[bytes, bytes] | None:
+        """The next frame; None at the end (the other side left)."""
+        try:
+            head = self.reader.read(FRAME.size)
+            if len(head) < FRAME.size:
+                return None
+            kind, size = FRAME.unpack(head)
+            payload = self.reader.read(size) if size else b""
+        except OSError:
+            return None
+        return (kind, payload) if len(payload) == size else None
 
 
 def connect(args: argparse.Namespace) -> None:
@@ -70,6 +122,20 @@ def token_sent() -> bool:
 
 def hold(args: argparse.Namespace) -> int:
     try:
+        return _hold(args)
+    finally:  # its socket and the folder the kernel made for it (empty then), however it ends
+        for remove in (os.unlink, os.rmdir):
+            try:
+                remove(args.listen if remove is os.unlink else os.path.dirname(args.listen))
+            except OSError:
+                pass
+
+
+def _hold(args: argparse.Namespace) -> int:
+    try:
+        _import_ray()
+        from ray.util.placement_group import placement_group, remove_placement_group
+
         connect(args)
         bundle = {"CPU": args.cpus, **({"GPU": args.gpus} if args.gpus else {})}
         group = placement_group([dict(bundle) for _ in range(args.bundles)],
@@ -89,35 +155,50 @@ def hold(args: argparse.Namespace) -> int:
         table = ray.util.placement_group_table(group)
         addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         nodes = [addresses.get(table["bundles_to_node_id"][i], "?") for i in range(args.bundles)]
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(args.listen)
+        server.listen(64)
         print(json.dumps({"nodes": nodes, "token_sent": token_sent()}), flush=True)
     except Exception as e:  # said in the kernel, which reads this line
         print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
         return 1
+    bundles = Bundles(group, args.gpus)
+    threading.Thread(target=serve, args=(server, bundles), daemon=True).start()
     while sys.stdin.buffer.read(65536):  # until the kernel closes it, or dies
         pass
+    server.close()
     remove_placement_group(group)
     return 0
 
 
 class Relay:
-    """One command on this node: started, fed, read and waited for (an actor of its own, with
-    threads enough to do all four at once)."""
+    """The commands on one bundle's node: started, fed, read, waited for and stopped, each by
+    its key (an actor with threads enough for all of them at once)."""
 
-    proc: "subprocess.Popen[bytes]"
+    def __init__(self) -> None:
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, argv: list[str], cwd: str) -> tuple[str, int]:
+    def start(self, key: str, argv: list[str], cwd: str) -> tuple[str, int]:
         if argv[:1] == ["{python}"]:  # (mwhelpers.taskside.wire.THIS_PYTHON)
             argv = [sys.executable, *argv[1:]]
         env = {k: v for k, v in os.environ.items()
                if k not in NOT_PASSED and not k.startswith("RAY_")}
-        self.proc = subprocess.Popen([sys.executable, "-c", WAITER, *argv],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=env,
-                                     cwd=cwd if cwd and os.path.isdir(cwd) else None)
-        return str(ray.util.get_node_ip_address()), self.proc.pid
+        proc = subprocess.Popen([sys.executable, "-c", WAITER, *argv],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env,
+                                cwd=cwd if cwd and os.path.isdir(cwd) else None)
+        self.procs[key] = proc
+        return str(ray.util.get_node_ip_address()), proc.pid
 
-    def write(self, data: bytes) -> None:
-        stdin = self.proc.stdin
+    def write(self, key: str, data: bytes) -> None:
+        proc = self.procs.get(key)
+        if proc is not None:
+            self._give(proc, data)
+
+    @staticmethod
+    def _give(proc: "subprocess.Popen[bytes]", data: bytes) -> None:
+        """``data`` to ``proc``'s input; nothing: the input's end."""
+        stdin = proc.stdin
         assert stdin is not None
         try:
             if data:
@@ -128,8 +209,9 @@ class Relay:
         except (OSError, ValueError):
             pass
 
-    def read(self, which: str) -> Any:  # a generator: Ray streams what it yields
-        pipe = self.proc.stdout if which == "out" else self.proc.stderr
+    def read(self, key: str, which: str) -> Any:  # a generator: Ray streams what it yields
+        proc = self.procs[key]
+        pipe = proc.stdout if which == "out" else proc.stderr
         assert pipe is not None
         fd = pipe.fileno()
         while True:
@@ -138,93 +220,198 @@ class Relay:
                 return
             yield chunk
 
-    def wait(self) -> int:
-        return self.proc.wait()
-
-
-def run(args: argparse.Namespace, argv: list[str]) -> int:
-    # The input is read at once, and kept until the command runs: the kernel's first line (the
-    # agent's header, with the files it writes) is larger than a pipe holds.
-    given: queue.Queue[bytes] = queue.Queue()
-
-    def take() -> None:
+    def wait(self, key: str) -> int:
         try:
-            while True:
-                data = os.read(0, 65536)
-                given.put(data)
-                if not data:
-                    return
+            return self.procs[key].wait()
+        finally:
+            self.procs.pop(key, None)
+
+    def stop(self, key: str) -> None:
+        """Its client left: as when Ray ends an actor, the waiter goes and the command's input
+        ends (the agent then ends its task)."""
+        proc = self.procs.get(key)
+        if proc is None:
+            return
+        try:
+            proc.kill()
         except OSError:
-            given.put(b"")
-
-    threading.Thread(target=take, daemon=True).start()
-    connect(args)
-    group = get_placement_group(args.name)
-    actor: Any = ray.remote(Relay)
-    relay = actor.options(
-        max_concurrency=4, num_cpus=0, num_gpus=args.gpus,
-        scheduling_strategy=PlacementGroupSchedulingStrategy(
-            group, placement_group_bundle_index=args.bundle)).remote()
-    try:
-        node, _ = ray.get(relay.start.remote(argv, os.getcwd()), timeout=args.timeout)
-    except ray.exceptions.GetTimeoutError:
-        print(f"Ray did not start the command in bundle {args.bundle} within {args.timeout:g} s: "
-              "its node may be gone, or busy with another cluster's work (ray status)",
-              file=sys.stderr, flush=True)
-        return 255
-    except ray.exceptions.RayError as e:
-        print(f"Ray could not start the command in bundle {args.bundle}: {e}", file=sys.stderr,
-              flush=True)
-        return 255
-    if args.expect and node != args.expect:
-        ray.kill(relay)  # (its command, the agent, ends at the end of its input)
-        print(f"bundle {args.bundle} is on node {node} now, not on {args.expect}, where the "
-              "cluster was placed (Ray moved it after that node left the cluster): define the "
-              "cluster again (%cluster)", file=sys.stderr, flush=True)
-        return 255
-
-    def pump(which: str, out: IO[bytes]) -> None:
-        try:
-            for ref in relay.read.remote(which):
-                out.write(ray.get(ref))
-                out.flush()
-        except ray.exceptions.RayError as e:
-            print(f"the Ray actor relaying the command died: {e}", file=sys.stderr, flush=True)
-        except OSError:  # no one reads this side any more
             pass
+        self._give(proc, b"")
 
-    pumps = [threading.Thread(target=pump, args=(w, o), daemon=True)
-             for w, o in (("out", sys.stdout.buffer), ("err", sys.stderr.buffer))]
+
+class Bundles:
+    """Each bundle's actor, made at its first command; made again once if it died."""
+
+    def __init__(self, group: Any, gpus: float) -> None:
+        self.group, self.gpus = group, gpus
+        self.actors: dict[int, Any] = {}
+        self.lock = threading.Lock()
+
+    def actor(self, index: int, fresh: bool = False) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        with self.lock:
+            if fresh or index not in self.actors:
+                self.actors[index] = ray.remote(Relay).options(
+                    max_concurrency=ACTOR_THREADS, num_cpus=0, num_gpus=self.gpus,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        self.group, placement_group_bundle_index=index)).remote()
+            return self.actors[index]
+
+
+def serve(server: socket.socket, bundles: Bundles) -> None:
+    while True:
+        try:
+            conn, _ = server.accept()
+        except OSError:  # closed: the cluster is going
+            return
+        threading.Thread(target=relay_one, args=(Channel(conn), bundles), daemon=True).start()
+
+
+def relay_one(chan: Channel, bundles: Bundles) -> None:
+    """One run client's command, from its HEAD frame to its EXIT frame."""
+    with chan.sock:
+        first = chan.receive()
+        if first is None or first[0] != HEAD:
+            return
+        head = json.loads(first[1])
+        index, timeout, expect = int(head["bundle"]), float(head["timeout"]), head["expect"]
+        given: queue.Queue[bytes | None] = queue.Queue()  # None: the client left
+
+        def take() -> None:  # the client's input, kept until the command runs
+            while (frame := chan.receive()) is not None:
+                if frame[0] == IN:
+                    given.put(frame[1])
+                    if not frame[1]:
+                        break
+            else:
+                given.put(None)
+            while chan.receive() is not None:  # then, only whether it leaves
+                pass
+            given.put(None)
+
+        threading.Thread(target=take, daemon=True).start()
+        key = uuid.uuid4().hex
+        try:
+            actor, node = _start(bundles, index, key, head, timeout)
+        except (TimeoutError, RuntimeError) as e:
+            chan.send(ERR, f"{e}\n".encode())
+            chan.send(EXIT, b"255")
+            return
+        if expect and node != expect:
+            actor.stop.remote(key)  # (its command, the agent, ends at the end of its input)
+            chan.send(ERR, (f"bundle {index} is on node {node} now, not on {expect}, where the "
+                            "cluster was placed (Ray moved it after that node left the cluster): "
+                            "define the cluster again (%cluster)\n").encode())
+            chan.send(EXIT, b"255")
+            return
+        _relay_running(chan, actor, key, given)
+
+
+def _start(bundles: Bundles, index: int, key: str, head: dict[str, Any],
+           timeout: float) -> tuple[Any, str]:
+    """Start the command on bundle ``index``'s actor (made again once, if it died): the actor
+    and its node.  TimeoutError or RuntimeError: what to tell the client."""
+    for fresh in (False, True):
+        actor = bundles.actor(index, fresh)
+        try:
+            node, _ = ray.get(actor.start.remote(key, head["argv"], head["cwd"]), timeout=timeout)
+            return actor, node
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(
+                f"Ray did not start the command in bundle {index} within {timeout:g} s: its node "
+                "may be gone, or busy with another cluster's work (ray status)") from None
+        except ray.exceptions.RayActorError as e:
+            if fresh:
+                raise RuntimeError(f"Ray could not start the command in bundle {index}: {e}") from e
+        except ray.exceptions.RayError as e:
+            raise RuntimeError(f"Ray could not start the command in bundle {index}: {e}") from e
+    raise AssertionError("unreachable")
+
+
+def _relay_running(chan: Channel, actor: Any, key: str, given: "queue.Queue[bytes | None]") -> None:
+    def pump(which: str, kind: bytes) -> None:
+        try:
+            for ref in actor.read.remote(key, which):
+                chan.send(kind, ray.get(ref))
+        except ray.exceptions.RayError as e:
+            chan.send(ERR, f"the Ray actor relaying the command died: {e}\n".encode())
+
+    pumps = [threading.Thread(target=pump, args=(w, k), daemon=True)
+             for w, k in (("out", OUT), ("err", ERR))]
     for t in pumps:
         t.start()
 
     def feed() -> None:
         try:
-            while True:
-                data = given.get()
-                ray.get(relay.write.remote(data))
+            while (data := given.get()) is not None:
+                ray.get(actor.write.remote(key, data))
                 if not data:
-                    return
+                    break
+            while given.get() is not None:  # its input has ended; wait for the client to leave
+                pass
+            actor.stop.remote(key)
         except ray.exceptions.RayError:
             pass
 
     threading.Thread(target=feed, daemon=True).start()
     try:
-        code = int(ray.get(relay.wait.remote()))
+        code = int(ray.get(actor.wait.remote(key)))
     except ray.exceptions.RayError as e:
-        print(f"the Ray actor relaying the command died: {e}", file=sys.stderr, flush=True)
-        return 255
+        chan.send(ERR, f"the Ray actor relaying the command died: {e}\n".encode())
+        code = 255
     for t in pumps:  # all it said, its last reports too
         t.join()
-    return code if code >= 0 else 128 - code
+    chan.send(EXIT, str(code if code >= 0 else 128 - code).encode())
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    """The transport's client: no Ray here, only the holder's socket."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(args.via)
+    except OSError as e:
+        print(f"this cluster's Ray driver is gone ({e}): define the cluster again (%cluster)",
+              file=sys.stderr, flush=True)
+        return 255
+    chan = Channel(sock)
+    chan.send(HEAD, json.dumps({"bundle": args.bundle, "expect": args.expect,
+                                "timeout": args.timeout, "argv": argv,
+                                "cwd": os.getcwd()}).encode())
+
+    def feed() -> None:  # the input, read at once: the holder keeps it until the command runs
+        try:
+            while True:
+                data = os.read(0, 65536)
+                if not chan.send(IN, data) or not data:
+                    return
+        except OSError:
+            chan.send(IN, b"")
+
+    threading.Thread(target=feed, daemon=True).start()
+    outs: dict[bytes, IO[bytes]] = {OUT: sys.stdout.buffer, ERR: sys.stderr.buffer}
+    while (frame := chan.receive()) is not None:
+        kind, payload = frame
+        if kind == EXIT:
+            return int(payload)
+        if kind in outs:
+            try:
+                outs[kind].write(payload)
+                outs[kind].flush()
+            except OSError:  # no one reads this side any more
+                pass
+    print("this cluster's Ray driver ended while the command ran", file=sys.stderr, flush=True)
+    return 255
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="_rayrelay.py")
     parser.add_argument("mode", choices=("hold", "run"))
-    parser.add_argument("--address", required=True)
-    parser.add_argument("--namespace", required=True)
-    parser.add_argument("--name", required=True)
+    parser.add_argument("--address", help="the Ray cluster's (hold)")
+    parser.add_argument("--namespace", help="the placement group's Ray namespace (hold)")
+    parser.add_argument("--name", help="the placement group's name (hold)")
+    parser.add_argument("--listen", help="the socket the holder takes commands on (hold)")
+    parser.add_argument("--via", help="the holder's socket (run)")
     parser.add_argument("--bundles", type=int, default=1)
     parser.add_argument("--bundle", type=int, default=0)
     parser.add_argument("--cpus", type=float, default=1)
@@ -236,7 +423,11 @@ def main() -> int:
     cut = words.index("--") if "--" in words else len(words)
     args = parser.parse_args(words[:cut])
     if args.mode == "hold":
+        if not (args.address and args.namespace and args.name and args.listen):
+            parser.error("hold needs --address, --namespace, --name and --listen")
         return hold(args)
+    if not args.via:
+        parser.error("run needs --via")
     return run(args, words[cut + 1:])
 
 

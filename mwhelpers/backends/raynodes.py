@@ -4,10 +4,11 @@
 address=...)``; ``$RAY_ADDRESS`` when not given) asks Ray for a placement group of one bundle
 per task (``cpus`` and ``gpus`` each; ``placement``: ``spread`` over nodes where it can, or
 ``pack``, ``strict-spread``, ``strict-pack``), held for as long as the cluster is defined.  Each
-task then runs on its bundle's node as a real process, started by mwhelpers' agent, which an
-actor placed in the bundle starts and relays (``_rayrelay.py``, a process beside the kernel per
-task): live logs, signals, stack dumps, the exit record, the heartbeat and standbys work as over
-SSH, and TF_CONFIG names the node's address and a port free there.  A bundle's GPUs are Ray's
+task then runs on its bundle's node as a real process, started by mwhelpers' agent, which the
+bundle's actor starts and relays (``_rayrelay.py``: the cluster's one Ray driver, which holds the
+group, and a small client beside the kernel per command, as ``ssh`` is over SSH): live logs,
+signals, stack dumps, the exit record, the heartbeat and standbys work as over SSH, and
+TF_CONFIG names the node's address and a port free there.  A bundle's GPUs are Ray's
 own: the actor asks for them and Ray sets ``CUDA_VISIBLE_DEVICES``, which the task inherits.
 
 When the cluster is closed, or the kernel dies, the group goes and Ray ends every actor in it;
@@ -242,13 +243,17 @@ class RayLauncher(AgentLauncher):
         self.strategy = PLACEMENTS[options.placement]
         self.cpus, self.gpus = options.cpus, options.gpus
         self.place_timeout = options.place_timeout
-        if self.gpus:  # a standby's actor would wait for the GPUs its running twin holds
+        # With GPUs, no standbys, warm servers or spares: when each command had an actor of its
+        # own, theirs waited for the GPUs the task's actor held.  A bundle's commands now share
+        # one actor, but that has not been tried on GPUs yet.
+        if self.gpus:
             self.standby = False  # type: ignore[misc]
             self.warm = None  # nor warm servers or spares (mwhelpers.backends.warmhosts)
         self.group = f"mwhelpers-{uuid.uuid4().hex[:12]}"
         self.bundle_of: dict[str, int] = {}  # host label -> bundle index
         self.address_at: dict[str, str] = {}  # host label -> the node's address
         self._holder: subprocess.Popen[bytes] | None = None
+        self._via: Path | None = None  # the holder's socket, in a folder of its own
         self.token_sent = True  # whether the holder connected with a token (said by it)
 
     # -- the placement group ------------------------------------------------------------
@@ -264,10 +269,11 @@ class RayLauncher(AgentLauncher):
 
     def _hold(self, bundles: int) -> list[str]:
         """Start the holder of the group; the address of each bundle's node."""
+        self._via = Path(tempfile.mkdtemp(prefix="mwrr")) / "relay"  # (0700; short for AF_UNIX)
         holder = subprocess.Popen(
             [*self._relay("hold"), "--bundles", str(bundles), "--cpus", f"{self.cpus:g}",
              "--gpus", f"{self.gpus:g}", "--strategy", self.strategy,
-             "--timeout", f"{self.place_timeout:g}"],
+             "--timeout", f"{self.place_timeout:g}", "--listen", str(self._via)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True)
         self._holder = holder
@@ -299,7 +305,10 @@ class RayLauncher(AgentLauncher):
 
     def _release(self) -> None:
         holder, self._holder = self._holder, None
+        via, self._via = self._via, None
         if holder is None:
+            if via is not None:
+                shutil.rmtree(via.parent, ignore_errors=True)
             return
         if holder.stdin is not None:
             try:
@@ -310,6 +319,8 @@ class RayLauncher(AgentLauncher):
             holder.wait(15)
         except subprocess.TimeoutExpired:
             end(local=group(holder.pid, holder.poll() is None), policy=Policy.NOW)
+        if via is not None:
+            shutil.rmtree(via.parent, ignore_errors=True)
 
     def place(self, tasks: Sequence[Task], port_range: tuple[int, int]) -> dict[Task, Placement]:
         """A bundle per task (the group made now), then ports free on each bundle's node."""
@@ -326,8 +337,10 @@ class RayLauncher(AgentLauncher):
 
     # -- the agent's transport --------------------------------------------------------------
     def transport(self, host: str, argv: list[str]) -> list[str]:
-        return [*self._relay("run"), "--bundle", str(self.bundle_of[host]),
-                "--gpus", f"{self.gpus:g}", "--expect", self.address_at[host],
+        """A client of the holder, which runs ``argv`` through the bundle's actor (no Ray
+        connection of its own)."""
+        return [sys.executable, "-c", RELAY_CODE, "run", "--via", str(self._via),
+                "--bundle", str(self.bundle_of[host]), "--expect", self.address_at[host],
                 "--timeout", f"{self.place_timeout:g}", "--", *argv]
 
     def task_env(self, environ: Mapping[str, str]) -> dict[str, str]:

@@ -2,6 +2,8 @@
 about a cluster that takes anyone's code.  (On a real Ray cluster: tests/hosts/test_ray.py and
 the conformance suite, tests/processes/test_backends.py.)"""
 
+from pathlib import Path
+
 import pytest
 from fakes import FakeLauncher
 
@@ -48,9 +50,10 @@ def test_the_address_comes_from_ray_address_and_python_is_each_nodes_own():
     assert launcher.address == "10.0.0.1:6379" and launcher.python == wire.THIS_PYTHON
     assert launcher.head is None and launcher.notes() == []  # (nothing placed yet)
     launcher.bundle_of["10.0.0.2"], launcher.address_at["10.0.0.2"] = 1, "10.0.0.2"
+    launcher._via = Path("/tmp/mwrrTEST/relay")  # the holder's socket (one Ray driver)
     words = launcher.transport("10.0.0.2", ["{python}", "-c", "pass"])
     assert words[words.index("--bundle") + 1] == "1" and words[-3:] == ["{python}", "-c", "pass"]
-    assert "--address" in words and words[words.index("--address") + 1] == "10.0.0.1:6379"
+    assert words[words.index("--via") + 1] == "/tmp/mwrrTEST/relay" and "--address" not in words
     assert words[words.index("--expect") + 1] == "10.0.0.2"  # where the bundle must still be
     # a bundle's GPUs are Ray's: the kernel's CUDA_VISIBLE_DEVICES does not travel
     assert "CUDA_VISIBLE_DEVICES" not in launcher.task_env(
@@ -79,3 +82,23 @@ def test_what_a_backend_notes_is_said_once_the_cluster_is_defined(tmp_path, monk
     finally:
         rt.close()
     assert said == ["note: this cluster is only pretend"]
+
+
+def test_a_commands_client_imports_nothing_of_ray_and_says_when_its_driver_is_gone(tmp_path):
+    """A command's transport is a client of the cluster's one Ray driver (the holder): it must
+    not pay for Ray's import (about 9 CPU-s a command, 2026-11-30, with its own driver and
+    actor), and without the holder it says what to do."""
+    import subprocess
+    import sys
+
+    from mwhelpers.backends.raynodes import RELAY_CODE
+
+    blocked = "import sys; sys.modules['ray'] = None\n"  # any import of Ray now fails
+    done = subprocess.run(
+        [sys.executable, "-c", blocked + RELAY_CODE, "run", "--via", str(tmp_path / "gone"),
+         "--bundle", "0", "--", "true"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 255, done.stderr
+    assert "this cluster's Ray driver is gone" in done.stderr
+    assert "define the cluster again (%cluster)" in done.stderr
+    assert "ModuleNotFoundError" not in done.stderr and "ImportError" not in done.stderr

@@ -351,8 +351,11 @@ def test_a_killed_kernel_leaves_nothing_behind(backend, tmp_path):
         print("launched", flush=True)
         time.sleep(300)
     """)
+    kernel_tmp = tmp_path / "tmp"  # the kernel's own: what it leaves there is seen
+    kernel_tmp.mkdir()
     proc = subprocess.Popen([sys.executable, "-c", kernel], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "TMPDIR": str(kernel_tmp)})
     try:
         said = []
         for line in proc.stdout:  # what the runtime echoed, then our line
@@ -367,6 +370,10 @@ def test_a_killed_kernel_leaves_nothing_behind(backend, tmp_path):
         proc.kill()  # SIGKILL: no clean-up code of the kernel runs
         proc.wait()
         assert nothing_left(hosts, 5 if hosts else 2), leftovers(hosts)
+        deadline = time.monotonic() + 15  # the Ray holder's socket folder goes with the holder
+        while list(kernel_tmp.glob("mwr*")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not list(kernel_tmp.glob("mwr*")), sorted(kernel_tmp.iterdir())
     finally:
         if proc.poll() is None:
             proc.kill()
