@@ -221,10 +221,12 @@ class Relay:
             yield chunk
 
     def wait(self, key: str) -> int:
-        try:
-            return self.procs[key].wait()
-        finally:
-            self.procs.pop(key, None)
+        return self.procs[key].wait()
+
+    def forget(self, key: str) -> None:
+        """Its output is all read: the command is done with (its reads may start after its
+        end, so only then)."""
+        self.procs.pop(key, None)
 
     def stop(self, key: str) -> None:
         """Its client left: as when Ray ends an actor, the waiter goes and the command's input
@@ -362,6 +364,7 @@ def _relay_running(chan: Channel, actor: Any, key: str, given: "queue.Queue[byte
         code = 255
     for t in pumps:  # all it said, its last reports too
         t.join()
+    actor.forget.remote(key)
     chan.send(EXIT, str(code if code >= 0 else 128 - code).encode())
 
 
