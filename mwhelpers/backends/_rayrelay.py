@@ -301,8 +301,11 @@ def relay_one(chan: Channel, bundles: Bundles) -> None:
             chan.send(EXIT, b"255")
             return
         if expect and node != expect:
-            ray.get(actor.stop.remote(key))  # (its command, the agent, ends at its input's end)
-            actor.forget.remote(key)
+            try:
+                ray.get(actor.stop.remote(key))  # (its command, the agent, ends at its input's end)
+                actor.forget.remote(key)
+            except ray.exceptions.RayError:
+                pass
             chan.send(ERR, (f"bundle {index} is on node {node} now, not on {expect}, where the "
                             "cluster was placed (Ray moved it after that node left the cluster): "
                             "define the cluster again (%cluster)\n").encode())
