@@ -14,8 +14,8 @@ backend.  It imports nothing of Ray: it connects to the holder's socket (``--via
 its standard input to the command and the command's standard output and error back, until it
 ends; its exit code is this process's.  ``{python}`` as ARGV's first word is the Python that runs
 Ray on that node.  When this process ends (the kernel closed the connection, killed it, or
-died), the holder ends the command's waiter and closes the command's input, as Ray does when it
-ends an actor: the mwhelpers agent that the command runs then ends its task.  One driver and one
+died), the holder closes the command's input, as the end of an actor of its own did: the
+mwhelpers agent that the command runs then ends its task.  One driver and one
 actor a bundle, instead of one each a command, spare Ray's connections (2026-11-30: about 9 CPU-s
 a command on a 2-core machine).
 
@@ -229,16 +229,11 @@ class Relay:
         self.procs.pop(key, None)
 
     def stop(self, key: str) -> None:
-        """Its client left: as when Ray ends an actor, the waiter goes and the command's input
-        ends (the agent then ends its task)."""
+        """Its client left: the command's input ends, as when Ray ended an actor of its own;
+        the mwhelpers agent it runs then ends its task, and itself."""
         proc = self.procs.get(key)
-        if proc is None:
-            return
-        try:
-            proc.kill()
-        except OSError:
-            pass
-        self._give(proc, b"")
+        if proc is not None:
+            self._give(proc, b"")
 
 
 class Bundles:
