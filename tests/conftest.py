@@ -170,8 +170,8 @@ STUBBORN = textwrap.dedent("""
 
 
 # A worker that starts a child and a grandchild, all but the grandchild ignoring SIGTERM,
-# and prints their pids ("child N", "grandchild N"): the tree a TF worker with a helper
-# process makes.
+# and prints their pids ("child N", "grandchild N", each line in one write, as both processes
+# share the output): the tree a TF worker with a helper process makes.
 TREE = textwrap.dedent('''
     import signal, subprocess, sys, time
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -179,10 +179,12 @@ TREE = textwrap.dedent('''
     import signal, subprocess, sys, time
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])
-    print('grandchild', g.pid, flush=True)
+    sys.stdout.write(f'grandchild {g.pid}\\\\n')   # one write: a whole line, never split
+    sys.stdout.flush()
     time.sleep(300)
     """])
-    print('child', child.pid, flush=True)
+    sys.stdout.write(f"child {child.pid}\\n")  # one write: the child's never lands inside it
+    sys.stdout.flush()
     time.sleep(300)
 ''')
 

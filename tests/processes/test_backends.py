@@ -282,7 +282,9 @@ def test_killing_one_task_ends_its_whole_tree_and_only_it(brt, backend):
     brt.define_cluster(2, **kwargs)
     runs = [launch(brt, t, TREE, ready="start") for t in ("worker:0", "worker:1")]
     deadline = time.monotonic() + 15
-    while not all(any(ln.startswith("grandchild") for ln in r.lines()) for r in runs):
+    # Both whole lines: a live log can end in half a line ("child" before its pid).
+    while not all(len([ln for ln in r.lines() if re.fullmatch(r"(grand)?child \d+", ln)]) == 2
+                  for r in runs):
         assert time.monotonic() < deadline, [r.lines() for r in runs]
         time.sleep(0.05)
     tree = [int(ln.split()[1]) for ln in runs[1].lines() if ln.split()[:1] in (["child"], ["grandchild"])]
