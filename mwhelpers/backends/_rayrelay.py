@@ -237,18 +237,20 @@ class Relay:
 
 
 class Bundles:
-    """Each bundle's actor, made at its first command; made again once if it died."""
+    """Each bundle's actor, made at its first command; made again if it died."""
 
     def __init__(self, group: Any, gpus: float) -> None:
         self.group, self.gpus = group, gpus
         self.actors: dict[int, Any] = {}
         self.lock = threading.Lock()
 
-    def actor(self, index: int, fresh: bool = False) -> Any:
+    def actor(self, index: int, dead: Any = None) -> Any:
+        """Bundle ``index``'s actor; a new one where it has none, or where it is ``dead`` (that
+        handle, so that two commands that saw it die make one new actor, not two)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         with self.lock:
-            if fresh or index not in self.actors:
+            if index not in self.actors or (dead is not None and self.actors[index] is dead):
                 self.actors[index] = ray.remote(Relay).options(
                     max_concurrency=ACTOR_THREADS, num_cpus=0, num_gpus=self.gpus,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -260,77 +262,108 @@ def serve(server: socket.socket, bundles: Bundles) -> None:
     while True:
         try:
             conn, _ = server.accept()
-        except OSError:  # closed: the cluster is going
-            return
+        except OSError:
+            if server.fileno() == -1:  # closed: the cluster is going
+                return
+            continue
         threading.Thread(target=relay_one, args=(Channel(conn), bundles), daemon=True).start()
 
 
 def relay_one(chan: Channel, bundles: Bundles) -> None:
-    """One run client's command, from its HEAD frame to its EXIT frame."""
-    with chan.sock:
+    """One run client's command, from its HEAD frame to its EXIT frame; whatever goes wrong
+    here, the client hears an exit code and the connection is closed."""
+    try:
         first = chan.receive()
-        if first is None or first[0] != HEAD:
-            return
-        head = json.loads(first[1])
-        index, timeout, expect = int(head["bundle"]), float(head["timeout"]), head["expect"]
-        given: queue.Queue[bytes | None] = queue.Queue()  # None: the client left
-
-        def take() -> None:  # the client's input, kept until the command runs
-            while (frame := chan.receive()) is not None:
-                if frame[0] == IN:
-                    given.put(frame[1])
-                    if not frame[1]:
-                        break
-            else:
-                given.put(None)
-            while chan.receive() is not None:  # then, only whether it leaves
-                pass
-            given.put(None)
-
-        threading.Thread(target=take, daemon=True).start()
-        key = uuid.uuid4().hex
+        if first is not None and first[0] == HEAD:
+            _relay_command(chan, bundles, json.loads(first[1]))
+    except Exception as e:  # (a bug here: the client must not wait for ever)
+        chan.send(ERR, f"the Ray relay failed: {type(e).__name__}: {e}\n".encode())
+        chan.send(EXIT, b"255")
+    finally:
+        chan.reader.close()
         try:
-            actor, node = _start(bundles, index, key, head, timeout)
-        except (TimeoutError, RuntimeError) as e:
-            chan.send(ERR, f"{e}\n".encode())
-            chan.send(EXIT, b"255")
-            return
-        if expect and node != expect:
-            try:
-                ray.get(actor.stop.remote(key))  # (its command, the agent, ends at its input's end)
-                actor.forget.remote(key)
-            except ray.exceptions.RayError:
-                pass
-            chan.send(ERR, (f"bundle {index} is on node {node} now, not on {expect}, where the "
-                            "cluster was placed (Ray moved it after that node left the cluster): "
-                            "define the cluster again (%cluster)\n").encode())
-            chan.send(EXIT, b"255")
-            return
-        _relay_running(chan, actor, key, given)
+            chan.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        chan.sock.close()
+
+
+def _relay_command(chan: Channel, bundles: Bundles, head: dict[str, Any]) -> None:
+    index, timeout, expect = int(head["bundle"]), float(head["timeout"]), head["expect"]
+    given: queue.Queue[bytes | None] = queue.Queue()  # None: the client left
+    vanished = threading.Event()  # it left before its input ended: none of it is delivered
+
+    def take() -> None:  # the client's input, kept until the command runs
+        while (frame := chan.receive()) is not None:
+            if frame[0] == IN:
+                given.put(frame[1])
+                if not frame[1]:
+                    break
+        else:
+            vanished.set()
+        while chan.receive() is not None:  # then, only whether it leaves
+            pass
+        given.put(None)
+
+    threading.Thread(target=take, daemon=True).start()
+    key = uuid.uuid4().hex
+    try:
+        actor, node = _start(bundles, index, key, head, timeout)
+    except (TimeoutError, RuntimeError) as e:
+        chan.send(ERR, f"{e}\n".encode())
+        chan.send(EXIT, b"255")
+        return
+    if expect and node != expect:
+        threading.Thread(target=_drop, args=(actor, key), daemon=True).start()
+        chan.send(ERR, (f"bundle {index} is on node {node} now, not on {expect}, where the "
+                        "cluster was placed (Ray moved it after that node left the cluster): "
+                        "define the cluster again (%cluster)\n").encode())
+        chan.send(EXIT, b"255")
+        return
+    _relay_running(chan, actor, key, given, vanished)
+
+
+def _drop(actor: Any, key: str, started: Any = None) -> None:
+    """End a command nobody relays (once it has started, where ``started`` says when): its
+    input ends, the agent in it leaves, and it is waited for and forgotten."""
+    try:
+        if started is not None:
+            ray.get(started)
+        ray.get(actor.stop.remote(key))
+        ray.get(actor.wait.remote(key))
+        actor.forget.remote(key)
+    except ray.exceptions.RayError:
+        pass
 
 
 def _start(bundles: Bundles, index: int, key: str, head: dict[str, Any],
            timeout: float) -> tuple[Any, str]:
     """Start the command on bundle ``index``'s actor (made again once, if it died): the actor
     and its node.  TimeoutError or RuntimeError: what to tell the client."""
-    for fresh in (False, True):
-        actor = bundles.actor(index, fresh)
+    dead = None
+    for _ in range(2):
+        actor = bundles.actor(index, dead)
+        started = actor.start.remote(key, head["argv"], head["cwd"])
         try:
-            node, _ = ray.get(actor.start.remote(key, head["argv"], head["cwd"]), timeout=timeout)
+            node, _ = ray.get(started, timeout=timeout)
             return actor, node
         except ray.exceptions.GetTimeoutError:
+            # It may start later: then it is ended, as the old driver's exit ended its actor.
+            threading.Thread(target=_drop, args=(actor, key, started), daemon=True).start()
             raise TimeoutError(
                 f"Ray did not start the command in bundle {index} within {timeout:g} s: its node "
                 "may be gone, or busy with another cluster's work (ray status)") from None
-        except ray.exceptions.RayActorError as e:
-            if fresh:
+        except ray.exceptions.ActorDiedError as e:
+            if dead is not None:
                 raise RuntimeError(f"Ray could not start the command in bundle {index}: {e}") from e
+            dead = actor
         except ray.exceptions.RayError as e:
             raise RuntimeError(f"Ray could not start the command in bundle {index}: {e}") from e
     raise AssertionError("unreachable")
 
 
-def _relay_running(chan: Channel, actor: Any, key: str, given: "queue.Queue[bytes | None]") -> None:
+def _relay_running(chan: Channel, actor: Any, key: str, given: "queue.Queue[bytes | None]",
+                   vanished: threading.Event) -> None:
     def pump(which: str, kind: bytes) -> None:
         try:
             for ref in actor.read.remote(key, which):
@@ -345,12 +378,14 @@ def _relay_running(chan: Channel, actor: Any, key: str, given: "queue.Queue[byte
 
     def feed() -> None:
         try:
-            while (data := given.get()) is not None:
+            data = given.get()
+            while data is not None and not vanished.is_set():
                 ray.get(actor.write.remote(key, data))
                 if not data:
                     break
-            while given.get() is not None:  # its input has ended; wait for the client to leave
-                pass
+                data = given.get()
+            while data is not None:  # (its input has ended) until the client leaves
+                data = given.get()
             actor.stop.remote(key)
         except ray.exceptions.RayError:
             pass

@@ -269,7 +269,10 @@ class RayLauncher(AgentLauncher):
 
     def _hold(self, bundles: int) -> list[str]:
         """Start the holder of the group; the address of each bundle's node."""
-        self._via = Path(tempfile.mkdtemp(prefix="mwrr")) / "relay"  # (0700; short for AF_UNIX)
+        # A folder of its own (0700), at a path short enough for a Unix socket's (107 bytes).
+        base = tempfile.gettempdir()
+        self._via = Path(tempfile.mkdtemp(prefix="mwrr", dir=base if len(base) < 80 else "/tmp"),
+                         "relay")
         holder = subprocess.Popen(
             [*self._relay("hold"), "--bundles", str(bundles), "--cpus", f"{self.cpus:g}",
              "--gpus", f"{self.gpus:g}", "--strategy", self.strategy,
