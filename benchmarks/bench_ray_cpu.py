@@ -20,8 +20,6 @@ tasks from about 30 to 1-7 CPU-s (0.2-0.3 locally).
 
 import argparse
 import os
-import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,19 +27,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_suite import import_cpu  # noqa: E402  (the suite's measure of this machine's speed)
+
 
 def machine_cpu() -> float:
     with open("/proc/stat") as f:
         fields = [int(v) for v in f.readline().split()[1:]]
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def import_cpu() -> float:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, "-c", "import tensorflow"], check=True,
-                   env=dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3"))
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
 def phases(rt, launches: int, **where) -> list[tuple[str, float, float]]:

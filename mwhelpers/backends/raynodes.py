@@ -309,21 +309,21 @@ class RayLauncher(AgentLauncher):
     def _release(self) -> None:
         holder, self._holder = self._holder, None
         via, self._via = self._via, None
-        if holder is None:
+        try:
+            if holder is None:
+                return
+            if holder.stdin is not None:
+                try:
+                    holder.stdin.close()  # the holder removes the group and ends
+                except OSError:
+                    pass
+            try:
+                holder.wait(15)
+            except subprocess.TimeoutExpired:
+                end(local=group(holder.pid, holder.poll() is None), policy=Policy.NOW)
+        finally:
             if via is not None:
                 shutil.rmtree(via.parent, ignore_errors=True)
-            return
-        if holder.stdin is not None:
-            try:
-                holder.stdin.close()  # the holder removes the group and ends
-            except OSError:
-                pass
-        try:
-            holder.wait(15)
-        except subprocess.TimeoutExpired:
-            end(local=group(holder.pid, holder.poll() is None), policy=Policy.NOW)
-        if via is not None:
-            shutil.rmtree(via.parent, ignore_errors=True)
 
     def place(self, tasks: Sequence[Task], port_range: tuple[int, int]) -> dict[Task, Placement]:
         """A bundle per task (the group made now), then ports free on each bundle's node."""
