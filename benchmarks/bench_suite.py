@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -246,9 +247,11 @@ def bench_suite(job_counts, record=False):
     imports = [import_cpu()]
     print(f"one `import tensorflow` (JAX hidden) here: {imports[0]:.2f} CPU s (median of 3; "
           f"{REFERENCE_IMPORT_CPU} s on the machines the goal was set on)")
+    failed = False
     for jobs in job_counts:
         seconds, cpu, code, table = run_suite(out, jobs)
         runs[jobs] = seconds
+        failed = failed or code != 0
         print(f"whole suite at smoke sizes, --jobs {jobs}: {seconds:.1f} s wall (exit {code}); "
               f"CPU {cpu:.0f} s, {cpu / seconds / cores:.0%} of {cores} cores busy")
         for ln in table:
@@ -256,6 +259,10 @@ def bench_suite(job_counts, record=False):
         if record and jobs == 1:  # each notebook alone: what a learner waits, and the order
             print("recorded in notebooks/ (their boxes, and a fresh checkout's first order):")
             record_usual(out)
+    if failed:  # what went wrong is in there
+        print(f"a notebook failed: the executed notebooks and their logs are in {out}")
+    else:
+        shutil.rmtree(out, ignore_errors=True)
     imports.append(import_cpu())
     speed = statistics.mean(imports) / REFERENCE_IMPORT_CPU
     print(f"one `import tensorflow` after: {imports[1]:.2f} CPU s; this machine is "

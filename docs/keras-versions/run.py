@@ -14,7 +14,8 @@ of this checkout, which needs nothing installed) on 127.0.0.1 with a TF_CONFIG p
 
 Prints one line per run: the exit codes, then the first known error, or the logged losses,
 `evaluate`, the number of predictions and the weights (sum and hash), and whether the weights
-equal the reference's. The logs stay in a temporary folder, named at the end.
+equal the reference's. The logs stay in a new temporary folder (or ``--logs DIR``), named at
+the end.
 """
 
 import argparse
@@ -51,8 +52,9 @@ def run(python, name, folder, timeout):
     hosts = [f"127.0.0.1:{s.getsockname()[1]}" for s in held]
     procs, logs = [], []
     for i in range(max(workers, 1)):
+        # TMPDIR: a killed worker's autograph modules stay with the logs, not in /tmp
         env = dict(os.environ, MWHELPERS_KERAS_FIX=fix, CUDA_VISIBLE_DEVICES="",
-                   TF_CPP_MIN_LOG_LEVEL="2")
+                   TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(folder))
         env.pop("TF_CONFIG", None)
         if workers:
             env["TF_CONFIG"] = json.dumps(
@@ -98,8 +100,9 @@ def main():
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--runs", default=",".join(RUNS))
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--logs", type=Path, help="an existing folder for the logs")
     args = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="keras-versions-"))
+    folder = args.logs or Path(tempfile.mkdtemp(prefix="keras-versions-"))
     reference = None
     for name in args.runs.split(","):
         codes, texts = run(args.python, name, folder, args.timeout)

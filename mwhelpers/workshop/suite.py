@@ -14,7 +14,8 @@ each in a process of its own, the ones that took longest in the last run
 first (in a first run, those whose metadata says they usually take longest).
 A summary table follows (wall and CPU seconds per notebook); the exit
 status is non-zero when any notebook failed.  Every process a notebook's kernel started is ended when
-the notebook is done, even when it failed half-way.
+the notebook is done, even when it failed half-way, and so is its temporary
+folder (its ``TMPDIR``).
 
 Notebooks that take ``ssh_hosts`` (the multi-host one) run against test hosts
 that the suite makes for the run (``mwhelpers/workshop/testhosts.py``: network namespaces
@@ -255,12 +256,37 @@ def run_timed(path: Path, out_dir: Path, params: Mapping[str, object], run_id: s
     os.environ["JPY_SESSION_NAME"] = str(path)
     t0, cpu0 = time.monotonic(), cpu_seconds()
     try:
-        error = run_notebook(path, out_dir, params, run_id, optional=optional)
+        with own_temporary_folder():
+            error = run_notebook(path, out_dir, params, run_id, optional=optional)
     except SuiteError as e:
         error = str(e)
     except Exception as e:  # papermill or the kernel broke: report it, run the rest
         error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return path, error, time.monotonic() - t0, cpu_seconds() - cpu0
+
+
+@contextlib.contextmanager
+def own_temporary_folder() -> Iterator[None]:
+    """``TMPDIR`` for the kernel and all it starts: a new folder, removed afterwards.
+
+    A worker that is killed (the notebooks kill some on purpose) leaves the temporary files
+    it had not removed yet: TensorFlow's autograph writes one module per traced function
+    (``tensorflow/python/autograph/pyct/loader.py``) and removes it only at the process's
+    exit.  The folder's path stays short, as Unix socket paths under it must.
+    """
+    import tempfile
+
+    saved = os.environ.get("TMPDIR")
+    folder = tempfile.mkdtemp(prefix="mws-")  # in this process's own temporary folder
+    os.environ["TMPDIR"] = folder
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _not_a_dead_kernel(record: logging.LogRecord) -> bool:

@@ -77,3 +77,30 @@ def test_a_process_left_running_is_named_and_ended_and_one_on_its_way_out_is_not
         in out.stdout, out.stdout
     assert "sleep 1" not in out.stdout
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_what_a_notebook_leaves_in_its_temporary_folder_is_removed(installed, tmp_path):
+    """A killed worker leaves its temporary files (TensorFlow's autograph modules among them):
+    each notebook runs with a TMPDIR of its own, removed when it is done."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("n = 2", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell(
+                    "import subprocess, sys, tempfile\n"
+                    "subprocess.run([sys.executable, '-c', 'import os, signal, tempfile; "
+                    "tempfile.mkstemp(); os.kill(os.getpid(), signal.SIGKILL)'])\n"
+                    "print('tmp', tempfile.gettempdir())")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, tmp_path / "leaves.ipynb")
+    base = tmp_path / "tmp"
+    base.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(installed), "HOME": str(tmp_path),
+           "TMPDIR": str(base)}
+    out = subprocess.run([sys.executable, "-m", "mwhelpers.workshop.suite", "-j", "1",
+                          "leaves.ipynb"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    executed = nbformat.read(tmp_path / "output" / "leaves.ipynb", as_version=4)
+    seen = "".join(o.get("text", "") for o in executed.cells[-1].outputs).split()[1]
+    assert seen.startswith(f"{base}/mws-"), seen  # the kernel had a folder of its own
+    assert list(base.iterdir()) == []  # and the file the killed process left went with it

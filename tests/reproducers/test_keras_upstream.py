@@ -139,12 +139,12 @@ def test_the_loss_scale_keras_tests_fail_without_the_patch(tmp_path_factory, tmp
     assert code == 1 and "2 failed" in out, out
 
 
-def test_steps_per_execution_above_one_fails_under_mirrored_strategy_too():
+def test_steps_per_execution_above_one_fails_under_mirrored_strategy_too(tmp_path):
     """docs/guide/keras3.md: steps_per_execution > 1 fails where collective ops all-reduce.
     The kept program (docs/keras-versions/run.py) shows it in one process, MirroredStrategy on
     two logical CPUs; the matrix runs it with two MWMS workers too."""
     done = subprocess.run([sys.executable, str(ROOT / "docs" / "keras-versions" / "run.py"),
-                           "--runs", "mirrored_spe", "--timeout", "240"],
+                           "--runs", "mirrored_spe", "--timeout", "240", "--logs", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
     line = next(ln for ln in done.stdout.splitlines() if ln.startswith("mirrored_spe "))
     assert '"replicas": "2"' in line, line  # two replicas really took part
