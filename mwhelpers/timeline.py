@@ -86,7 +86,8 @@ class Timeline:
             return "No task has been launched on this cluster yet."
         lines = [f"{self.title} (seconds since the first launch)"]
         for task in self.tasks():
-            for run in (r for r in self.runs if r.task == task):
+            # Numbered in launch order: runs launched by hand are each a supervisor's attempt 1.
+            for number, run in enumerate((r for r in self.runs if r.task == task), 1):
                 evs = self.events(run)
                 shown = [e for e in evs if e[1] != "step"]
                 steps = len(evs) - len(shown)
@@ -95,7 +96,8 @@ class Timeline:
                          for t, kind, text in shown]
                 if steps:
                     parts.append(f"({steps} step lines)")
-                lines.append(f"{str(task):>12} attempt {run.attempt}: " + "; ".join(parts))
+                label = f"run {number}" + (f" (attempt {run.attempt})" if run.attempt > 1 else "")
+                lines.append(f"{str(task):>12} {label}: " + "; ".join(parts))
         return "\n".join(lines)
 
     __repr__ = __str__

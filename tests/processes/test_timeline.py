@@ -39,8 +39,8 @@ def test_a_supervised_restart_on_the_timeline(ip, rt, tmp_path):
         assert evs[-1][1:] == ("exit", "exit code 0")
         assert evs[0][0] >= tl.events(killed)[-1][0] - 0.5  # after the first attempt ended
     text = str(tl)
-    assert "worker:1 attempt 1:" in text and "SIGKILL sent" in text
-    assert "worker:0 attempt 2:" in text and "exit code 0" in text and "(15 step lines)" in text
+    assert "worker:1 run 1:" in text and "SIGKILL sent" in text
+    assert "worker:0 run 2 (attempt 2):" in text and "exit code 0" in text and "(15 step lines)" in text
 
     # The magic: a picture returned, a PNG saved where the log folder is (or --save says).
     ip.run_line_magic("workers", "--timeline")
