@@ -209,10 +209,11 @@ def import_cpu(times=3):
     return statistics.median(spent)
 
 
-def record_usual(out):
+def record_usual(out, import_cpu):
     """Write each notebook's seconds in the run in ``out`` into its metadata in notebooks/
     (``metadata.mwhelpers.usual_seconds``): a fresh checkout's first suite run starts the
-    longest first by them."""
+    longest first by them. Its box also gets ``import_cpu``, one ``import tensorflow``'s CPU
+    seconds on this machine."""
     import datetime
 
     import nbformat
@@ -230,7 +231,8 @@ def record_usual(out):
         nb.metadata.setdefault(section, {})[key] = round(seconds)
         for cell in nb.cells:  # its "Before you start" box says the same
             if SETUP_TAG in cell.metadata.get("tags", []):
-                cell.source = TAKES_ROW.sub(takes_row(seconds, os.cpu_count() or 1, today),
+                cell.source = TAKES_ROW.sub(takes_row(seconds, os.cpu_count() or 1, import_cpu,
+                                                      today),
                                             cell.source)
         nbformat.write(nb, source)
         print(f"  {done.name}: usual_seconds = {round(seconds)}")
@@ -258,7 +260,7 @@ def bench_suite(job_counts, record=False):
             print("  " + ln)
         if record and jobs == 1:  # each notebook alone: what a learner waits, and the order
             print("recorded in notebooks/ (their boxes, and a fresh checkout's first order):")
-            record_usual(out)
+            record_usual(out, imports[0])
     if failed:  # what went wrong is in there
         print(f"a notebook failed: the executed notebooks and their logs are in {out}")
     else:

@@ -418,15 +418,19 @@ def usual_seconds(path: Path) -> float:
 # table of what it needs and how long it takes; bench_suite.py --record-usual rewrites the
 # second with usual_seconds (tests/inprocess/test_tutorial_shape.py checks that they agree).
 SETUP_TAG = "setup"
-TAKES_ROW = re.compile(r"^\| It takes \| about (\d+) s on (\d+) CPU cores? at the default sizes "
-                       r"\(measured (\d{4}-\d\d-\d\d)\) \|$", re.M)
+TAKES_ROW = re.compile(r"^\| It takes \| about (\d+) s on (\d+) CPU cores? at the default sizes, "
+                       r"where `import tensorflow` takes ([\d.]+) CPU-s \(measured "
+                       r"(\d{4}-\d\d-\d\d)\) \|$", re.M)
 
 
-def takes_row(seconds: float, cores: int, measured: str) -> str:
+def takes_row(seconds: float, cores: int, import_cpu: float, measured: str) -> str:
     """The box's row for a notebook that took ``seconds`` on ``cores`` CPU cores in the suite
-    run of the day ``measured`` (YYYY-MM-DD), rounded to 5 s."""
+    run of the day ``measured`` (YYYY-MM-DD), rounded to 5 s, on a machine where one
+    ``import tensorflow`` took ``import_cpu`` CPU seconds (machines differ by 2x and more:
+    with it, a learner can scale the time to theirs)."""
     return (f"| It takes | about {max(5, 5 * round(seconds / 5))} s on {cores} CPU "
-            f"core{'s' if cores != 1 else ''} at the default sizes (measured {measured}) |")
+            f"core{'s' if cores != 1 else ''} at the default sizes, where `import tensorflow` "
+            f"takes {import_cpu:.1f} CPU-s (measured {measured}) |")
 
 
 def default_jobs() -> int:

@@ -85,8 +85,8 @@ def test_a_box_after_the_title_says_what_it_needs_and_how_long_it_took(path):
     assert "%pip install" in text and "restart the kernel" in text, text
     row = TAKES_ROW.search(text)
     assert row, f"no 'It takes' row in: {text}"
-    seconds, cores, day = float(row.group(1)), int(row.group(2)), row.group(3)
-    assert row.group(0) == takes_row(usual_seconds(path), cores, day), (
+    seconds, cores, day = float(row.group(1)), int(row.group(2)), row.group(4)
+    assert row.group(0) == takes_row(usual_seconds(path), cores, float(row.group(3)), day), (
         f"the box says {seconds:g} s, but its usual_seconds is {usual_seconds(path):g}")
 
 
