@@ -22,21 +22,25 @@ def installed(tmp_path):
     return site
 
 
-def suite(site, cwd, *args):
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(cwd)}
+def suite(site, cwd, *args, **env):
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(cwd), **env}
     return subprocess.run([sys.executable, "-m", "mwhelpers.workshop.suite", "-j", "1", *args], cwd=cwd,
                           env=env, capture_output=True, text=True, timeout=180)
 
 
-def tiny_notebook(path):
+def notebook(path, code):
+    """A notebook at ``path``: a parameters cell (``n = 2``), then ``code``."""
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("n = 2", metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell(
-                    "import mwhelpers\nassert n == 3\nprint('ran', mwhelpers.__file__)")]
+                nbformat.v4.new_code_cell(code)]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, path)
     return path
+
+
+def tiny_notebook(path):
+    return notebook(path, "import mwhelpers\nassert n == 3\nprint('ran', mwhelpers.__file__)")
 
 
 def test_a_folder_of_notebooks_runs_from_an_installed_copy(installed, tmp_path):
@@ -57,18 +61,11 @@ def test_a_process_left_running_is_named_and_ended_and_one_on_its_way_out_is_not
                                                                                tmp_path):
     """What a notebook leaves running after its kernel has exited fails the notebook, named by
     pid and command line, and is ended; a process that ends within the grace is not counted."""
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("n = 2", metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell(
-                    "import subprocess\n"
-                    "stays = subprocess.Popen(['sleep', '97'], start_new_session=True)\n"
-                    "goes = subprocess.Popen(['sleep', '1'], start_new_session=True)\n"
-                    "print('pid', stays.pid)")]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
-    path = tmp_path / "lessons" / "leaks.ipynb"
-    path.parent.mkdir(parents=True)
-    nbformat.write(nb, path)
+    notebook(tmp_path / "lessons" / "leaks.ipynb",
+             "import subprocess\n"
+             "stays = subprocess.Popen(['sleep', '97'], start_new_session=True)\n"
+             "goes = subprocess.Popen(['sleep', '1'], start_new_session=True)\n"
+             "print('pid', stays.pid)")
     out = suite(installed, tmp_path, "lessons")
     assert out.returncode == 1, out.stdout + out.stderr
     executed = nbformat.read(tmp_path / "output" / "leaks.ipynb", as_version=4)
@@ -82,23 +79,14 @@ def test_a_process_left_running_is_named_and_ended_and_one_on_its_way_out_is_not
 def test_what_a_notebook_leaves_in_its_temporary_folder_is_removed(installed, tmp_path):
     """A killed worker leaves its temporary files (TensorFlow's autograph modules among them):
     each notebook runs with a TMPDIR of its own, removed when it is done."""
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("n = 2", metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell(
-                    "import subprocess, sys, tempfile\n"
-                    "subprocess.run([sys.executable, '-c', 'import os, signal, tempfile; "
-                    "tempfile.mkstemp(); os.kill(os.getpid(), signal.SIGKILL)'])\n"
-                    "print('tmp', tempfile.gettempdir())")]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
-    nbformat.write(nb, tmp_path / "leaves.ipynb")
+    notebook(tmp_path / "leaves.ipynb",
+             "import subprocess, sys, tempfile\n"
+             "subprocess.run([sys.executable, '-c', 'import os, signal, tempfile; "
+             "tempfile.mkstemp(); os.kill(os.getpid(), signal.SIGKILL)'])\n"
+             "print('tmp', tempfile.gettempdir())")
     base = tmp_path / "tmp"
     base.mkdir()
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(installed), "HOME": str(tmp_path),
-           "TMPDIR": str(base)}
-    out = subprocess.run([sys.executable, "-m", "mwhelpers.workshop.suite", "-j", "1",
-                          "leaves.ipynb"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=180)
+    out = suite(installed, tmp_path, "leaves.ipynb", TMPDIR=str(base))
     assert out.returncode == 0, out.stdout + out.stderr
     executed = nbformat.read(tmp_path / "output" / "leaves.ipynb", as_version=4)
     seen = "".join(o.get("text", "") for o in executed.cells[-1].outputs).split()[1]
