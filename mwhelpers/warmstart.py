@@ -14,8 +14,9 @@ A task is started cold (a fresh interpreter, as before) when:
 * ``MWHELPERS_WARM_START=0`` is in its environment, or this is not Linux;
 * its program does not import ``tensorflow``, ``keras`` or ``tf_keras`` itself (a top-level
   ``import`` or ``from`` line): nothing would be gained;
-* its program writes to ``os.environ`` (or calls ``putenv``), other than ``TF_CONFIG``, ``XLA_FLAGS`` and,
-  where TensorFlow was built without GPU support, ``CUDA_VISIBLE_DEVICES``: TensorFlow reads
+* its program writes to ``os.environ`` (or calls ``putenv``), other than ``TF_CONFIG``,
+  ``XLA_FLAGS`` and, where TensorFlow was built without GPU support, ``CUDA_VISIBLE_DEVICES``
+  (:data:`READ_AFTER_IMPORT`, :data:`GPU_BUILD_ONLY`): TensorFlow reads
   some variables while it is imported (``TF_USE_LEGACY_KERAS``, ``TF_CPP_MIN_LOG_LEVEL``...),
   and a program that sets them before its import must get its own import.  Writes below its
   first top-level ``import tensorflow`` do not count (:func:`before_tensorflow`): they run
