@@ -264,9 +264,14 @@ class TestHosts:
         lines = []
         for name in self.names:
             addr = self.addresses[name]
+            # Each host's own temporary folder, as another machine has: the hosts share this
+            # one's /tmp, and a killed task leaves its files there (TensorFlow's autograph
+            # modules); this folder goes with the hosts.
+            tmp = self.dir / "tmp" / name
+            tmp.mkdir(parents=True, exist_ok=True)
             cfg = d / f"sshd_{name}.conf"
             cfg.write_text("\n".join([
-                f"ListenAddress {addr}", f"HostKey {d / 'host_key'}",
+                f"ListenAddress {addr}", f"HostKey {d / 'host_key'}", f"SetEnv TMPDIR={tmp}",
                 f"PidFile {d / f'sshd_{name}.pid'}", f"AuthorizedKeysFile {d / 'authorized_keys'}",
                 "PermitRootLogin prohibit-password", "PasswordAuthentication no",
                 "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",

@@ -33,3 +33,20 @@ def test_the_set_that_made_sshds_folder_can_go_down_first(tmp_path):
         assert not testhosts.USERS.exists()
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert a.bridge not in links and b.bridge not in links
+
+
+def test_each_host_has_its_own_temporary_folder_which_goes_with_the_hosts(tmp_path):
+    """The hosts share this machine's /tmp; a task killed there leaves its temporary files
+    (TensorFlow's autograph modules). Each host's sessions get a TMPDIR of their own instead,
+    inside the set's folder, as another machine has its own /tmp."""
+    with TestHosts(2, workdir=tmp_path / "set") as h:
+        seen = {}
+        for name in h.names:
+            done = h.ssh(name, "python3 -c 'import tempfile; print(tempfile.gettempdir())'")
+            assert done.returncode == 0, done.stderr
+            seen[name] = done.stdout.strip()
+            assert seen[name] == str(tmp_path / "set" / "tmp" / name)
+        assert len(set(seen.values())) == 2
+        done = h.ssh(h.names[0], "touch \"$TMPDIR/left-by-a-killed-task\"")
+        assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "set").exists()  # and it went with them
