@@ -100,9 +100,10 @@ def main():
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--runs", default=",".join(RUNS))
     parser.add_argument("--timeout", type=float, default=300)
-    parser.add_argument("--logs", type=Path, help="an existing folder for the logs")
+    parser.add_argument("--logs", type=Path, help="a folder for the logs (made if missing)")
     args = parser.parse_args()
     folder = args.logs or Path(tempfile.mkdtemp(prefix="keras-versions-"))
+    folder.mkdir(parents=True, exist_ok=True)
     reference = None
     for name in args.runs.split(","):
         codes, texts = run(args.python, name, folder, args.timeout)
