@@ -8,7 +8,10 @@ pick the same one before either worker binds it.  So each chosen port is also
 same for every process of the machine, whatever its ``TMPDIR``).
 Other mwhelpers processes skip locked ports; the lock is held for as long as
 the cluster exists and is dropped by the kernel when the process ends, even
-by SIGKILL, so a crashed kernel never leaves ports reserved.
+by SIGKILL, so a crashed kernel never leaves ports reserved.  A release removes
+its file, so the folder holds only the reservations of now (and those of processes
+that were killed); a process that opened the file just before it was removed
+sees that its path names another file, or none, and skips the port.
 
 Ports are drawn below the kernel's ephemeral range, so outgoing connections
 of other programs do not take them between our check and the worker's bind.
@@ -84,9 +87,11 @@ class PortHold(Protocol):
 class PortReservation:
     """An exclusive claim on one port among mwhelpers processes."""
 
-    def __init__(self, port: int, fd: int) -> None:
+    def __init__(self, port: int, fd: int, path: Path | None = None) -> None:
         self.port = port
         self._fd: int | None = fd
+        self._path = path  # its file, removed at release (by this process, not a fork's copy)
+        self._owner = os.getpid()
 
     @classmethod
     def try_take(cls, port: int) -> PortReservation | None:
@@ -94,17 +99,32 @@ class PortReservation:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # Its holder may have released it (removed the file) between our open and our
+            # lock: then ours is on a file no other process can find, and the port is not ours.
+            held = os.fstat(fd)
+            named = os.stat(path)
+            if (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
+                raise FileNotFoundError(path)
         except OSError:
             os.close(fd)
             return None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
-        return cls(port, fd)
+        return cls(port, fd, path)
 
-    def release(self, _close: Callable[[int], None] = os.close) -> None:
-        # _close is bound now: at interpreter exit the os module may already be gone.
+    def release(self, _close: Callable[[int], None] = os.close,
+                _unlink: Callable[[Path], None] = os.unlink,
+                _getpid: Callable[[], int] = os.getpid) -> None:
+        # The functions are bound now: at interpreter exit the os module may be gone.
         fd, self._fd = self._fd, None
-        if fd is not None:
+        if fd is None:
+            return
+        try:
+            if self._path is not None and _getpid() == self._owner:
+                _unlink(self._path)  # while locked: nobody else can hold this file
+        except OSError:
+            pass
+        finally:
             _close(fd)  # closing drops the flock
 
     @property

@@ -160,6 +160,7 @@ class Spawner:
         self.defaults = defaults
         self.names = names
         self.lookout = lookout
+        self._warnings: dict[Task, list[str]] = {}  # the look's warnings of each task's program
         # What its tasks will start with, so that the backend can start things ahead of them
         base = launcher.task_env(os.environ)
         envs: dict[str | None, list[dict[str, str]]] = {}
@@ -197,8 +198,9 @@ class Spawner:
                 programs.setdefault(key, []).append((task, r))
             for (*_, keras_fix), launched in programs.items():
                 processes = {str(t): self.cluster.keras_distribution(t) for t, _ in launched}
-                self.lookout.look(launched[0][1], self.launcher.python, bool(keras_fix),
-                                  processes)
+                warnings = self.lookout.look(launched[0][1], self.launcher.python,
+                                             bool(keras_fix), processes)
+                self._warnings.update((t, warnings) for t, _ in launched)
         return tasks
 
     # -- starting ----------------------------------------------------------------------
@@ -344,4 +346,5 @@ class Spawner:
         if cluster.gpus is not None:
             run.gpus = spec.env.get("CUDA_VISIBLE_DEVICES", "")
         run.keras_fix = keras_fix
+        run.warnings = list(self._warnings.get(task, ()))
         return run

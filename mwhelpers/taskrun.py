@@ -185,6 +185,7 @@ class TaskRun:
         self.cell = cell  # ``script`` holds a notebook cell's code
         self.gpus: str | None = None  # its CUDA_VISIBLE_DEVICES when the cluster assigns GPUs
         self.keras_fix = True  # whether its start-up mends Keras 3 (kerasfix.py)
+        self.warnings: list[str] = []  # what the look before launch said of its program
         self.ready_after: float | None = None  # seconds from start until ready
         self.note = ""  # who ended it, when not itself
         self.stacks_written = False  # its last dump (job.dump_stacks) holds its main thread

@@ -146,13 +146,19 @@ def test_the_warning_reaches_the_cell_once_and_the_task_still_runs(ip, rt, capsy
             "os.environ['TF_CONFIG'] = os.environ['TF_CONFIG']  # harmless, but a warning\n"
             "print('ran')\n")
     ip.run_cell_magic("worker", "0", cell)
+    first = rt.get_run("worker:0")
     ip.run_cell_magic("worker", "0", cell)
     warned = [ln for ln in rt.echo_lines if ln.startswith("[mwhelpers] warning:")]
-    assert warned == ["[mwhelpers] warning: line 2 of the cell sets TF_CONFIG itself: that "
-                      "replaces the TF_CONFIG mwhelpers gives each task from the cluster "
-                      "(%cluster), so the tasks would not be the cluster you defined. Delete "
-                      "that line, or set it only when TF_CONFIG is not already set."]
+    warning = ("line 2 of the cell sets TF_CONFIG itself: that "
+               "replaces the TF_CONFIG mwhelpers gives each task from the cluster "
+               "(%cluster), so the tasks would not be the cluster you defined. Delete "
+               "that line, or set it only when TF_CONFIG is not already set.")
+    assert warned == ["[mwhelpers] warning: " + warning]
     assert rt.echo_lines.count("[worker:0] ran") == 2
+    # Each run keeps what the look said of its program, said in the cell or not.
+    assert first.warnings == rt.get_run("worker:0").warnings == [warning]
+    ip.run_cell_magic("worker", "0", "print('ran')\n")
+    assert rt.get_run("worker:0").warnings == [] and first.warnings == [warning]
 
 
 def test_legacy_keras_is_selected_by_the_values_tensorflow_reads_and_no_others():

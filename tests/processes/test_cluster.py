@@ -74,6 +74,38 @@ def test_reserved_ports_are_skipped_by_another_process(monkeypatch, tmp_path):
     assert mine.closed
 
 
+def test_a_released_port_leaves_no_file_behind(monkeypatch):
+    # Below the default range, as above.
+    monkeypatch.setenv("MWHELPERS_PORT_RANGE", "15620-15623")
+    files = {ports.lock_dir() / f"{p}.lock" for p in range(15620, 15624)}
+    c = Cluster(workers=2)
+    held = {ports.lock_dir() / f"{p}.lock" for p in c.ports.values()}
+    assert {f for f in files if f.exists()} == held
+    c.close()
+    assert not [f for f in files if f.exists()]
+
+
+def test_a_port_whose_file_was_removed_while_it_was_being_taken_is_skipped(monkeypatch):
+    """The race a release's removal opens: a process opens the file, its holder releases (the
+    file goes), then the process's lock succeeds on a file no other process can find."""
+    holder = ports.PortReservation.try_take(15630)
+    assert holder is not None
+    flock = ports.fcntl.flock
+
+    def release_first(fd, how):
+        monkeypatch.setattr(ports.fcntl, "flock", flock)
+        holder.release()   # between the contender's open and its lock
+        return flock(fd, how)
+
+    monkeypatch.setattr(ports.fcntl, "flock", release_first)
+    assert ports.PortReservation.try_take(15630) is None
+    again = ports.PortReservation.try_take(15630)   # the file made anew: the port is free
+    assert again is not None and again.held
+    assert (ports.lock_dir() / "15630.lock").exists()
+    again.release()
+    assert not (ports.lock_dir() / "15630.lock").exists()
+
+
 def test_ports_in_use_are_never_chosen(monkeypatch):
     # Below the default range (20000 up), from which the other test process's clusters draw
     # their ports.
