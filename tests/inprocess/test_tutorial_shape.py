@@ -83,6 +83,11 @@ def test_a_box_after_the_title_says_what_it_needs_and_how_long_it_took(path):
     text = source(box)
     assert text.startswith("| Before you start | |\n|---|---|\n| You need | "), text
     assert "%pip install" in text and "restart the kernel" in text, text
+    lock = (ROOT / "requirements" / "tutorials.txt").read_text()
+    tf, keras = (re.search(rf"^{name}==(\d+\.\d+)\.", lock, re.M).group(1)
+                 for name in ("tensorflow_cpu", "keras"))
+    assert f"| You need | TensorFlow {tf} and Keras {keras} (the lock's: " in text, (
+        f"the box should name the versions the cells were run with, the lock's: {text}")
     row = TAKES_ROW.search(text)
     assert row, f"no 'It takes' row in: {text}"
     seconds, cores, day = float(row.group(1)), int(row.group(2)), row.group(4)
