@@ -11,7 +11,9 @@ the cluster exists and is dropped by the kernel when the process ends, even
 by SIGKILL, so a crashed kernel never leaves ports reserved.  A release removes
 its file, so the folder holds only the reservations of now (and those of processes
 that were killed); a process that opened the file just before it was removed
-sees that its path names another file, or none, and skips the port.
+sees that its path names another file, or none, and skips the port.  (An older
+mwhelpers sharing the folder lacks that check: in that moment it could take a port
+that another process holds.)
 
 Ports are drawn below the kernel's ephemeral range, so outgoing connections
 of other programs do not take them between our check and the worker's bind.

@@ -86,8 +86,9 @@ def test_a_box_after_the_title_says_what_it_needs_and_how_long_it_took(path):
     lock = (ROOT / "requirements" / "tutorials.txt").read_text()
     tf, keras = (re.search(rf"^{name}==(\d+\.\d+)\.", lock, re.M).group(1)
                  for name in ("tensorflow_cpu", "keras"))
-    assert f"| You need | TensorFlow {tf} and Keras {keras} (the lock's: " in text, (
-        f"the box should name the versions the cells were run with, the lock's: {text}")
+    need = next(line for line in text.splitlines() if line.startswith("| You need | "))
+    assert f" The cells run with TensorFlow {tf} and Keras {keras}, the lock's. " in need, (
+        f"the box should name the versions the suite runs the cells with, the lock's: {need}")
     row = TAKES_ROW.search(text)
     assert row, f"no 'It takes' row in: {text}"
     seconds, cores, day = float(row.group(1)), int(row.group(2)), row.group(4)
