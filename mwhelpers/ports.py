@@ -137,6 +137,22 @@ class PortReservation:
         self.release()
 
 
+def remove_stale() -> int:
+    """Remove the files of reservations that no process holds (those of processes killed while
+    they held one); returns how many.  Each is taken, then released, as a reservation would be:
+    a port that is held is left alone."""
+    removed = 0
+    for path in lock_dir().glob("*.lock"):
+        try:
+            reservation = PortReservation.try_take(int(path.stem))
+        except (ValueError, OSError):  # not ours, or gone meanwhile
+            continue
+        if reservation is not None:
+            reservation.release()
+            removed += 1
+    return removed
+
+
 def reserve_ports(count: int, attempts: int = 2000) -> list[PortReservation]:
     """Reserve ``count`` distinct free ports; returns PortReservation objects."""
     low, high = port_range()

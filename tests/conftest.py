@@ -60,6 +60,11 @@ def pytest_configure(config):
     folder = tempfile.mkdtemp(prefix="mwt-")
     os.environ["TMPDIR"] = folder
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    if not hasattr(config, "workerinput"):  # the run's own process, once every test has ended
+        from mwhelpers import ports
+
+        # The port reservations of the processes that tests killed (their files stay).
+        config.add_cleanup(ports.remove_stale)
     if config.getoption("dist", "no") != "loadgroup" or hasattr(config, "workerinput"):
         return
     from importlib.metadata import version

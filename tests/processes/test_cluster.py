@@ -114,6 +114,24 @@ def test_a_port_whose_file_was_removed_while_it_was_being_taken_is_skipped(monke
     assert not (ports.lock_dir() / "15630.lock").exists()
 
 
+def test_the_files_of_reservations_nobody_holds_are_removed_and_held_ones_kept(tmp_path):
+    """A process killed while it held a port leaves its file; remove_stale removes it (as a
+    take and a release), and leaves the file of a port that is held."""
+    code = ("import os, signal, sys\nfrom mwhelpers import ports\n"
+            "r = ports.PortReservation.try_take(15640)\nassert r is not None\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    killed = subprocess.run([sys.executable, "-c", code], timeout=60)
+    assert killed.returncode == -9
+    stale = ports.lock_dir() / "15640.lock"
+    assert stale.exists()
+    held = ports.PortReservation.try_take(15641)
+    try:
+        assert ports.remove_stale() >= 1
+        assert not stale.exists() and (ports.lock_dir() / "15641.lock").exists()
+    finally:
+        held.release()
+
+
 def test_ports_in_use_are_never_chosen(monkeypatch):
     # Below the default range (20000 up), from which the other test process's clusters draw
     # their ports.
