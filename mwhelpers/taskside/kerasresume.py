@@ -24,7 +24,9 @@ twice (a backup of an epoch's last batch would skip the whole next epoch).
 What the restored epoch reads, by kind of input:
 
 * a finite dataset (one pass per epoch; Keras makes a new iterator each epoch): the batches
-  the epoch had left, the same as a run without the fault;
+  the epoch had left, the same as a run without the fault when the order does not change from
+  epoch to epoch (with a ``shuffle`` that reshuffles each iteration, its default, a new
+  process draws another order);
 * a repeated dataset with ``steps_per_epoch``: Keras keeps one iterator across epochs within a
   process, and a new process starts it from the dataset's first element.  The restored epoch
   drops the first ``done`` batches of that new stream.  When one pass of the dataset is one
